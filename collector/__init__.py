@@ -1,0 +1,1 @@
+"""The gpuwarden central collector."""

@@ -1,0 +1,1 @@
+"""Packaged data folder (read through importlib.resources)."""

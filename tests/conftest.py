@@ -1,0 +1,6 @@
+"""Shared pytest configuration; fixtures for real components live in their own plugin modules."""
+
+pytest_plugins = [
+    "tests.fakenvml.plugin",
+    "tests.slurm.plugin",
+]

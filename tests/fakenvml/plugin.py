@@ -1,0 +1,1 @@
+"""Fixtures: the fake NVML library (see fake_nvml.c)."""

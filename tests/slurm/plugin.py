@@ -1,0 +1,1 @@
+"""Fixtures: a private single-node Slurm cluster."""
