@@ -122,6 +122,17 @@ class HostSample:
 
 
 @dataclass(frozen=True, slots=True)
+class AgentStats:
+    """The agent's own health, exported beside the telemetry."""
+
+    sample_rounds: int = 0
+    last_sample_seconds: float | None = None
+    spool_bytes: int = 0
+    spool_evicted: int = 0
+    export_rejected: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """The result of one sample round: what the cache holds and the exporter reads."""
 
@@ -129,7 +140,7 @@ class Snapshot:
     gpus: tuple[GpuSample, ...]
     host: HostSample | None = None
     events: tuple[XidEvent, ...] = ()
-    sequence: int = 0
+    agent: AgentStats | None = None
 
 
 class GpuSource(Protocol):

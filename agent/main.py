@@ -1,0 +1,102 @@
+"""``gpuwarden agent``: start-up checks, signal handling, graceful shutdown that flushes."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+
+from gpuwarden.agent.config import AgentConfig, ConfigError
+from gpuwarden.agent.model import Snapshot
+
+log = logging.getLogger(__name__)
+
+
+def snapshot_summary(snapshot: Snapshot) -> dict[str, object]:
+    """A compact JSON-able view of one round (for ``--once``)."""
+    return {
+        "time_unix_nano": snapshot.time_unix_nano,
+        "gpus": [
+            {
+                "uuid": g.uuid,
+                "index": g.index,
+                "name": g.name,
+                "status": str(g.status),
+                "utilization_ratio": g.utilization_ratio,
+                "memory_used_bytes": g.memory_used_bytes,
+                "power_watts": g.power_watts,
+                "processes": [
+                    {"pid": p.pid, "job": None if p.job is None else p.job.job_id or p.job.pod_uid}
+                    for p in g.processes
+                ],
+            }
+            for g in snapshot.gpus
+        ],
+    }
+
+
+def run_agent(config: AgentConfig, *, once: bool = False) -> int:
+    """Run the agent until SIGTERM/SIGINT; return the process exit code."""
+    from gpuwarden.agent.build import build_agent
+    from gpuwarden.agent.sources.nvml import NvmlUnavailableError
+
+    try:
+        runtime = build_agent(config)
+    except NvmlUnavailableError as exc:
+        print(f"gpuwarden agent: {exc}", file=sys.stderr)
+        return 1
+    except ConfigError as exc:
+        print(f"gpuwarden agent: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            print(
+                f"gpuwarden agent: port {config.http.port} on {config.http.host} is in use; "
+                "set http.port in the config or stop the other process",
+                file=sys.stderr,
+            )
+            return 1
+        if exc.errno in (errno.EACCES, errno.EROFS):
+            print(
+                f"gpuwarden agent: cannot write the spool at {config.spool.directory}: "
+                f"{exc.strerror}; set spool.directory to a writable path",
+                file=sys.stderr,
+            )
+            return 1
+        raise
+    agent = runtime.agent
+    if once:
+        result = agent.sample_once()
+        print(json.dumps(snapshot_summary(result.snapshot), indent=2))
+        agent.shutdown(flush_timeout_seconds=config.collector.timeout_seconds)
+        return 0
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s; flushing and stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if runtime.http is not None:
+        runtime.http.start()
+        log.info("serving /healthz and /metrics on %s:%d", config.http.host, runtime.http.port)
+    log.info(
+        "agent started: node %s, source %s, every %.3g s, pushing to %s",
+        config.node_name,
+        config.source,
+        config.interval_seconds,
+        config.collector.endpoint or "(nowhere: push disabled)",
+    )
+    try:
+        agent.run(stop)
+    finally:
+        flushed = agent.shutdown(flush_timeout_seconds=config.collector.timeout_seconds)
+        if runtime.http is not None:
+            runtime.http.stop()
+        log.info("agent stopped (spool %s)", "empty" if flushed else "kept for the next start")
+    return 0

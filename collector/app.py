@@ -1,0 +1,124 @@
+"""The collector's aiohttp application: OTLP/HTTP ingest and health.
+
+Handlers parse, authenticate, call the core and translate domain errors into HTTP answers:
+200 (with a partial-success count when points were rejected), 400 malformed, 401 bad token,
+413 too large, 415 wrong content type or encoding. Never a 5xx for bad input.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceResponse,
+)
+
+from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.otlp import (
+    OtlpError,
+    decompress,
+    encode_response,
+    media_type,
+    number_points,
+    parse_request,
+)
+from gpuwarden.collector.sink import MetricsSink, SeriesLog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IngestStats:
+    """The receiver's own counters."""
+
+    responses: Counter[int] = field(default_factory=Counter)
+    points_accepted: int = 0
+    points_rejected: int = 0
+
+
+CONFIG = web.AppKey("config", CollectorConfig)
+SINK = web.AppKey("sink", MetricsSink)
+STATS = web.AppKey("stats", IngestStats)
+
+
+def authenticate(config: CollectorConfig, header: str | None) -> str | None:
+    """Return the caller's name for a valid ``Bearer`` token, else None (constant-time compare)."""
+    if not config.tokens:
+        return "anonymous" if config.allow_unauthenticated else None
+    scheme, _, presented = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not presented:
+        return None
+    name = None
+    candidate = presented.strip().encode("utf-8")
+    for token, owner in config.tokens.items():
+        if hmac.compare_digest(candidate, token.encode("utf-8")):
+            name = owner
+    return name
+
+
+async def otlp_metrics(request: web.Request) -> web.Response:
+    """``POST /v1/metrics``: OTLP/HTTP metrics, protobuf or JSON, optionally gzip."""
+    config = request.app[CONFIG]
+    stats = request.app[STATS]
+    try:
+        source = authenticate(config, request.headers.get("Authorization"))
+        if source is None:
+            raise OtlpError(401, "missing or invalid bearer token")
+        kind = media_type(request.headers.get("Content-Type"))
+        if request.content_length is not None and request.content_length > config.max_body_bytes:
+            raise OtlpError(413, f"body exceeds {config.max_body_bytes} bytes")
+        body = await _read_limited(request, config.max_body_bytes)
+        payload = decompress(
+            body, request.headers.get("Content-Encoding"), config.max_decompressed_bytes
+        )
+        parsed = parse_request(payload, kind)
+        points, rejected = number_points(parsed)
+    except OtlpError as exc:
+        stats.responses[exc.status] += 1
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return web.Response(status=exc.status, text=exc.message + "\n", headers=headers)
+    request.app[SINK].accept(points, source)
+    stats.points_accepted += len(points)
+    stats.points_rejected += rejected
+    stats.responses[200] += 1
+    response = ExportMetricsServiceResponse()
+    if rejected:
+        response.partial_success.rejected_data_points = rejected
+        response.partial_success.error_message = (
+            "non-finite values and unsupported metric types (histogram, summary) are not stored yet"
+        )
+    return web.Response(body=encode_response(response, kind), content_type=kind)
+
+
+async def _read_limited(request: web.Request, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise OtlpError(413, f"body exceeds {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def healthz(_request: web.Request) -> web.Response:
+    """Liveness."""
+    return web.json_response({"status": "ok"})
+
+
+def create_app(config: CollectorConfig, sink: MetricsSink | None = None) -> web.Application:
+    """Build the collector application."""
+    # We inflate bodies ourselves, with a cap: aiohttp's own decompression has none.
+    app = web.Application(
+        client_max_size=config.max_body_bytes, handler_args={"auto_decompress": False}
+    )
+    app[CONFIG] = config
+    app[SINK] = sink if sink is not None else SeriesLog()
+    app[STATS] = IngestStats()
+    app.router.add_post("/v1/metrics", otlp_metrics)
+    app.router.add_get("/healthz", healthz)
+    return app

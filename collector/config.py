@@ -1,0 +1,107 @@
+"""Collector configuration, parsed once into frozen objects (file, then defaults)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from gpuwarden.agent.config import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorConfig:
+    """What the collector listens on and whom it lets in.
+
+    ``tokens`` maps a bearer token to the agent (or API caller) name it authenticates. With no
+    tokens and ``allow_unauthenticated`` false, every request is refused: safe by default.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 4318
+    tokens: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    allow_unauthenticated: bool = False
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_decompressed_bytes: int = 64 * 1024 * 1024
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes <= 0 or self.max_decompressed_bytes < self.max_body_bytes:
+            raise ConfigError("need 0 < max_body_bytes <= max_decompressed_bytes")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError("tls_cert_file and tls_key_file go together")
+
+
+def parse_tokens(text: str, where: str) -> dict[str, str]:
+    """Parse a tokens file: one ``<name> <token>`` per line, ``#`` starts a comment."""
+    tokens: dict[str, str] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or len(parts[1]) < 16:
+            raise ConfigError(f"{where}:{lineno}: expected '<name> <token of 16+ characters>'")
+        name, token = parts
+        if token in tokens:
+            raise ConfigError(f"{where}:{lineno}: token reused (names must have their own)")
+        tokens[token] = name
+    return tokens
+
+
+_KEYS = {
+    "host": str,
+    "port": int,
+    "tokens_file": Path,
+    "allow_unauthenticated": bool,
+    "max_body_bytes": int,
+    "max_decompressed_bytes": int,
+    "tls_cert_file": Path,
+    "tls_key_file": Path,
+}
+
+
+def load_collector_config(
+    path: Path | None, overrides: Mapping[str, Any] | None = None
+) -> CollectorConfig:
+    """Load the collector config file (YAML), with explicit CLI overrides on top."""
+    where = str(path) if path is not None else "<defaults>"
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        data = dict(loaded)
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        kind = _KEYS.get(key)
+        if kind is None:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(_KEYS))})")
+        if kind is bool and not isinstance(value, bool):
+            raise ConfigError(f"{where}.{key}: expected true or false, got {value!r}")
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{where}.{key}: expected an integer, got {value!r}")
+        kwargs[key] = kind(value)
+    tokens_file = kwargs.pop("tokens_file", None)
+    if tokens_file is not None:
+        try:
+            kwargs["tokens"] = MappingProxyType(
+                parse_tokens(tokens_file.read_text(encoding="utf-8"), str(tokens_file))
+            )
+        except OSError as exc:
+            raise ConfigError(f"{where}.tokens_file {tokens_file}: {exc.strerror}") from exc
+    try:
+        return CollectorConfig(**kwargs)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None

@@ -1,0 +1,130 @@
+"""The ``gpuwarden`` command line. Subcommands import what they need lazily.
+
+``gpuwarden agent`` must work on a node where only the agent part is installed, so this module
+imports neither the collector nor aiohttp at the top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpuwarden import __version__
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuwarden",
+        description="Observability and SLO automation for GPU fleets.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    agent = sub.add_parser(
+        "agent",
+        help="run the node agent (or 'agent install' to install it as a systemd service)",
+        description="Run the node agent: sample GPUs and the host, attribute processes to jobs, "
+        "push OTLP to the collector (spooling to disk while it is away), serve /healthz and "
+        "/metrics. 'gpuwarden agent install' writes a systemd unit and a commented config.",
+    )
+    agent.add_argument("action", nargs="?", default="run", choices=["run", "install"])
+    agent.add_argument("--config", type=Path, help="agent config file (YAML)")
+    agent.add_argument(
+        "--source", choices=["nvml", "simulated", "replay"], help="GPU source (default: nvml)"
+    )
+    agent.add_argument("--scenario", help="simulated scenario: a preset name or a YAML file")
+    agent.add_argument("--replay", type=Path, help="trace to replay (CSV or GenTD26 file)")
+    agent.add_argument("--interval", type=float, help="seconds between sample rounds")
+    agent.add_argument("--collector", help="OTLP/HTTP endpoint, e.g. http://host:4318/v1/metrics")
+    agent.add_argument("--nvml-library", type=Path, help="absolute path of libnvidia-ml.so.1")
+    agent.add_argument("--spool-dir", type=Path, help="directory of the unsent-request spool")
+    agent.add_argument("--once", action="store_true", help="take one round, print it, exit")
+    install = agent.add_argument_group("install options")
+    install.add_argument("--unit-dir", type=Path, default=Path("/etc/systemd/system"))
+    install.add_argument("--config-path", type=Path, default=Path("/etc/gpuwarden/agent.yaml"))
+    install.add_argument("--executable", help="gpuwarden executable for ExecStart")
+    install.add_argument("--force", action="store_true", help="overwrite existing files")
+    install.add_argument("--no-verify", action="store_true", help="skip systemd-analyze verify")
+
+    collector = sub.add_parser("collector", help="run the central collector")
+    collector.add_argument("--config", type=Path, help="collector config file (YAML)")
+    collector.add_argument("--host", help="listen address (default 127.0.0.1)")
+    collector.add_argument("--port", type=int, help="listen port (default 4318)")
+
+    demo = sub.add_parser(
+        "demo", help="run a simulated two-node fleet into a local collector and print it"
+    )
+    demo.add_argument("--duration", type=float, default=20.0, help="seconds to run")
+    demo.add_argument("--interval", type=float, default=1.0, help="agent sample interval")
+
+    catalog = sub.add_parser("catalog", help="print the telemetry catalog")
+    catalog.add_argument("--format", choices=["markdown", "names"], default="markdown")
+    return parser
+
+
+def _agent_overrides(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "source": args.source,
+        "scenario": args.scenario,
+        "replay_path": args.replay,
+        "interval_seconds": args.interval,
+        "collector.endpoint": args.collector,
+        "nvml_library_path": args.nvml_library,
+        "spool.directory": args.spool_dir,
+    }
+
+
+def _run_agent(args: argparse.Namespace) -> int:
+    from gpuwarden.agent.config import ConfigError, load_agent_config
+
+    try:
+        config = load_agent_config(args.config, os.environ, _agent_overrides(args))
+    except ConfigError as exc:
+        print(f"gpuwarden agent: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.action == "install":
+        from gpuwarden.agent.install import install
+
+        return install(args, config_source=args.config)
+    from gpuwarden.agent.main import run_agent
+
+    return run_agent(config, once=args.once)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``gpuwarden`` console script."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "agent":
+        return _run_agent(args)
+    if args.command == "collector":
+        from gpuwarden.collector.main import run_collector
+
+        return run_collector(args.config, host=args.host, port=args.port)
+    if args.command == "demo":
+        from gpuwarden.demo import run_demo
+
+        return run_demo(duration_seconds=args.duration, interval_seconds=args.interval)
+    from gpuwarden.agent.catalog import metric_names, render_markdown
+
+    if args.format == "names":
+        print("\n".join(sorted(metric_names())))
+    else:
+        print(render_markdown(), end="")
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

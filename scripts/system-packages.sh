@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Debian packages the integration tests start for real: gcc (fake NVML), Slurm and munge.
+# Installs only what is missing; needs root (CI runs as root). Without root it says what to run.
+set -euo pipefail
+pkgs=()
+command -v gcc >/dev/null || pkgs+=(gcc libc6-dev)
+command -v slurmctld >/dev/null || pkgs+=(slurmctld)
+command -v slurmd >/dev/null || pkgs+=(slurmd)
+command -v sbatch >/dev/null || pkgs+=(slurm-client)
+command -v munged >/dev/null || pkgs+=(munge)
+[ ${#pkgs[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+  echo "note: missing ${pkgs[*]}; install them (apt-get install ${pkgs[*]}) or those tests skip" >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q >/dev/null
+apt-get install -y -q --no-install-recommends "${pkgs[@]}" >/dev/null
+# The Debian packages start daemons under systemd where it runs; the tests start their own.

@@ -1,0 +1,101 @@
+"""Agent and collector configuration: file, environment, defaults; clear errors naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.agent.config import ConfigError, load_agent_config
+from gpuwarden.agent.install import default_config
+from gpuwarden.collector.config import load_collector_config
+
+
+def write(tmp_path: Path, text: str, name: str = "agent.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_the_shipped_commented_config_loads_to_the_defaults(tmp_path):
+    config = load_agent_config(write(tmp_path, default_config()), env={})
+    defaults = load_agent_config(None, env={})
+    assert config == defaults
+    assert config.interval_seconds == 10.0
+    assert config.spool.max_bytes == 256 * 1024 * 1024
+
+
+def test_file_then_environment_then_overrides(tmp_path):
+    path = write(
+        tmp_path,
+        "interval_seconds: 2\ncollector:\n  endpoint: http://a:4318/v1/metrics\n"
+        "spool:\n  directory: /tmp/s\n  fsync: false\n",
+    )
+    env = {"GPUWARDEN_COLLECTOR_ENDPOINT": "http://b:4318/v1/metrics", "GPUWARDEN_NODE_NAME": "n7"}
+    config = load_agent_config(path, env, {"interval_seconds": 0.5})
+    assert config.collector.endpoint == "http://b:4318/v1/metrics"
+    assert config.node_name == "n7"
+    assert config.interval_seconds == 0.5
+    assert config.spool.directory == Path("/tmp/s")
+    assert config.spool.fsync is False
+
+
+def test_token_from_file_and_never_in_repr(tmp_path):
+    token_file = write(tmp_path, "s3cret-token-value\n", "token")
+    config = load_agent_config(
+        write(tmp_path, f"collector:\n  token_file: {token_file}\n"), env={}
+    )
+    assert config.token() == "s3cret-token-value"
+    env_config = load_agent_config(None, {"GPUWARDEN_AGENT_TOKEN": "from-env-token"})
+    assert env_config.token() == "from-env-token"
+    assert "from-env-token" not in repr(env_config)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("intervall_seconds: 3\n", "unknown key 'intervall_seconds'"),
+        ("collector:\n  endpiont: x\n", ".collector: unknown key 'endpiont'"),
+        ("interval_seconds: fast\n", "interval_seconds: expected a number"),
+        ("interval_seconds: 0\n", "interval_seconds must be in"),
+        ("source: gpu\n", "source must be one of"),
+        ("source: replay\n", "needs replay_path"),
+        ("spool:\n  fsync: 1\n", "spool.fsync: expected true or false"),
+        ("resource:\n  price_tier: cheap\n", "price_tier must be one of"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("a: [\n", "not valid YAML"),
+    ],
+)
+def test_errors_name_the_file_and_key(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_agent_config(path, env={})
+    assert str(path) in str(info.value)
+    assert message in str(info.value)
+
+
+def test_collector_tokens_file(tmp_path):
+    tokens = write(tmp_path, "# agents\nnode-a aaaaaaaaaaaaaaaaaaaa\nnode-b bbbbbbbbbbbbbbbbbbbb\n", "t")
+    config = load_collector_config(write(tmp_path, f"tokens_file: {tokens}\nport: 9999\n", "c.yaml"))
+    assert dict(config.tokens) == {"aaaaaaaaaaaaaaaaaaaa": "node-a", "bbbbbbbbbbbbbbbbbbbb": "node-b"}
+    assert config.port == 9999
+    assert "aaaa" not in repr(config)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("prot: 1\n", "unknown key 'prot'"),
+        ("port: '80'\n", "port: expected an integer"),
+        ("max_body_bytes: 0\n", "max_body_bytes"),
+    ],
+)
+def test_collector_config_errors(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_collector_config(write(tmp_path, text, "c.yaml"))
+
+
+def test_short_or_reused_tokens_are_refused(tmp_path):
+    tokens = write(tmp_path, "a short\n", "t")
+    with pytest.raises(ConfigError, match=r"t:1: expected"):
+        load_collector_config(write(tmp_path, f"tokens_file: {tokens}\n", "c.yaml"))
