@@ -108,6 +108,7 @@ class AgentConfig:
                 f"got {self.resource.price_tier!r}"
             )
         if self.spool.max_bytes < 64 * 1024:
+            # one 8-GPU round is ~60 kB of protobuf: a smaller spool cannot hold a single round
             raise ConfigError("spool.max_bytes must be at least 65536")
 
     def token(self) -> str | None:

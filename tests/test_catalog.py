@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.agent.catalog import CATALOG, Scope, Shape, metric_names, render_markdown, rows_by_name
+from gpuwarden.agent.catalog import (
+    CATALOG,
+    Scope,
+    Shape,
+    metric_names,
+    render_markdown,
+    rows_by_name,
+)
 from gpuwarden.agent.model import AgentStats, GpuSample, HostSample, ProcessSample
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -45,7 +45,8 @@ def log() -> SeriesLog:
 @pytest.fixture
 async def client(aiohttp_client, log):
     config = CollectorConfig(
-        tokens=MappingProxyType({TOKEN: "agent-a"}), max_body_bytes=64 * 1024,
+        tokens=MappingProxyType({TOKEN: "agent-a"}),
+        max_body_bytes=64 * 1024,
         max_decompressed_bytes=1024 * 1024,
     )
     return await aiohttp_client(create_app(config, log))
@@ -103,12 +104,26 @@ async def test_non_finite_points_are_rejected_with_partial_success(client, log):
         ({**AUTH, **PB, "Content-Encoding": "gzip"}, gzip.compress(b"\x00" * 10)[:-6], 400),
         ({**AUTH, "Content-Type": "application/json"}, b"{not json", 400),
         ({**AUTH, **PB}, b"\x00" * (64 * 1024 + 1), 413),
-        ({**AUTH, **PB, "Content-Encoding": "gzip"}, gzip.compress(b"\x00" * (2 * 1024 * 1024)), 413),
+        (
+            {**AUTH, **PB, "Content-Encoding": "gzip"},
+            gzip.compress(b"\x00" * (2 * 1024 * 1024)),
+            413,
+        ),
     ],
     ids=[
-        "no-token", "wrong-token", "wrong-scheme", "text-plain", "no-content-type", "brotli",
-        "garbage-protobuf", "truncated-protobuf", "bad-gzip", "truncated-gzip", "bad-json",
-        "body-too-large", "gzip-bomb",
+        "no-token",
+        "wrong-token",
+        "wrong-scheme",
+        "text-plain",
+        "no-content-type",
+        "brotli",
+        "garbage-protobuf",
+        "truncated-protobuf",
+        "bad-gzip",
+        "truncated-gzip",
+        "bad-json",
+        "body-too-large",
+        "gzip-bomb",
     ],
 )
 async def test_bad_requests_get_a_clear_4xx(client, log, headers, body, status):

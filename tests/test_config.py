@@ -42,9 +42,7 @@ def test_file_then_environment_then_overrides(tmp_path):
 
 def test_token_from_file_and_never_in_repr(tmp_path):
     token_file = write(tmp_path, "s3cret-token-value\n", "token")
-    config = load_agent_config(
-        write(tmp_path, f"collector:\n  token_file: {token_file}\n"), env={}
-    )
+    config = load_agent_config(write(tmp_path, f"collector:\n  token_file: {token_file}\n"), env={})
     assert config.token() == "s3cret-token-value"
     env_config = load_agent_config(None, {"GPUWARDEN_AGENT_TOKEN": "from-env-token"})
     assert env_config.token() == "from-env-token"
@@ -75,9 +73,16 @@ def test_errors_name_the_file_and_key(tmp_path, text, message):
 
 
 def test_collector_tokens_file(tmp_path):
-    tokens = write(tmp_path, "# agents\nnode-a aaaaaaaaaaaaaaaaaaaa\nnode-b bbbbbbbbbbbbbbbbbbbb\n", "t")
-    config = load_collector_config(write(tmp_path, f"tokens_file: {tokens}\nport: 9999\n", "c.yaml"))
-    assert dict(config.tokens) == {"aaaaaaaaaaaaaaaaaaaa": "node-a", "bbbbbbbbbbbbbbbbbbbb": "node-b"}
+    tokens = write(
+        tmp_path, "# agents\nnode-a aaaaaaaaaaaaaaaaaaaa\nnode-b bbbbbbbbbbbbbbbbbbbb\n", "t"
+    )
+    config = load_collector_config(
+        write(tmp_path, f"tokens_file: {tokens}\nport: 9999\n", "c.yaml")
+    )
+    assert dict(config.tokens) == {
+        "aaaaaaaaaaaaaaaaaaaa": "node-a",
+        "bbbbbbbbbbbbbbbbbbbb": "node-b",
+    }
     assert config.port == 9999
     assert "aaaa" not in repr(config)
 

@@ -19,13 +19,23 @@ def run_install(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]
     exe = Path(sys.executable).parent / "gpuwarden"
     return subprocess.run(
         [
-            sys.executable, "-m", "gpuwarden", "agent", "install",
-            "--unit-dir", str(tmp_path / "units"),
-            "--config-path", str(tmp_path / "etc" / "agent.yaml"),
-            "--executable", str(exe),
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "agent",
+            "install",
+            "--unit-dir",
+            str(tmp_path / "units"),
+            "--config-path",
+            str(tmp_path / "etc" / "agent.yaml"),
+            "--executable",
+            str(exe),
             *extra,
         ],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -63,7 +73,12 @@ def test_daemonset_manifest_has_what_the_agent_needs(tmp_path):
     assert spec["hostPID"] is True
     container = spec["containers"][0]
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert {"/host/proc", "/host/sys/fs/cgroup", "/host/nvidia", "/var/lib/gpuwarden/spool"} <= mounts
+    assert {
+        "/host/proc",
+        "/host/sys/fs/cgroup",
+        "/host/nvidia",
+        "/var/lib/gpuwarden/spool",
+    } <= mounts
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["resources"]["limits"]["memory"]
     cm = next(d for d in docs if d["kind"] == "ConfigMap")

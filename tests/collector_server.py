@@ -1,0 +1,79 @@
+"""Run the real collector application on loopback in a background thread (for sync tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from types import MappingProxyType
+
+from aiohttp import web
+
+from gpuwarden.collector.app import create_app
+from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.sink import SeriesLog
+
+TOKEN = "agent-token-for-tests-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class CollectorThread:
+    """The collector app served from its own event loop; stop and start again on the same port."""
+
+    def __init__(self, port: int | None = None, log: SeriesLog | None = None) -> None:
+        self.port = port or free_port()
+        self.log = log if log is not None else SeriesLog()
+        self.config = CollectorConfig(port=self.port, tokens=MappingProxyType({TOKEN: "agents"}))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self.app: web.Application | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/metrics"
+
+    def start(self) -> None:
+        ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+
+        async def serve() -> None:
+            self.app = create_app(self.config, self.log)
+            self._runner = web.AppRunner(self.app, access_log=None)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
+            ready.set()
+
+        def main() -> None:
+            assert self._loop is not None
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(serve())
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=main, name="collector", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("collector did not start")
+
+    def stop(self) -> None:
+        loop, runner = self._loop, self._runner
+        if loop is None or runner is None:
+            return
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        assert self._thread is not None
+        self._thread.join(10)
+        loop.close()
+        self._loop = self._runner = self._thread = None
+
+    def __enter__(self) -> CollectorThread:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
