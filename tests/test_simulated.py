@@ -21,7 +21,12 @@ from gpuwarden.agent.sources.scenario import (
     lost,
     xid,
 )
-from gpuwarden.agent.sources.simulated import PRESETS, Scenario, SimulatedSource, scenario_from_mapping
+from gpuwarden.agent.sources.simulated import (
+    PRESETS,
+    Scenario,
+    SimulatedSource,
+    scenario_from_mapping,
+)
 
 START = 1_767_225_600.0  # 2026-01-01T00:00:00Z, a midnight UTC
 UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
