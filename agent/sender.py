@@ -1,0 +1,364 @@
+"""Drains the spool to the collector over OTLP/HTTP: in order, nothing dropped on an outage.
+
+Why not the SDK's OTLP exporter: it drops a batch after its retries (reference §3.5). Here a
+record leaves the spool only when the collector accepted it (2xx) or rejected that very record
+for good (400/413/415 on a one-record request). Everything else keeps the records and backs off.
+
+Several spooled requests go out as one body: concatenating serialized protobuf messages of the
+same type merges them, and ``ExportMetricsServiceRequest`` has a single repeated field, so the
+``resource_metrics`` of every record arrive appended in spool order.
+
+Delivery is at-least-once: if the connection breaks after the collector processed a body but
+before its answer arrived, the same records are sent again.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import enum
+import gzip
+import http.client
+import logging
+import math
+import random
+import ssl
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC
+from urllib.parse import urlsplit
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceResponse,
+)
+
+from gpuwarden.agent.spool import Spool
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH_RECORDS = 1024
+INITIAL_BACKOFF_SECONDS = 1.0
+MAX_BACKOFF_SECONDS = 60.0
+MAX_RETRY_AFTER_SECONDS = 900.0  # a broken or hostile Retry-After must not park the agent for days
+IDLE_RECHECK_SECONDS = 30.0
+STOP_POLL_SECONDS = 0.2  # the idle wait is on `wake`; this is how often it looks at `stop`
+MAX_RESPONSE_BYTES = 64 * 1024
+PERMANENT_STATUSES = frozenset({400, 413, 415})
+AUTH_STATUSES = frozenset({401, 403})
+TRANSIENT_STATUSES = frozenset({408, 429})  # plus every 5xx
+RESERVED_HEADERS = frozenset({"content-type", "content-encoding", "content-length", "host"})
+_STALE_CONNECTION = (BrokenPipeError, ConnectionAbortedError, ConnectionResetError)
+_KEPT = "%d record(s) kept in the spool, retrying with backoff"
+_STREAK_LOG = {  # logged once when a streak of failures of this kind starts
+    "unavailable": (logging.WARNING, "collector %s unavailable (%s); " + _KEPT),
+    "auth": (logging.ERROR, "collector %s: the token is rejected (%s); " + _KEPT),
+    "unexpected": (logging.ERROR, "collector %s answered %s (check the endpoint); " + _KEPT),
+}
+
+
+class SendStatus(enum.Enum):
+    """What one ``send_once`` call did."""
+
+    EMPTY = "empty"  # nothing spooled
+    SENT = "sent"  # records were accepted
+    REJECTED = "rejected"  # a record was permanently rejected and dropped; the rest went on
+    RETRY = "retry"  # collector unavailable or erroring: records kept, wait delay_seconds
+    UNAUTHORIZED = "unauthorized"  # 401/403: records kept, wait delay_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """Outcome of one ``send_once``; ``delay_seconds`` is how long to wait before the next."""
+
+    status: SendStatus
+    records_sent: int = 0
+    records_rejected: int = 0
+    http_status: int | None = None
+    delay_seconds: float = 0.0
+
+
+class OtlpHttpSender:
+    """Sends spooled OTLP ``ExportMetricsServiceRequest`` records over one keep-alive connection.
+
+    ``run`` is the body of a daemon thread; set ``wake`` after each ``Spool.append``.
+    ``ssl_context`` is used for ``https`` endpoints only (default: the system trust store).
+    ``clock`` is monotonic (waits, deadlines); ``wall_clock`` is Unix time (HTTP dates,
+    ``last_success_unix``); ``rng`` draws the backoff jitter.
+    """
+
+    def __init__(
+        self,
+        spool: Spool,
+        endpoint: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout_seconds: float = 10.0,
+        gzip_level: int = 6,
+        max_batch_bytes: int = 4 * 1024 * 1024,
+        ssl_context: ssl.SSLContext | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        url = urlsplit(endpoint)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"endpoint must be an http:// or https:// URL, got {endpoint!r}")
+        if url.username or url.password:
+            raise ValueError("endpoint must not carry credentials; pass an Authorization header")
+        if not 0 <= gzip_level <= 9:
+            raise ValueError(f"gzip_level must be in [0, 9], got {gzip_level}")
+        if timeout_seconds <= 0 or max_batch_bytes < 1:
+            raise ValueError("timeout_seconds and max_batch_bytes must be positive")
+        self._headers = {"Content-Type": "application/x-protobuf", "User-Agent": "gpuwarden-agent"}
+        if gzip_level:
+            self._headers["Content-Encoding"] = "gzip"
+        for name, value in (headers or {}).items():
+            if name.lower() in RESERVED_HEADERS:
+                raise ValueError(f"header {name!r} is set by the sender")
+            if any(c in name + value for c in "\r\n\0"):
+                raise ValueError(f"header {name!r} contains a line break or NUL")
+            self._headers[name] = value
+        self._spool = spool
+        self._https = url.scheme == "https"
+        self._host = url.hostname
+        self._port = url.port
+        self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        self._where = f"{url.scheme}://{url.netloc}{url.path}"  # never the headers
+        self._timeout = timeout_seconds
+        self._gzip_level = gzip_level
+        self._max_batch_bytes = max_batch_bytes
+        self._ssl_context = ssl_context if self._https else None
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
+        self._conn: http.client.HTTPConnection | None = None
+        self._send_lock = threading.Lock()
+        self._failures = 0  # consecutive failed attempts: drives backoff and streak logging
+        self._streak: str | None = None  # the failure kind already logged in this streak
+        self.wake = threading.Event()
+        self.sent_records = 0
+        self.sent_bytes = 0  # uncompressed protobuf bytes accepted by the collector
+        self.rejected_records = 0
+        self.rejected_data_points = 0  # from partial_success in 2xx answers
+        self.failed_attempts = 0
+        self.last_success_unix: float | None = None
+
+    def send_once(self) -> SendResult:
+        """Send the oldest spooled records as one request (splitting only to isolate a reject)."""
+        with self._send_lock:
+            return self._send_once(self._timeout)
+
+    def run(self, stop: threading.Event) -> None:
+        """Send while there is data; then wait for ``wake``, a backoff deadline or ``stop``."""
+        try:
+            while not stop.is_set():
+                self.wake.clear()  # before peeking, so an append during the send is not missed
+                try:
+                    result = self.send_once()
+                except Exception:  # one broad except per loop iteration, by design
+                    log.exception("sending failed unexpectedly; the records stay in the spool")
+                    self._failures += 1
+                    result = SendResult(SendStatus.RETRY, delay_seconds=self._backoff())
+                if result.status is SendStatus.EMPTY:
+                    self._wait_for_wake(stop, IDLE_RECHECK_SECONDS)
+                elif result.status in (SendStatus.RETRY, SendStatus.UNAUTHORIZED):
+                    # `wake` is ignored here: new samples must not cut a backoff short.
+                    deadline = self._clock() + result.delay_seconds
+                    while not stop.is_set() and (remaining := deadline - self._clock()) > 0:
+                        stop.wait(remaining)
+        finally:
+            self.close()
+
+    def flush(self, timeout_seconds: float) -> bool:
+        """Try to drain the spool before the deadline; return whether it is empty."""
+        deadline = self._clock() + timeout_seconds
+        pause = threading.Event()  # never set: a bounded wait between retries
+        try:
+            while len(self._spool) > 0:
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    return False
+                with self._send_lock:
+                    result = self._send_once(min(self._timeout, remaining))
+                if result.status in (SendStatus.RETRY, SendStatus.UNAUTHORIZED):
+                    if result.delay_seconds >= deadline - self._clock():
+                        return False
+                    pause.wait(result.delay_seconds)
+            return True
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the keep-alive connection (the next send opens a new one)."""
+        with self._send_lock:
+            self._close()
+
+    def _wait_for_wake(self, stop: threading.Event, limit_seconds: float) -> None:
+        deadline = self._clock() + limit_seconds
+        while not stop.is_set() and (remaining := deadline - self._clock()) > 0:
+            if self.wake.wait(min(remaining, STOP_POLL_SECONDS)):
+                return
+
+    def _send_once(self, timeout: float) -> SendResult:
+        batch = self._spool.peek(MAX_BATCH_RECORDS, self._max_batch_bytes)
+        if not batch:
+            return SendResult(SendStatus.EMPTY)
+        return self._attempt(batch, timeout)
+
+    def _attempt(self, batch: list[tuple[int, bytes]], timeout: float) -> SendResult:
+        body = b"".join(payload for _, payload in batch)
+        wire = gzip.compress(body, self._gzip_level, mtime=0) if self._gzip_level else body
+        try:
+            status, retry_after, content_type, data = self._post(wire, timeout)
+        except (OSError, http.client.HTTPException) as exc:
+            self._close()
+            return self._failed("unavailable", None, None, f"{type(exc).__name__}: {exc}")
+        if 200 <= status < 300:
+            self._spool.ack(batch[-1][0])
+            self._succeeded(len(batch), len(body), content_type, data)
+            return SendResult(SendStatus.SENT, records_sent=len(batch), http_status=status)
+        if status not in PERMANENT_STATUSES:
+            kind = "auth" if status in AUTH_STATUSES else "unavailable"
+            if kind != "auth" and status < 500 and status not in TRANSIENT_STATUSES:
+                kind = "unexpected"
+            return self._failed(kind, status, retry_after, f"HTTP {status}: {data[:200]!r}")
+        self.failed_attempts += 1
+        if len(batch) > 1:
+            return self._isolate(batch, timeout, status)
+        self._spool.drop(batch[0][0])
+        self.rejected_records += 1
+        log.error(
+            "collector permanently rejected spool record %d (HTTP %d, %d bytes); dropped it: %r",
+            batch[0][0],
+            status,
+            len(body),
+            data[:200],
+        )
+        return SendResult(SendStatus.REJECTED, records_rejected=1, http_status=status)
+
+    def _isolate(self, batch: list[tuple[int, bytes]], timeout: float, status: int) -> SendResult:
+        log.warning(
+            "collector rejected a batch of %d records with HTTP %d; resending one at a time "
+            "to find the bad one",
+            len(batch),
+            status,
+        )
+        sent = rejected = 0
+        result = SendResult(SendStatus.SENT, http_status=status)
+        for record in batch:
+            result = self._attempt([record], timeout)
+            sent += result.records_sent
+            rejected += result.records_rejected
+            if result.status is not SendStatus.SENT:
+                break  # found the bad one (the rest go back to batching) or must wait
+        return replace(result, records_sent=sent, records_rejected=rejected)
+
+    def _post(self, body: bytes, timeout: float) -> tuple[int, str | None, str, bytes]:
+        """POST ``body``; return status, Retry-After, Content-Type and the (capped) body."""
+        reused = self._conn is not None and self._conn.sock is not None
+        try:
+            return self._request(body, timeout)
+        except _STALE_CONNECTION:
+            self._close()
+            if not reused:
+                raise
+            # The collector closed the idle keep-alive connection; one immediate fresh try.
+            log.debug("keep-alive connection to %s was closed; reconnecting", self._where)
+            return self._request(body, timeout)
+
+    def _request(self, body: bytes, timeout: float) -> tuple[int, str | None, str, bytes]:
+        conn = self._conn
+        if conn is None:
+            if self._https:
+                context = self._ssl_context or ssl.create_default_context()
+                conn = http.client.HTTPSConnection(
+                    self._host, self._port, timeout=timeout, context=context
+                )
+            else:
+                conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            self._conn = conn
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        conn.request("POST", self._path, body=body, headers=self._headers)
+        response = conn.getresponse()
+        try:
+            data = response.read(MAX_RESPONSE_BYTES)
+            if not response.isclosed():  # an over-long answer: the connection is not reusable
+                self._close()
+            content_type = response.getheader("Content-Type", "")
+            return response.status, response.getheader("Retry-After"), content_type, data
+        finally:
+            response.close()
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _succeeded(self, records: int, nbytes: int, content_type: str, data: bytes) -> None:
+        if self._failures:
+            log.info("collector accepts data again after %d failed attempt(s)", self._failures)
+        self._failures = 0
+        self._streak = None
+        self.sent_records += records
+        self.sent_bytes += nbytes
+        self.last_success_unix = self._wall_clock()
+        if not data or "json" in content_type:
+            return
+        response = ExportMetricsServiceResponse()
+        try:
+            response.ParseFromString(data)
+        except DecodeError:
+            log.debug("ignoring an undecodable response body from %s", self._where)
+            return
+        points = response.partial_success.rejected_data_points
+        if points:
+            self.rejected_data_points += points
+            log.warning(
+                "collector accepted the request but rejected %d data point(s): %s",
+                points,
+                response.partial_success.error_message[:200],
+            )
+
+    def _failed(
+        self, kind: str, status: int | None, retry_after: str | None, reason: str
+    ) -> SendResult:
+        """Keep the records; log once per streak of the same kind; compute the delay."""
+        self.failed_attempts += 1
+        self._failures += 1
+        delay = self._retry_after_seconds(retry_after)
+        if delay is None:
+            delay = self._backoff()
+        if kind != self._streak:
+            self._streak = kind
+            level, message = _STREAK_LOG[kind]
+            log.log(level, message, self._where, reason, len(self._spool))
+        outcome = SendStatus.UNAUTHORIZED if kind == "auth" else SendStatus.RETRY
+        return SendResult(outcome, http_status=status, delay_seconds=delay)
+
+    def _backoff(self) -> float:
+        """Exponential from 1 s with ±20 % jitter, capped at 60 s."""
+        base = INITIAL_BACKOFF_SECONDS * 2.0 ** min(max(self._failures - 1, 0), 16)
+        return min(MAX_BACKOFF_SECONDS, base * self._rng.uniform(0.8, 1.2))
+
+    def _retry_after_seconds(self, value: str | None) -> float | None:
+        """Seconds from a Retry-After value (delta seconds or HTTP date); None if unusable."""
+        if not value:
+            return None
+        try:
+            seconds = float(value.strip())
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                return None
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+            seconds = when.timestamp() - self._wall_clock()
+        if not math.isfinite(seconds):
+            return None
+        # Never faster than the first backoff step: a "Retry-After: 0" loop would hammer.
+        return min(max(seconds, INITIAL_BACKOFF_SECONDS), MAX_RETRY_AFTER_SECONDS)
