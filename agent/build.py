@@ -13,7 +13,7 @@ from gpuwarden import __version__
 from gpuwarden.agent.config import AgentConfig, ConfigError
 from gpuwarden.agent.daemon import Agent, Attribution, EventProbe
 from gpuwarden.agent.http import AgentHttpServer
-from gpuwarden.agent.model import GpuSource, JobRef, ProcessSample, XidEvent
+from gpuwarden.agent.model import GpuEvent, GpuSource, JobRef, ProcessSample
 from gpuwarden.agent.sender import OtlpHttpSender
 from gpuwarden.agent.spool import Spool
 from gpuwarden.agent.telemetry import SampleCache, Telemetry
@@ -97,7 +97,7 @@ def build_source(
     return replay, None, _no_events
 
 
-def _no_events() -> list[XidEvent]:
+def _no_events() -> list[GpuEvent]:
     return []
 
 

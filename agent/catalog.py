@@ -13,9 +13,9 @@ instrument and unit, which a test checks.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping
-import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -122,7 +122,8 @@ CATALOG: tuple[MetricDef, ...] = (
               _frozen({"hw.type": "gpu"})),
     # --- temperature and clocks ----------------------------------------------------------------
     MetricDef("hw.temperature", GAUGE, "Cel", G, "temperature_celsius",
-              "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)", "GPU die temperature.",
+              "nvmlDeviceGetTemperatureV(NVML_TEMPERATURE_GPU), else nvmlDeviceGetTemperature",
+              "GPU die temperature.",
               _frozen({"hw.type": "gpu", "hw.sensor_location": "gpu"})),
     MetricDef("hw.temperature", GAUGE, "Cel", G, "memory_temperature_celsius",
               "nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP)", "GPU memory (HBM) temperature.",

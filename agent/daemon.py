@@ -15,12 +15,13 @@ from dataclasses import dataclass, replace
 
 from gpuwarden.agent.model import (
     AgentStats,
+    GpuEvent,
+    GpuEventKind,
     GpuSample,
     GpuSource,
     HostSample,
     ProcessSample,
     Snapshot,
-    XidEvent,
 )
 from gpuwarden.agent.sender import OtlpHttpSender
 from gpuwarden.agent.spool import Spool
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 Attribution = Callable[[Sequence[ProcessSample]], tuple[ProcessSample, ...]]
 HostProbe = Callable[[], HostSample]
-EventProbe = Callable[[], list[XidEvent]]
+EventProbe = Callable[[], list[GpuEvent]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,8 @@ class Agent:
             agent=self._stats(),
         )
         for event in events:
-            log.warning("XID %d on GPU %s", event.xid, event.gpu_uuid)
+            if event.kind is GpuEventKind.XID:
+                log.warning("XID %s on GPU %s", event.xid, event.gpu_uuid)
         self.cache.put(snapshot)
         payload = self.telemetry.collect_otlp()
         sequence = None

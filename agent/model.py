@@ -48,13 +48,21 @@ class ProcessSample:
     job: JobRef | None = None
 
 
+class GpuEventKind(enum.StrEnum):
+    """What happened to a GPU."""
+
+    XID = "xid"  # the driver reported an XID error (``xid`` holds its code)
+    GPU_LOST = "gpu_lost"  # the GPU stopped answering NVML (no XID code of its own)
+
+
 @dataclass(frozen=True, slots=True)
-class XidEvent:
-    """One XID (driver-reported GPU error) event."""
+class GpuEvent:
+    """One event on one GPU: a driver-reported XID, or the agent noticing a lost GPU."""
 
     gpu_uuid: str
-    xid: int
+    xid: int | None
     time_unix_nano: int
+    kind: GpuEventKind = GpuEventKind.XID
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +147,7 @@ class Snapshot:
     time_unix_nano: int
     gpus: tuple[GpuSample, ...]
     host: HostSample | None = None
-    events: tuple[XidEvent, ...] = ()
+    events: tuple[GpuEvent, ...] = ()
     agent: AgentStats | None = None
 
 

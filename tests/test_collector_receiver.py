@@ -11,7 +11,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from gpuwarden.collector.app import STATS, create_app
 from gpuwarden.collector.config import CollectorConfig
@@ -25,7 +25,7 @@ PB = {"Content-Type": "application/x-protobuf"}
 def request_with(values: list[float], host: str = "node-1") -> ExportMetricsServiceRequest:
     req = ExportMetricsServiceRequest()
     rm = req.resource_metrics.add()
-    rm.resource.attributes.append(KeyValue(key="host.name", value={"string_value": host}))
+    rm.resource.attributes.append(KeyValue(key="host.name", value=AnyValue(string_value=host)))
     metric = rm.scope_metrics.add().metrics.add()
     metric.name = "hw.gpu.utilization"
     metric.unit = "1"
@@ -33,7 +33,7 @@ def request_with(values: list[float], host: str = "node-1") -> ExportMetricsServ
         dp = metric.gauge.data_points.add()
         dp.as_double = v
         dp.time_unix_nano = 1_000 + i
-        dp.attributes.append(KeyValue(key="hw.id", value={"string_value": f"GPU-{i}"}))
+        dp.attributes.append(KeyValue(key="hw.id", value=AnyValue(string_value=f"GPU-{i}")))
     return req
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpuwarden.agent.model import GpuSample, GpuStatus, JobRef, XidEvent
+from gpuwarden.agent.model import GpuEvent, GpuSample, GpuStatus, JobRef
 from gpuwarden.agent.sources.scenario import (
     L4,
     Assignment,
@@ -182,11 +182,11 @@ def test_xid_increments_counts_degrades_and_fires_one_event() -> None:
     gpu0, gpu1 = at(sim, clock, 119.9)
     assert (gpu0.xid_counts, gpu0.last_xid, gpu0.status) == ({}, None, GpuStatus.OK)
     assert (gpu1.xid_counts, gpu1.last_xid, gpu1.status) == ({13: 1}, 13, GpuStatus.OK)
-    assert sim.events() == [XidEvent(gpu1.uuid, 13, int(START + 10) * 10**9)]
+    assert sim.events() == [GpuEvent(gpu1.uuid, 13, int(START + 10) * 10**9)]
     assert sim.events() == []
     gpu0, _ = at(sim, clock, 120.0)
     assert (gpu0.xid_counts, gpu0.last_xid, gpu0.status) == ({79: 1}, 79, GpuStatus.DEGRADED)
-    assert sim.events() == [XidEvent(gpu0.uuid, 79, int(START + 120) * 10**9)]
+    assert sim.events() == [GpuEvent(gpu0.uuid, 79, int(START + 120) * 10**9)]
     at(sim, clock, 500.0)
     assert sim.events() == []
     assert at(sim, clock, 500.0)[0].xid_counts == {79: 1}

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.agent.model import GpuSample, GpuStatus, JobRef, ProcessSample, XidEvent
+from gpuwarden.agent.model import GpuEvent, GpuSample, GpuStatus, JobRef, ProcessSample
 from gpuwarden.agent.sources.scenario import (
     XIDS_OF_CONCERN,
     Assignment,
@@ -171,7 +171,7 @@ class SimulatedSource:
         now = self._clock()
         return [self._sample(gpu, now) for gpu in self._gpus]
 
-    def events(self) -> list[XidEvent]:
+    def events(self) -> list[GpuEvent]:
         """XID events that fired since the previous call, oldest first."""
         elapsed = self._clock() - self._start_seconds
         events = []
@@ -180,7 +180,7 @@ class SimulatedSource:
             if fault.at_seconds > elapsed:
                 break
             time_unix_nano = round((self._start_seconds + fault.at_seconds) * 1e9)
-            events.append(XidEvent(self._gpus[fault.gpu].uuid, fault.xid, time_unix_nano))
+            events.append(GpuEvent(self._gpus[fault.gpu].uuid, fault.xid, time_unix_nano))
             self._reported_xids += 1
         return events
 
