@@ -40,12 +40,15 @@ class Scope(enum.StrEnum):
 class Shape(enum.StrEnum):
     """How a field's value becomes data points.
 
-    ``scalar``: one point. ``mapping``: one point per key, keys become the attributes named in
-    ``MetricDef.keys``. ``one_hot``: an enum becomes 1 for the current value and 0 for the others
-    (``hw.status``). ``bitmask``: one 0/1 point per known bit (clock-event reasons).
+    ``scalar``: one point. ``info``: the constant 1 carrying the device's descriptive
+    attributes (join on ``hw.id``), so data points need not repeat them. ``mapping``: one point
+    per key, keys become the attributes named in ``MetricDef.keys``. ``one_hot``: an enum becomes
+    1 for the current value and 0 for the others (``hw.status``). ``bitmask``: one 0/1 point per
+    known bit (clock-event reasons).
     """
 
     SCALAR = "scalar"
+    INFO = "info"
     MAPPING = "mapping"
     ONE_HOT = "one_hot"
     BITMASK = "bitmask"
@@ -93,6 +96,13 @@ GAUGE, COUNTER, UPDOWN = Instrument.GAUGE, Instrument.COUNTER, Instrument.UPDOWN
 
 # fmt: off
 CATALOG: tuple[MetricDef, ...] = (
+    # --- GPU identity ----------------------------------------------------------------------------
+    MetricDef("gpuwarden.gpu.info", GAUGE, "1", G, "uuid",
+              "nvmlDeviceGetName, GetUUID, GetPciInfo_v3; MIG: GetMigDeviceHandleByIndex",
+              "Always 1; carries the GPU's model, index, PCI bus id and, for MIG, its parent.",
+              shape=Shape.INFO, keys=("hw.model", "hw.vendor", "gpuwarden.gpu.index",
+                                      "gpuwarden.gpu.pci_bus_id", "hw.parent",
+                                      "gpuwarden.gpu.mig_profile")),
     # --- GPU: utilisation and memory -------------------------------------------------------
     MetricDef("hw.gpu.utilization", GAUGE, "1", G, "utilization_ratio",
               "nvmlDeviceGetUtilizationRates().gpu (% → ratio)",
@@ -260,9 +270,11 @@ def render_markdown() -> str:
         "Generated from `agent/catalog.py` by `gpuwarden catalog --format markdown`; a test keeps "
         "this file in step with the code.",
         "",
-        "Every GPU point carries `hw.id` (GPU or MIG UUID), `hw.model` and "
-        "`gpuwarden.gpu.index`; MIG devices add `hw.parent` (the GPU UUID) and "
-        "`gpuwarden.gpu.mig_profile`. Per-process points carry `hw.id`, `process.pid` and, when "
+        "Every GPU point carries one identifying attribute, `hw.id` (GPU or MIG UUID); the "
+        "descriptive ones (model, index, PCI bus id, MIG parent and profile) are on "
+        "`gpuwarden.gpu.info`, joined on `hw.id` (e.g. `... * on (hw_id) group_left(hw_model) "
+        "gpuwarden_gpu_info`), so they are not repeated on every point. Per-process points carry "
+        "`hw.id`, `process.pid` and, when "
         "attributed, `gpuwarden.job.scheduler` plus `gpuwarden.job.id` (Slurm) or "
         "`k8s.pod.uid` and `container.id` (Kubernetes).",
         "",

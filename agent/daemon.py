@@ -161,6 +161,7 @@ class Agent:
         flushed = True
         if self.sender is not None:
             self._sender_stop.set()
+            self.sender.wake.set()
             if self._sender_thread is not None:
                 self._sender_thread.join(timeout=flush_timeout_seconds + 1)
             flushed = self.sender.flush(flush_timeout_seconds)

@@ -53,25 +53,33 @@ class AgentHttpServer:
                 log.debug("http: " + format, *args)
 
         self.registry = registry
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
-        self._httpd.daemon_threads = True
+        self._address = (host, port)
+        self._handler = Handler
+        self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
-        """The bound port (useful with port 0)."""
+        """The bound port once started (useful with port 0), else the configured one."""
+        if self._httpd is None:
+            return self._address[1]
         return int(self._httpd.server_address[1])
 
     def start(self) -> None:
-        """Serve in a daemon thread."""
+        """Bind and serve in a daemon thread; raises ``OSError`` (e.g. EADDRINUSE) on bind."""
+        self._httpd = ThreadingHTTPServer(self._address, self._handler)
+        self._httpd.daemon_threads = True
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="gpuwarden-http", daemon=True
         )
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop serving and close the socket."""
+        """Stop serving and close the socket (a no-op if never started)."""
+        if self._httpd is None:
+            return
         self._httpd.shutdown()
         self._httpd.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._httpd = self._thread = None

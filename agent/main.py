@@ -46,6 +46,8 @@ def run_agent(config: AgentConfig, *, once: bool = False) -> int:
 
     try:
         runtime = build_agent(config)
+        if runtime.http is not None and not once:
+            runtime.http.start()
     except NvmlUnavailableError as exc:
         print(f"gpuwarden agent: {exc}", file=sys.stderr)
         return 1
@@ -83,7 +85,6 @@ def run_agent(config: AgentConfig, *, once: bool = False) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     if runtime.http is not None:
-        runtime.http.start()
         log.info("serving /healthz and /metrics on %s:%d", config.http.host, runtime.http.port)
     log.info(
         "agent started: node %s, source %s, every %.3g s, pushing to %s",

@@ -43,7 +43,6 @@ INITIAL_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 60.0
 MAX_RETRY_AFTER_SECONDS = 900.0  # a broken or hostile Retry-After must not park the agent for days
 IDLE_RECHECK_SECONDS = 30.0
-STOP_POLL_SECONDS = 0.2  # the idle wait is on `wake`; this is how often it looks at `stop`
 MAX_RESPONSE_BYTES = 64 * 1024
 PERMANENT_STATUSES = frozenset({400, 413, 415})
 AUTH_STATUSES = frozenset({401, 403})
@@ -151,7 +150,10 @@ class OtlpHttpSender:
             return self._send_once(self._timeout)
 
     def run(self, stop: threading.Event) -> None:
-        """Send while there is data; then wait for ``wake``, a backoff deadline or ``stop``."""
+        """Send while there is data; then wait for ``wake``, a backoff deadline or ``stop``.
+
+        To stop the loop, set ``stop`` and then ``wake``.
+        """
         try:
             while not stop.is_set():
                 self.wake.clear()  # before peeking, so an append during the send is not missed
@@ -196,10 +198,10 @@ class OtlpHttpSender:
             self._close()
 
     def _wait_for_wake(self, stop: threading.Event, limit_seconds: float) -> None:
-        deadline = self._clock() + limit_seconds
-        while not stop.is_set() and (remaining := deadline - self._clock()) > 0:
-            if self.wake.wait(min(remaining, STOP_POLL_SECONDS)):
-                return
+        # No polling: whoever sets ``stop`` also sets ``wake`` (see ``Agent.shutdown``), so an
+        # idle agent costs no CPU between rounds.
+        if not stop.is_set():
+            self.wake.wait(limit_seconds)
 
     def _send_once(self, timeout: float) -> SendResult:
         batch = self._spool.peek(MAX_BATCH_RECORDS, self._max_batch_bytes)

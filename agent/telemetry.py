@@ -16,7 +16,7 @@ from typing import Any
 
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader
 from opentelemetry.sdk.resources import Resource
 
@@ -55,12 +55,20 @@ class SampleCache:
 
 
 def gpu_attributes(gpu: GpuSample) -> dict[str, str | int]:
-    """The identifying attributes every GPU point carries."""
+    """The one attribute every GPU point carries: its identity (the rest is on the info metric)."""
+    return {"hw.id": gpu.uuid}
+
+
+def info_attributes(gpu: GpuSample) -> dict[str, str | int]:
+    """The descriptive attributes of ``gpuwarden.gpu.info``: join on ``hw.id`` to use them."""
     attrs: dict[str, str | int] = {
         "hw.id": gpu.uuid,
         "hw.model": gpu.name,
+        "hw.vendor": "NVIDIA",
         "gpuwarden.gpu.index": gpu.index,
     }
+    if gpu.pci_bus_id is not None:
+        attrs["gpuwarden.gpu.pci_bus_id"] = gpu.pci_bus_id
     if gpu.parent_uuid is not None:
         attrs["hw.parent"] = gpu.parent_uuid
     if gpu.mig_profile is not None:
@@ -88,7 +96,9 @@ def _expand(row: MetricDef, value: Any, base: Mapping[str, str | int]) -> Iterat
     if value is None:
         return
     fixed = {**base, **row.attributes}
-    if row.shape is Shape.SCALAR:
+    if row.shape is Shape.INFO:
+        yield 1.0, fixed
+    elif row.shape is Shape.SCALAR:
         yield float(value), fixed
     elif row.shape is Shape.MAPPING:
         for key, item in value.items():
@@ -106,34 +116,65 @@ def _expand(row: MetricDef, value: Any, base: Mapping[str, str | int]) -> Iterat
             yield (1.0 if value & bit else 0.0), {**fixed, row.keys[0]: reason}
 
 
+class _Prepared:
+    """A snapshot with its GPU and process attribute sets built once, shared by all callbacks."""
+
+    __slots__ = ("gpus", "infos", "procs", "snapshot")
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self.gpus = [(gpu, gpu_attributes(gpu)) for gpu in snapshot.gpus]
+        self.infos = [(gpu, info_attributes(gpu)) for gpu in snapshot.gpus]
+        self.procs = [
+            (proc, process_attributes(gpu, proc)) for gpu in snapshot.gpus for proc in gpu.processes
+        ]
+
+
+def _points(row: MetricDef, prepared: _Prepared) -> Iterator[Point]:
+    if row.scope is Scope.GPU:
+        for gpu, attrs in prepared.infos if row.shape is Shape.INFO else prepared.gpus:
+            yield from _expand(row, getattr(gpu, row.field), attrs)
+    elif row.scope is Scope.PROCESS:
+        for proc, attrs in prepared.procs:
+            yield from _expand(row, getattr(proc, row.field), attrs)
+    elif row.scope is Scope.HOST:
+        if prepared.snapshot.host is not None:
+            yield from _expand(row, getattr(prepared.snapshot.host, row.field), {})
+    elif prepared.snapshot.agent is not None:
+        yield from _expand(row, getattr(prepared.snapshot.agent, row.field), {})
+
+
 def points(row: MetricDef, snapshot: Snapshot) -> Iterator[Point]:
     """Every data point one catalog row yields for one snapshot."""
-    if row.scope is Scope.GPU:
-        for gpu in snapshot.gpus:
-            yield from _expand(row, getattr(gpu, row.field), gpu_attributes(gpu))
-    elif row.scope is Scope.PROCESS:
-        for gpu in snapshot.gpus:
-            for proc in gpu.processes:
-                yield from _expand(row, getattr(proc, row.field), process_attributes(gpu, proc))
-    elif row.scope is Scope.HOST:
-        if snapshot.host is not None:
-            yield from _expand(row, getattr(snapshot.host, row.field), {})
-    elif snapshot.agent is not None:
-        yield from _expand(row, getattr(snapshot.agent, row.field), {})
+    return _points(row, _Prepared(snapshot))
+
+
+class _PreparedCache:
+    """Prepares each new snapshot once, however many instruments and readers read it."""
+
+    def __init__(self, cache: SampleCache) -> None:
+        self._cache = cache
+        self._prepared: _Prepared | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> _Prepared | None:
+        snapshot = self._cache.get()
+        if snapshot is None:
+            return None
+        with self._lock:
+            if self._prepared is None or self._prepared.snapshot is not snapshot:
+                self._prepared = _Prepared(snapshot)
+            return self._prepared
 
 
 def _callback(
-    rows: tuple[MetricDef, ...], cache: SampleCache
+    rows: tuple[MetricDef, ...], prepared: _PreparedCache
 ) -> Callable[[CallbackOptions], Iterable[Observation]]:
     def observe(_options: CallbackOptions) -> Iterable[Observation]:
-        snapshot = cache.get()
-        if snapshot is None:
+        current = prepared.get()
+        if current is None:
             return []
-        return [
-            Observation(value, dict(attrs))
-            for row in rows
-            for value, attrs in points(row, snapshot)
-        ]
+        return [Observation(value, attrs) for row in rows for value, attrs in _points(row, current)]
 
     return observe
 
@@ -141,6 +182,7 @@ def _callback(
 def register_instruments(meter: Meter, cache: SampleCache) -> list[str]:
     """Create one observable instrument per catalog metric name; return the names."""
     created = []
+    prepared = _PreparedCache(cache)
     for name, rows in rows_by_name().items():
         first = rows[0]
         factory = {
@@ -150,7 +192,7 @@ def register_instruments(meter: Meter, cache: SampleCache) -> list[str]:
         }[first.instrument]
         factory(
             name,
-            callbacks=[_callback(rows, cache)],
+            callbacks=[_callback(rows, prepared)],
             unit=first.unit,
             description=first.description,
         )
@@ -177,6 +219,8 @@ class Telemetry:
         self._provider = MeterProvider(
             metric_readers=[self._reader, *extra_readers],
             resource=Resource.create(dict(resource_attributes)),
+            # observations of a cache carry no trace context: exemplars would be pure cost
+            exemplar_filter=AlwaysOffExemplarFilter(),
         )
         meter = self._provider.get_meter("gpuwarden.agent", version)
         self.instrument_names = register_instruments(meter, cache)

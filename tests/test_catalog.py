@@ -37,6 +37,9 @@ def test_row_is_well_formed(row):
     assert row.source
     if row.shape is Shape.SCALAR:
         assert row.keys == ()
+    elif row.shape is Shape.INFO:
+        assert row.scope is Scope.GPU
+        assert row.keys
     else:
         assert row.keys, "expanded rows name the attributes their keys become"
 
@@ -50,7 +53,7 @@ def test_rows_sharing_a_name_agree_and_differ_in_attributes():
 
 def test_every_gpu_field_is_exported_or_declared_internal():
     exported = {r.field for r in CATALOG if r.scope is Scope.GPU}
-    identity = {"uuid", "index", "name", "pci_bus_id", "parent_uuid", "mig_profile", "processes"}
+    identity = {"index", "name", "pci_bus_id", "parent_uuid", "mig_profile", "processes"}
     assert FIELDS[Scope.GPU] - exported == identity
     assert FIELDS[Scope.PROCESS] - {r.field for r in CATALOG if r.scope is Scope.PROCESS} == {
         "pid",

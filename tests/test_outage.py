@@ -109,8 +109,12 @@ def test_spool_survives_an_agent_restart(tmp_path):
 
 def test_spool_cap_drops_oldest_counts_and_logs(tmp_path, caplog):
     port = free_port()
-    # one 8-GPU request is about 56 kB of protobuf: a 200 kB spool holds three
-    runtime = make_agent(tmp_path / "spool", port, max_bytes=200_000)
+    probe = make_agent(tmp_path / "probe", port)
+    probe.agent.sample_once()
+    assert probe.agent.spool is not None
+    room_for_three = int(probe.agent.spool.bytes_used * 3.5)  # one 8-GPU request: ~40 kB
+    probe.agent.shutdown(flush_timeout_seconds=0)
+    runtime = make_agent(tmp_path / "spool", port, max_bytes=room_for_three)
     agent = runtime.agent
     assert agent.spool is not None
     with caplog.at_level(logging.WARNING, logger="gpuwarden.agent.spool"):
@@ -118,7 +122,7 @@ def test_spool_cap_drops_oldest_counts_and_logs(tmp_path, caplog):
             agent.sample_once()
     assert len(agent.spool) == 3
     assert agent.spool.evicted_records == 7
-    assert agent.spool.bytes_used <= 200_000
+    assert agent.spool.bytes_used <= room_for_three
     assert any("evict" in r.getMessage().lower() for r in caplog.records)
     with CollectorThread(port) as collector:
         assert agent.sender is not None

@@ -438,6 +438,7 @@ def test_run_sends_on_wake_and_stops_promptly_when_idle(
     assert wake.waiting.wait(10)  # idle again
     assert collector.accepted == [1, 2, 3]
     stop.set()
+    wake.set()  # the documented way to stop: stop, then wake
     thread.join(timeout=2)
     assert not thread.is_alive()
 

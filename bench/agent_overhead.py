@@ -1,0 +1,187 @@
+"""Agent overhead on the fake NVML: CPU per sample round, mCPU at 1 s and 10 s, RSS, pynvml share.
+
+Not a test: it prints figures. Run from the repository root:
+
+    .venv/bin/python bench/agent_overhead.py            # about two minutes
+    .venv/bin/python bench/agent_overhead.py --quick    # about half a minute, noisier
+
+This process is the agent (real pynvml against tests/fakenvml with 8 GPUs, every field on, two
+processes per GPU attributed through the real /proc); the collector runs as a separate process,
+so the CPU and RSS measured here are the agent's alone. Targets (issue 2): ≤ 5 ms CPU per 8-GPU
+round, ≤ 2 mCPU at a 10 s interval, RSS ≤ 60 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import ctypes
+import os
+import pstats
+import resource
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpuwarden.agent.build import build_agent
+from gpuwarden.agent.config import (
+    AgentConfig,
+    CollectorConfig,
+    HttpConfig,
+    SpoolConfig,
+)
+from gpuwarden.agent.sources.nvml import NvmlSource
+from tests.fakenvml.control import FakeNvml, FakeProcess, build_fake_nvml
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def load_fake(tmp: Path) -> FakeNvml:
+    import pynvml
+
+    path = build_fake_nvml(tmp)
+    library = ctypes.CDLL(str(path))
+    pynvml.nvmlLib = library
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    fake = FakeNvml(library, path)
+    fake.reset(8)
+    pid = os.getpid()
+    for gpu in range(8):
+        fake.set_processes(gpu, [FakeProcess(pid, 4 << 30, 40, 20), FakeProcess(1, 1 << 30, 5, 1)])
+    return fake
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_collector(tmp: Path, token: str) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    (tmp / "tokens").write_text(f"bench {token}\n")
+    (tmp / "collector.yaml").write_text(f"port: {port}\ntokens_file: {tmp / 'tokens'}\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "collector", "--config", str(tmp / "collector.yaml")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("collector did not start")
+
+
+def bench_source(rounds: int) -> tuple[float, float]:
+    """CPU ms per NvmlSource.sample() round, and the share of it inside pynvml."""
+    with NvmlSource() as source:
+        source.sample()  # warm: handles, static facts, first event drain
+        start = time.process_time()
+        for _ in range(rounds):
+            source.sample()
+        per_round_ms = (time.process_time() - start) / rounds * 1000
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(rounds):
+            source.sample()
+        profile.disable()
+    stats = pstats.Stats(profile)
+    total = sum(row[2] for row in stats.stats.values())  # type: ignore[attr-defined]
+    in_pynvml = sum(
+        row[2]
+        for (filename, _, _), row in stats.stats.items()  # type: ignore[attr-defined]
+        if filename.endswith("pynvml.py") or filename == "~"
+    )
+    return per_round_ms, in_pynvml / total if total else float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter windows (noisier figures)")
+    args = parser.parse_args()
+    live_1s, live_10s = (10.0, 30.0) if args.quick else (30.0, 80.0)
+
+    with tempfile.TemporaryDirectory(prefix="gpuwarden-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        fake = load_fake(tmp)
+        token = secrets.token_hex(16)
+        collector, port = start_collector(tmp, token)
+        try:
+            per_round_ms, pynvml_share = bench_source(300)
+            print(f"NVML sample round, 8 GPUs, every field: {per_round_ms:.2f} ms CPU per round")
+            print(f"share of the sample round inside pynvml/ctypes calls (cProfile): "
+                  f"{pynvml_share:.0%}")
+            print(f"fake NVML calls per round: {sum(fake.call_counts().values()) / 601:.0f}")
+
+            for interval, window in ((1.0, live_1s), (10.0, live_10s)):
+                config = AgentConfig(
+                    node_name="bench",
+                    source="nvml",
+                    interval_seconds=interval,
+                    collector=CollectorConfig(
+                        endpoint=f"http://127.0.0.1:{port}/v1/metrics", token=token
+                    ),
+                    spool=SpoolConfig(directory=tmp / f"spool-{interval}", fsync=True),
+                    http=HttpConfig(port=0),
+                )
+                runtime = build_agent(config)
+                agent = runtime.agent
+                assert runtime.http is not None
+                runtime.http.start()
+                # full rounds, sender included: sample, host, attribution, OTel, spool, push
+                agent.start_sender()
+                start = cpu_seconds()
+                for _ in range(50):
+                    agent.sample_once()
+                    assert agent.sender is not None
+                    agent.sender.flush(5)
+                full_ms = (cpu_seconds() - start) / 50 * 1000
+                stop = threading.Event()
+                thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+                thread.start()
+                time.sleep(min(5.0, interval))  # let the loop settle before measuring
+                c0, w0 = cpu_seconds(), time.monotonic()
+                time.sleep(window)
+                mcpu = (cpu_seconds() - c0) / (time.monotonic() - w0) * 1000
+                stop.set()
+                thread.join()
+                agent.shutdown(flush_timeout_seconds=5)
+                runtime.http.stop()
+                if interval == 1.0:
+                    print(f"full round (sample + host + attribution + OTel + spool fsync + "
+                          f"OTLP push): {full_ms:.2f} ms CPU")
+                print(f"agent CPU at a {interval:g} s interval: {mcpu:.2f} mCPU "
+                      f"(measured over {window:g} s)")
+            print(f"agent RSS: {rss_mib():.1f} MiB (whole process, pynvml + OTel SDK loaded)")
+        finally:
+            collector.terminate()
+            collector.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
