@@ -133,8 +133,10 @@ def main() -> int:
         try:
             per_round_ms, pynvml_share = bench_source(300)
             print(f"NVML sample round, 8 GPUs, every field: {per_round_ms:.2f} ms CPU per round")
-            print(f"share of the sample round inside pynvml/ctypes calls (cProfile): "
-                  f"{pynvml_share:.0%}")
+            print(
+                f"share of the sample round inside pynvml/ctypes calls (cProfile): "
+                f"{pynvml_share:.0%}"
+            )
             print(f"fake NVML calls per round: {sum(fake.call_counts().values()) / 601:.0f}")
 
             for interval, window in ((1.0, live_1s), (10.0, live_10s)):
@@ -172,10 +174,14 @@ def main() -> int:
                 agent.shutdown(flush_timeout_seconds=5)
                 runtime.http.stop()
                 if interval == 1.0:
-                    print(f"full round (sample + host + attribution + OTel + spool fsync + "
-                          f"OTLP push): {full_ms:.2f} ms CPU")
-                print(f"agent CPU at a {interval:g} s interval: {mcpu:.2f} mCPU "
-                      f"(measured over {window:g} s)")
+                    print(
+                        f"full round (sample + host + attribution + OTel + spool fsync + "
+                        f"OTLP push): {full_ms:.2f} ms CPU"
+                    )
+                print(
+                    f"agent CPU at a {interval:g} s interval: {mcpu:.2f} mCPU "
+                    f"(measured over {window:g} s)"
+                )
             print(f"agent RSS: {rss_mib():.1f} MiB (whole process, pynvml + OTel SDK loaded)")
         finally:
             collector.terminate()
