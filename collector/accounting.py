@@ -18,13 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from gpuwarden.collector.model import Job, JobState
 
-FloatArray = npt.NDArray[np.float64]
+FloatArray = npt.NDArray[np.floating[Any]]
 UNALLOCATED = ""
 TIERS = ("on-demand", "spot", "reserved")
 
@@ -108,7 +109,7 @@ def slot_overlap(times: FloatArray, step_seconds: float, start: float, end: floa
     """Fraction of every slot ``[t, t + step)`` that ``[start, end)`` covers."""
     lo = np.maximum(times, start)
     hi = np.minimum(times + step_seconds, end)
-    return np.clip(hi - lo, 0.0, step_seconds) / step_seconds
+    return np.asarray(np.clip(hi - lo, 0.0, step_seconds) / step_seconds, dtype=np.float64)
 
 
 def _holds(job: Job, gpu: GpuTimeline) -> bool:

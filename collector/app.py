@@ -17,6 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
+from gpuwarden.collector import tasks
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.otlp import (
     OtlpError,
@@ -26,7 +27,9 @@ from gpuwarden.collector.otlp import (
     number_points,
     parse_request,
 )
+from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.sink import MetricsSink, SeriesLog
+from gpuwarden.collector.tasks import SERVICE
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ class IngestStats:
     responses: Counter[int] = field(default_factory=Counter)
     points_accepted: int = 0
     points_rejected: int = 0
+    inflight: int = 0
 
 
 CONFIG = web.AppKey("config", CollectorConfig)
@@ -64,6 +68,22 @@ async def otlp_metrics(request: web.Request) -> web.Response:
     """``POST /v1/metrics``: OTLP/HTTP metrics, protobuf or JSON, optionally gzip."""
     config = request.app[CONFIG]
     stats = request.app[STATS]
+    if stats.inflight >= config.max_inflight_requests:
+        # Back-pressure: agents keep the batch in their spool and retry after the delay.
+        stats.responses[503] += 1
+        return web.Response(
+            status=503, text="collector busy, retry later\n", headers={"Retry-After": "2"}
+        )
+    stats.inflight += 1
+    try:
+        return await _ingest(request, config, stats)
+    finally:
+        stats.inflight -= 1
+
+
+async def _ingest(
+    request: web.Request, config: CollectorConfig, stats: IngestStats
+) -> web.Response:
     try:
         source = authenticate(config, request.headers.get("Authorization"))
         if source is None:
@@ -81,15 +101,17 @@ async def otlp_metrics(request: web.Request) -> web.Response:
         stats.responses[exc.status] += 1
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return web.Response(status=exc.status, text=exc.message + "\n", headers=headers)
-    request.app[SINK].accept(points, source)
-    stats.points_accepted += len(points)
+    stored_rejected = request.app[SINK].accept(points, source)
+    rejected += stored_rejected
+    stats.points_accepted += len(points) - stored_rejected
     stats.points_rejected += rejected
     stats.responses[200] += 1
     response = ExportMetricsServiceResponse()
     if rejected:
         response.partial_success.rejected_data_points = rejected
         response.partial_success.error_message = (
-            "non-finite values and unsupported metric types (histogram, summary) are not stored yet"
+            "rejected: non-finite values, points outside the window, series over the limit, "
+            "or metric types not stored (summary)"
         )
     return web.Response(body=encode_response(response, kind), content_type=kind)
 
@@ -110,15 +132,37 @@ async def healthz(_request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def create_app(config: CollectorConfig, sink: MetricsSink | None = None) -> web.Application:
-    """Build the collector application."""
+def create_app(
+    config: CollectorConfig,
+    sink: MetricsSink | None = None,
+    *,
+    service: CollectorService | None = None,
+    background: bool = True,
+) -> web.Application:
+    """Build the collector application.
+
+    With a ``service`` the points go to its WindowStore and, unless ``background`` is false
+    (tests drive it themselves), job polling and accounting run while the app serves. Without
+    one, points go to ``sink`` (an in-memory series log by default).
+    """
     # We inflate bodies ourselves, with a cap: aiohttp's own decompression has none.
     app = web.Application(
         client_max_size=config.max_body_bytes, handler_args={"auto_decompress": False}
     )
     app[CONFIG] = config
-    app[SINK] = sink if sink is not None else SeriesLog()
     app[STATS] = IngestStats()
+    if service is not None:
+        app[SERVICE] = service
+        app[SINK] = service
+        if background:
+            app.cleanup_ctx.append(
+                tasks.background(
+                    job_poll_seconds=config.job_poll_seconds,
+                    accounting_seconds=config.accounting_period_seconds,
+                )
+            )
+    else:
+        app[SINK] = sink if sink is not None else SeriesLog()
     app.router.add_post("/v1/metrics", otlp_metrics)
     app.router.add_get("/healthz", healthz)
     return app

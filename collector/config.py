@@ -29,6 +29,16 @@ class CollectorConfig:
     max_decompressed_bytes: int = 64 * 1024 * 1024
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
+    database: Path = Path("/var/lib/gpuwarden/collector.db")
+    step_seconds: int = 10
+    recent_hours: int = 6
+    max_series: int = 1_000_000
+    accounting_period_seconds: int = 60
+    idle_threshold_ratio: float = 0.05
+    grid_intensity_grams_per_kwh: float = 400.0
+    slurm_cluster: str | None = None
+    job_poll_seconds: float = 30.0
+    max_inflight_requests: int = 64
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0 or self.max_decompressed_bytes < self.max_body_bytes:
@@ -63,6 +73,16 @@ _KEYS = {
     "max_decompressed_bytes": int,
     "tls_cert_file": Path,
     "tls_key_file": Path,
+    "database": Path,
+    "step_seconds": int,
+    "recent_hours": int,
+    "max_series": int,
+    "accounting_period_seconds": int,
+    "idle_threshold_ratio": float,
+    "grid_intensity_grams_per_kwh": float,
+    "slurm_cluster": str,
+    "job_poll_seconds": float,
+    "max_inflight_requests": int,
 }
 
 
@@ -92,6 +112,8 @@ def load_collector_config(
             raise ConfigError(f"{where}.{key}: expected true or false, got {value!r}")
         if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
             raise ConfigError(f"{where}.{key}: expected an integer, got {value!r}")
+        if kind is float and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
         kwargs[key] = kind(value)
     tokens_file = kwargs.pop("tokens_file", None)
     if tokens_file is not None:

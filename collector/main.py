@@ -12,7 +12,9 @@ from aiohttp import web
 
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.app import create_app
+from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import load_collector_config
+from gpuwarden.collector.storage import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +38,16 @@ def run_collector(config_path: Path | None, *, host: str | None, port: int | Non
         ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ssl_context.load_cert_chain(str(config.tls_cert_file), str(config.tls_key_file))
     try:
+        service = build_service(config)
+    except (OSError, StorageError) as exc:
+        print(
+            f"gpuwarden collector: cannot open the database {config.database}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    try:
         web.run_app(
-            create_app(config),
+            create_app(config, service=service),
             host=config.host,
             port=config.port,
             ssl_context=ssl_context,
@@ -52,4 +62,6 @@ def run_collector(config_path: Path | None, *, host: str | None, port: int | Non
             )
             return 1
         raise
+    finally:
+        service.storage.close()
     return 0

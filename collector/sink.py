@@ -16,8 +16,9 @@ SeriesKey = tuple[str, str, tuple[tuple[str, str | int | float | bool], ...]]
 class MetricsSink(Protocol):
     """Anything that takes accepted points from the receiver."""
 
-    def accept(self, points: Iterable[NumberPoint], source: str) -> None:
-        """Take the points of one request from the authenticated ``source``."""
+    def accept(self, points: Iterable[NumberPoint], source: str) -> int:
+        """Take one request's points from the authenticated ``source``; return how many it
+        rejected (reported back to the sender as an OTLP partial success)."""
         ...
 
 
@@ -47,11 +48,12 @@ class SeriesLog:
         self.sources: dict[str, SourceStats] = {}
         self.dropped_series_points = 0
 
-    def accept(self, points: Iterable[NumberPoint], source: str) -> None:
-        """Append points in arrival order."""
+    def accept(self, points: Iterable[NumberPoint], source: str) -> int:
+        """Append points in arrival order; points beyond the series cap are dropped."""
         with self._lock:
             stats = self.sources.setdefault(source, SourceStats())
             stats.requests += 1
+            dropped = 0
             for point in points:
                 host = str(point.resource.get("host.name", ""))
                 key = (host, point.metric, tuple(sorted(point.attributes.items())))
@@ -59,6 +61,7 @@ class SeriesLog:
                 if series is None:
                     if len(self._series) >= self._max_series:
                         self.dropped_series_points += 1
+                        dropped += 1
                         continue
                     series = self._series[key] = deque(maxlen=self._max_points)
                     self._units[point.metric] = point.unit
@@ -66,6 +69,7 @@ class SeriesLog:
                 stats.points += 1
                 stats.hosts.add(host)
                 stats.last_time_unix_nano = max(stats.last_time_unix_nano, point.time_unix_nano)
+            return dropped
 
     def series(
         self, metric: str | None = None, host: str | None = None

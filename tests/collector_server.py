@@ -11,6 +11,7 @@ from aiohttp import web
 
 from gpuwarden.collector.app import create_app
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.sink import SeriesLog
 
 TOKEN = "agent-token-for-tests-0123456789"
@@ -25,9 +26,15 @@ def free_port() -> int:
 class CollectorThread:
     """The collector app served from its own event loop; stop and start again on the same port."""
 
-    def __init__(self, port: int | None = None, log: SeriesLog | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        log: SeriesLog | None = None,
+        service: CollectorService | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.log = log if log is not None else SeriesLog()
+        self.service = service
         self.config = CollectorConfig(port=self.port, tokens=MappingProxyType({TOKEN: "agents"}))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -43,7 +50,7 @@ class CollectorThread:
         self._loop = asyncio.new_event_loop()
 
         async def serve() -> None:
-            self.app = create_app(self.config, self.log)
+            self.app = create_app(self.config, self.log, service=self.service, background=False)
             self._runner = web.AppRunner(self.app, access_log=None)
             await self._runner.setup()
             await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()

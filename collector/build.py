@@ -1,0 +1,48 @@
+"""Assemble the collector's core from its configuration (the composition root)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from gpuwarden.collector.accounting import AccountingConfig
+from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.model import JobSource
+from gpuwarden.collector.registry import JobRegistry
+from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage_sqlite import SqliteStorage
+from gpuwarden.collector.store import WindowStore
+
+
+def build_service(
+    config: CollectorConfig,
+    *,
+    clock: Callable[[], float] = time.time,
+    job_sources: Sequence[tuple[str, JobSource]] | None = None,
+) -> CollectorService:
+    """The store, storage, job registry and accounting the config describes."""
+    if config.database.parent and str(config.database) != ":memory:":
+        config.database.parent.mkdir(parents=True, exist_ok=True)
+    storage = SqliteStorage(config.database, clock=clock)
+    if job_sources is None:
+        job_sources = []
+        if config.slurm_cluster:
+            from gpuwarden.collector.jobs.slurm import SlurmJobSource
+
+            job_sources.append(("slurm", SlurmJobSource(cluster=config.slurm_cluster)))
+    return CollectorService(
+        store=WindowStore(
+            step_seconds=config.step_seconds,
+            recent_seconds=config.recent_hours * 3600,
+            max_series=config.max_series,
+            clock=clock,
+        ),
+        storage=storage,
+        registry=JobRegistry(storage, job_sources),
+        accounting=AccountingConfig(
+            idle_threshold_ratio=config.idle_threshold_ratio,
+            grid_intensity_grams_per_kwh=config.grid_intensity_grams_per_kwh,
+        ),
+        period_seconds=config.accounting_period_seconds,
+        clock=clock,
+    )

@@ -1,0 +1,230 @@
+"""The collector's core: ingest into the WindowStore, node facts, jobs, and periodic accounting.
+
+Framework-free: the aiohttp app calls ``accept`` for every OTLP request and runs ``poll_jobs``
+and ``run_accounting`` as background tasks; tests and the demo call them directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuwarden.collector.accounting import (
+    UNALLOCATED,
+    AccountingConfig,
+    GpuTimeline,
+    Usage,
+    account,
+)
+from gpuwarden.collector.otlp import NumberPoint
+from gpuwarden.collector.records import AccountingRow
+from gpuwarden.collector.registry import JobRegistry
+from gpuwarden.collector.storage import Storage
+from gpuwarden.collector.store import WindowStore
+
+log = logging.getLogger(__name__)
+
+#: Resource attributes of an agent that the collector keeps per node.
+NODE_FACTS = (
+    "host.id",
+    "host.type",
+    "cloud.region",
+    "gpuwarden.cluster",
+    "gpuwarden.price_tier",
+    "gpuwarden.agent.version",
+)
+
+
+@dataclass
+class IngestTotals:
+    """Running totals of what the store did with incoming points."""
+
+    accepted: int = 0
+    rejected: int = 0
+    new_series: int = 0
+    counter_resets: int = 0
+    last_point_unix: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRef:
+    """One GPU the collector knows from the agents' ``gpuwarden.gpu.info``."""
+
+    node: str
+    uuid: str
+    index: int | None
+    model: str
+    parent_uuid: str | None = None
+
+
+@dataclass
+class CollectorService:
+    """Everything the collector holds, with the operations the app and CLI need."""
+
+    store: WindowStore
+    storage: Storage
+    registry: JobRegistry
+    accounting: AccountingConfig = field(default_factory=AccountingConfig)
+    period_seconds: int = 60
+    recompute_periods: int = 10
+    clock: Callable[[], float] = time.time
+    nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    totals: IngestTotals = field(default_factory=IngestTotals)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # --- ingest -------------------------------------------------------------------------------
+
+    def accept(self, points: Iterable[NumberPoint], source: str) -> int:
+        """Store one request's points; remember node facts; return the rejected count."""
+        points = list(points)
+        seen: set[int] = set()
+        for point in points:
+            if id(point.resource) in seen:
+                continue
+            seen.add(id(point.resource))
+            host = point.resource.get("host.name")
+            if isinstance(host, str) and host:
+                facts = {k: str(v) for k, v in point.resource.items() if k in NODE_FACTS}
+                with self._lock:
+                    self.nodes[host] = {**facts, "source": source}
+        counts = self.store.ingest(points)
+        with self._lock:
+            self.totals.accepted += counts.accepted
+            self.totals.rejected += counts.rejected
+            self.totals.new_series += counts.new_series
+            self.totals.counter_resets += counts.counter_resets
+            if points:
+                newest = max(p.time_unix_nano for p in points) / 1e9
+                self.totals.last_point_unix = max(self.totals.last_point_unix, newest)
+        return counts.rejected
+
+    # --- inventory ----------------------------------------------------------------------------
+
+    def gpus(self) -> list[GpuRef]:
+        """Every GPU (and MIG device) an agent described in ``gpuwarden.gpu.info``."""
+        latest = self.store.latest("gpuwarden.gpu.info")
+        refs = []
+        for info in latest.series:
+            attrs = info.attributes
+            index = attrs.get("gpuwarden.gpu.index")
+            parent = attrs.get("hw.parent")
+            if isinstance(index, float):
+                index = int(index)
+            refs.append(
+                GpuRef(
+                    node=str(attrs.get("host.name", "")),
+                    uuid=str(attrs.get("hw.id", "")),
+                    index=index if isinstance(index, int) else None,
+                    model=str(attrs.get("hw.model", "unknown")),
+                    parent_uuid=str(parent) if parent is not None else None,
+                )
+            )
+        return refs
+
+    # --- accounting ---------------------------------------------------------------------------
+
+    def timelines(self, start: float, end: float) -> tuple[np.ndarray, list[GpuTimeline]]:
+        """Each physical GPU's utilisation, energy and seen jobs on the store's slot grid."""
+        util = self.store.matrix("hw.gpu.utilization", start=start, end=end)
+        energy = self.store.increase_matrix(
+            "hw.energy", selector={"hw.type": "gpu"}, start=start, end=end
+        )
+        procs = self.store.matrix("gpuwarden.gpu.process.memory.usage", start=start, end=end)
+        times = util.times
+        n = len(times)
+        by_gpu_util = {_gpu_key(s.attributes): util.values[i] for i, s in enumerate(util.series)}
+        by_gpu_energy = {
+            _gpu_key(s.attributes): energy.values[i] for i, s in enumerate(energy.series)
+        }
+        seen: dict[tuple[str, str], list[set[str]]] = {}
+        for i, s in enumerate(procs.series):
+            attrs = s.attributes
+            scheduler = attrs.get("gpuwarden.job.scheduler")
+            ident = attrs.get("gpuwarden.job.id") or attrs.get("k8s.pod.uid")
+            if scheduler is None or ident is None:
+                continue
+            node, uuid = _gpu_key(attrs)
+            job_key = self.registry.resolve(str(scheduler), str(ident), node)
+            slots = seen.setdefault((node, uuid), [set() for _ in range(n)])
+            for slot in np.flatnonzero(~np.isnan(procs.values[i])):
+                slots[slot].add(job_key)
+        timelines = []
+        for ref in self.gpus():
+            if ref.parent_uuid is not None:
+                continue  # MIG devices are accounted through their parent GPU
+            key = (ref.node, ref.uuid)
+            tier = self.nodes.get(ref.node, {}).get("gpuwarden.price_tier", "")
+            timelines.append(
+                GpuTimeline(
+                    node=ref.node,
+                    uuid=ref.uuid,
+                    index=ref.index,
+                    model=ref.model,
+                    price_tier=tier or self.accounting.default_price_tier,
+                    utilization_ratio=by_gpu_util.get(key, np.full(n, np.nan)).astype(np.float64),
+                    energy_joules=by_gpu_energy.get(key, np.full(n, np.nan)).astype(np.float64),
+                    process_jobs=tuple(frozenset(s) for s in seen.get(key, [])),
+                )
+            )
+        return times, timelines
+
+    def usage(self, start: float, end: float) -> list[Usage]:
+        """Accounting of every GPU over ``[start, end)`` against the known jobs."""
+        times, gpus = self.timelines(start, end)
+        return account(
+            gpus, self.registry.known(), times, self.store.step_seconds, end, self.accounting
+        )
+
+    def rows(self, period_start: float) -> list[AccountingRow]:
+        """Accounting rows of one period, ready for storage."""
+        rows = []
+        for use in self.usage(period_start, period_start + self.period_seconds):
+            if use.gpu_seconds_allocated <= 0:
+                continue
+            job = None if use.job_key == UNALLOCATED else self.registry.get(use.job_key)
+            rows.append(
+                AccountingRow(
+                    period_start=period_start,
+                    period_seconds=self.period_seconds,
+                    job_key=use.job_key or None,
+                    team=job.team if job else None,
+                    model=job.model if job else None,
+                    node=use.node,
+                    gpu_uuid=use.gpu_uuid,
+                    price_tier=use.price_tier,
+                    gpu_seconds_allocated=use.gpu_seconds_allocated,
+                    gpu_seconds_busy=use.gpu_seconds_busy,
+                    gpu_seconds_idle=use.gpu_seconds_idle,
+                    gpu_seconds_unknown=use.gpu_seconds_unknown,
+                    energy_joules=use.energy_joules,
+                    cost_usd=use.cost_usd,
+                    carbon_grams=use.carbon_grams,
+                )
+            )
+        return rows
+
+    def run_accounting(self, now: float | None = None) -> int:
+        """Recompute the last complete periods (late and spooled data land in them too)."""
+        current = self.clock() if now is None else now
+        last_complete = math.floor(current / self.period_seconds) * self.period_seconds
+        written = 0
+        for k in range(self.recompute_periods, 0, -1):
+            start = last_complete - k * self.period_seconds
+            rows = self.rows(start)
+            if rows:
+                written += self.storage.write_rollups(rows)
+        return written
+
+    def poll_jobs(self, now: float | None = None) -> int:
+        """Poll the job adapters (blocking); return the number of jobs."""
+        return self.registry.poll(self.clock() if now is None else now).jobs
+
+
+def _gpu_key(attrs: Mapping[str, object]) -> tuple[str, str]:
+    return str(attrs.get("host.name", "")), str(attrs.get("hw.id", ""))

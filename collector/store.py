@@ -1,0 +1,373 @@
+"""WindowStore: every series' recent history in numpy ring buffers, read as series x time matrices.
+
+Layout (see ``store_ring``): one float32 array per resolution, ``capacity x n_slots``, rows are
+series and columns a ring over time with one time axis shared by all series. The recent ring holds
+``recent_seconds`` at ``step_seconds`` (default 6 h at 10 s, 2160 slots); the long ring holds
+``long_seconds`` at ``long_step_seconds`` (default 14 d at 1 min, 20160 slots), each long slot the
+mean of its recent slots, recomputed whenever one of them is written, so late points and
+duplicates leave it right. Missing data is NaN, never 0. Rows are series ids: a dict maps the
+series key to its row, rows of stale series go to a free list, the arrays double when full.
+
+Gauges (and non-monotonic sums) are stored as sent; the last write to a slot wins. Monotonic
+cumulative sums are counters (``store_counters``): the recent and long rings hold their per-second
+rate, and a third ring, float64 and only for counter series, holds each slot's exact increase
+(the sum of the deltas of the raw points in it, a reset counting its new value), which
+``increase()`` sums for energy accounting. Histograms live in ``store_histograms``.
+
+Points older than the recent window, too far in the future (a wrong agent clock would otherwise
+roll the whole window over), non-finite, or beyond ``max_series`` are counted and dropped.
+Everything runs under one lock: the receiver ingests on the event loop, detectors read from a
+worker thread.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from gpuwarden.collector.otlp import NumberPoint
+from gpuwarden.collector.store_histograms import HistogramSeries, histogram_quantile
+from gpuwarden.collector.store_rows import SeriesTable
+from gpuwarden.collector.store_types import (
+    HOST_NAME,
+    AttrValue,
+    BucketCounts,
+    IngestCounts,
+    Kind,
+    LatestValues,
+    Resolution,
+    SeriesKey,
+    SeriesMatrix,
+    series_key,
+)
+
+NS = 1_000_000_000
+
+
+class WindowStore:
+    """Recent and downsampled long windows of every series, in fixed-step numpy rings."""
+
+    def __init__(
+        self,
+        *,
+        step_seconds: int = 10,
+        recent_seconds: int = 6 * 3600,
+        long_step_seconds: int = 60,
+        long_seconds: int = 14 * 86400,
+        max_series: int = 1_000_000,
+        stale_after_seconds: float | None = None,
+        max_future_seconds: float = 300.0,
+        initial_capacity: int = 1024,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Create an empty store.
+
+        Args:
+            step_seconds: recent resolution.
+            recent_seconds: recent window, a multiple of ``long_step_seconds``.
+            long_step_seconds: long resolution, a multiple of ``step_seconds``.
+            long_seconds: long window, a multiple of ``long_step_seconds``, >= ``recent_seconds``.
+            max_series: cap on number and histogram series together.
+            stale_after_seconds: ``evict_stale`` drops series without a point this long
+                (default: the recent window; their long history goes with them).
+            max_future_seconds: points further ahead of ``clock()`` are rejected.
+            initial_capacity: rows allocated up front (doubled as needed).
+            clock: Unix time in seconds.
+        """
+        if min(step_seconds, recent_seconds, long_step_seconds, long_seconds, max_series) <= 0:
+            raise ValueError("steps, windows and max_series must be positive")
+        if long_step_seconds % step_seconds or recent_seconds % long_step_seconds:
+            raise ValueError(
+                "long_step_seconds must be a multiple of step_seconds, and "
+                "recent_seconds a multiple of long_step_seconds"
+            )
+        if long_seconds % long_step_seconds or long_seconds < recent_seconds:
+            raise ValueError(
+                "long_seconds must be a multiple of long_step_seconds and at least recent_seconds"
+            )
+        self.step_seconds = step_seconds
+        self.long_step_seconds = long_step_seconds
+        self._step_ns = step_seconds * NS
+        self._ratio = long_step_seconds // step_seconds
+        self._max_series = max_series
+        self._stale_after_seconds = (
+            float(recent_seconds) if stale_after_seconds is None else stale_after_seconds
+        )
+        self._max_future_seconds = max_future_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._table = SeriesTable(
+            n_slots=recent_seconds // step_seconds,
+            n_long_slots=long_seconds // long_step_seconds,
+            capacity=max(1, min(initial_capacity, max_series)),
+            max_rows=max_series,
+        )
+        self._histograms: dict[SeriesKey, HistogramSeries] = {}
+
+    # --- ingest -------------------------------------------------------------------------------
+
+    def ingest(self, points: Iterable[NumberPoint]) -> IngestCounts:
+        """Store gauge and sum points; return what became of them."""
+        with self._lock:
+            return self._ingest(points)
+
+    def _ingest(self, points: Iterable[NumberPoint]) -> IngestCounts:
+        table = self._table
+        aliases = table.aliases
+        resolve = table.resolve
+        isfinite = math.isfinite
+        future_ns = int((self._clock() + self._max_future_seconds) * NS)
+        created_before = table.created
+        rows: list[int] = []
+        times: list[int] = []
+        values: list[float] = []
+        nonfinite = future = limit = 0
+        # The per-point loop is the hot path: plain Python, no numpy scalars, one dict lookup.
+        for p in points:
+            value = p.value
+            t = p.time_unix_nano
+            if not isfinite(value):
+                nonfinite += 1
+                continue
+            if t > future_ns:
+                future += 1
+                continue
+            alias = (p.metric, p.resource.get(HOST_NAME), tuple(p.attributes.items()))
+            row = aliases.get(alias)
+            if row is None:
+                row = resolve(alias, p, total=len(self._histograms))
+                if row < 0:
+                    limit += 1
+                    continue
+            rows.append(row)
+            times.append(t)
+            values.append(value)
+        counts = IngestCounts(
+            rejected_nonfinite=nonfinite,
+            rejected_future=future,
+            rejected_limit=limit,
+            new_series=table.created - created_before,
+        )
+        if not rows:
+            return counts
+        return table.write(
+            np.array(rows, dtype=np.int64),
+            np.array(times, dtype=np.int64),
+            np.array(values, dtype=np.float64),
+            self._step_ns,
+            self._ratio,
+            counts,
+        )
+
+    def ingest_histogram(
+        self,
+        metric: str,
+        attributes: Mapping[str, AttrValue],
+        *,
+        time_unix_nano: int,
+        bounds: Sequence[float],
+        bucket_counts: Sequence[float],
+        sum_value: float,
+        unit: str = "",
+    ) -> IngestCounts:
+        """Store one cumulative explicit-bucket histogram point.
+
+        Args:
+            metric: metric name.
+            attributes: point attributes plus the resource's ``host.name``.
+            time_unix_nano: point time.
+            bounds: explicit bucket bounds, increasing.
+            bucket_counts: observations per bucket since the series started,
+                ``len(bounds) + 1`` of them (the last is the +Inf bucket).
+            sum_value: sum of the observations since the series started.
+            unit: metric unit.
+        """
+        if len(bucket_counts) != len(bounds) + 1:
+            raise ValueError(
+                f"{metric}: {len(bucket_counts)} bucket counts for {len(bounds)} bounds"
+            )
+        counts = np.asarray(bucket_counts, dtype=np.float64)
+        with self._lock:
+            if not (np.isfinite(counts).all() and math.isfinite(sum_value)):
+                return IngestCounts(rejected_nonfinite=1)
+            if time_unix_nano > int((self._clock() + self._max_future_seconds) * NS):
+                return IngestCounts(rejected_future=1)
+            key = series_key(metric, attributes)
+            series = self._histograms.get(key)
+            new = 0
+            if series is None or series.bounds != tuple(bounds):
+                if series is None and self._series_count() >= self._max_series:
+                    return IngestCounts(rejected_limit=1)
+                series = HistogramSeries(
+                    self._table.info(key, unit, Kind.HISTOGRAM),
+                    tuple(float(b) for b in bounds),
+                    self._table.recent.n_slots,
+                )
+                new = int(key not in self._histograms)
+                self._histograms[key] = series
+            slot = time_unix_nano // self._step_ns
+            head = self._table.advance(slot, self._ratio)
+            return series.observe(slot, head, time_unix_nano, counts, sum_value, new_series=new)
+
+    # --- queries ------------------------------------------------------------------------------
+
+    def matrix(
+        self,
+        metric: str,
+        *,
+        selector: Mapping[str, str] | None = None,
+        start: float,
+        end: float,
+        resolution: Resolution = "recent",
+    ) -> SeriesMatrix:
+        """Every matching series over ``[start, end)`` (Unix seconds) in one array.
+
+        Slot ``k`` is included when ``start <= k*step < end``, so consecutive ranges partition the
+        slots. At most one ring length is returned (the most recent part of the range); slots
+        outside the window, gaps, and counters' first points are NaN. Counters read as rates.
+        """
+        if resolution not in ("recent", "long"):
+            raise ValueError(f"resolution must be 'recent' or 'long', not {resolution!r}")
+        with self._lock:
+            table = self._table
+            ring = table.recent if resolution == "recent" else table.long
+            step = self.step_seconds if resolution == "recent" else self.long_step_seconds
+            rows, infos = table.select(metric, selector)
+            first, count = _slots(start, end, step, ring.n_slots)
+            return SeriesMatrix(
+                times=(np.arange(first, first + count, dtype=np.float64) * step),
+                values=ring.read(rows, first, count),
+                series=infos,
+                step_seconds=step,
+                resolution=resolution,
+            )
+
+    def increase_matrix(
+        self, metric: str, *, selector: Mapping[str, str] | None = None, start: float, end: float
+    ) -> SeriesMatrix:
+        """Exact per-slot increases (float64) of the matching counter series, recent window."""
+        with self._lock:
+            table = self._table
+            rows, infos = table.select(metric, selector)
+            counter_rows = table.counter_row[rows]
+            mine = counter_rows >= 0
+            first, count = _slots(start, end, self.step_seconds, table.recent.n_slots)
+            return SeriesMatrix(
+                times=(np.arange(first, first + count, dtype=np.float64) * self.step_seconds),
+                values=table.increases.read(counter_rows[mine], first, count),
+                series=tuple(info for info, ok in zip(infos, mine, strict=True) if ok),
+                step_seconds=self.step_seconds,
+                resolution="recent",
+            )
+
+    def increase(self, key: SeriesKey, start: float, end: float) -> float | None:
+        """The exact increase of a counter over the slots in ``[start, end)``; None without data.
+
+        The sum of each raw point's delta (its value after a reset) over the points whose slot
+        starts in the range. Raises KeyError for an unknown series, ValueError for a non-counter
+        or a range starting before the recent window (that part is gone: accumulate as you go).
+        """
+        with self._lock:
+            table = self._table
+            row = table.rows_by_key.get(key)
+            if row is None:
+                raise KeyError(key)
+            counter_row = int(table.counter_row[row])
+            if counter_row < 0:
+                raise ValueError(f"{key[0]} is not a counter")
+            ring = table.increases
+            first, stop = math.ceil(start / self.step_seconds), math.ceil(end / self.step_seconds)
+            if ring.head is None or first >= stop:
+                return None
+            if first <= ring.head - ring.n_slots:
+                raise ValueError("range starts before the recent window")
+            lo, hi = ring.span(first, stop)
+            window = ring.read(np.array([counter_row], dtype=np.int64), lo, max(0, hi - lo))
+            if np.isnan(window).all():
+                return None
+            return float(np.nansum(window))
+
+    def latest(self, metric: str, selector: Mapping[str, str] | None = None) -> LatestValues:
+        """Each matching series' newest point (its rate for counters)."""
+        with self._lock:
+            table = self._table
+            rows, infos = table.select(metric, selector)
+            seen_ns = table.last_seen_ns[rows]
+            slots = seen_ns // self._step_ns
+            held = table.recent.held(slots)
+            values = table.recent.values[rows, slots % table.recent.n_slots]
+            return LatestValues(
+                series=infos,
+                times=np.where(held, seen_ns / NS, np.nan),
+                values=np.where(held, values, np.nan).astype(np.float32),
+            )
+
+    def bucket_counts(self, key: SeriesKey, start: float, end: float) -> BucketCounts | None:
+        """Observations per bucket of a histogram over the slots in ``[start, end)``."""
+        with self._lock:
+            series = self._histograms[key]
+            first, stop = math.ceil(start / self.step_seconds), math.ceil(end / self.step_seconds)
+            head = self._table.recent.head
+            if head is not None:
+                series.ring.advance(head)
+            totals = series.totals(first, stop)
+            if totals is None:
+                return None
+            return BucketCounts(bounds=series.bounds, counts=totals[0], sum_value=totals[1])
+
+    def quantile(self, key: SeriesKey, q: float, start: float, end: float) -> float:
+        """The ``q``-quantile (0..1) of a histogram over ``[start, end)``; NaN without data."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile {q} is outside [0, 1]")
+        counts = self.bucket_counts(key, start, end)
+        if counts is None:
+            return math.nan
+        return histogram_quantile(q, counts.bounds, counts.counts)
+
+    # --- housekeeping -------------------------------------------------------------------------
+
+    def evict_stale(self, now: float | None = None) -> int:
+        """Drop series without a point for ``stale_after_seconds``; return how many."""
+        with self._lock:
+            cutoff_ns = int(
+                ((self._clock() if now is None else now) - self._stale_after_seconds) * NS
+            )
+            stale = [k for k, h in self._histograms.items() if h.last_seen_ns < cutoff_ns]
+            for key in stale:
+                del self._histograms[key]
+            return self._table.evict_before(cutoff_ns) + len(stale)
+
+    def series_count(self) -> int:
+        """Series held (number and histogram)."""
+        with self._lock:
+            return self._series_count()
+
+    def metric_names(self) -> set[str]:
+        """Every metric name with at least one series held."""
+        with self._lock:
+            return {key[0] for key in self._table.rows_by_key} | {
+                key[0] for key in self._histograms
+            }
+
+    def _series_count(self) -> int:
+        return len(self._table.rows_by_key) + len(self._histograms)
+
+    def memory_bytes(self) -> int:
+        """Bytes held: every array's ``nbytes`` plus an estimate of per-series Python objects."""
+        with self._lock:
+            hist = sum(h.ring.values.nbytes + sys.getsizeof(h) for h in self._histograms.values())
+            return self._table.memory_bytes() + hist
+
+
+def _slots(start: float, end: float, step: int, n_slots: int) -> tuple[int, int]:
+    """First absolute slot and count of ``[start, end)``, at most ``n_slots`` (the latest)."""
+    first, stop = math.ceil(start / step), math.ceil(end / step)
+    count = max(0, stop - first)
+    if count > n_slots:
+        first, count = stop - n_slots, n_slots
+    return (first, count)

@@ -1,0 +1,54 @@
+"""Background work of the collector app: job polling, accounting, stale-series eviction.
+
+Each loop runs its blocking step in a worker thread, on a monotonic deadline, and survives its own
+failures (one broad except per iteration, logged with the traceback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from gpuwarden.collector.service import CollectorService
+
+log = logging.getLogger(__name__)
+
+SERVICE = web.AppKey("service", CollectorService)
+
+
+async def _every(name: str, interval_seconds: float, step: Callable[[], object]) -> None:
+    deadline = time.monotonic()
+    while True:
+        try:
+            await asyncio.to_thread(step)
+        except Exception:  # one broad except per iteration: the loop must go on
+            log.exception("%s failed; retrying in %.0f s", name, interval_seconds)
+        deadline += interval_seconds
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+
+
+def background(
+    *, job_poll_seconds: float, accounting_seconds: float, evict_seconds: float = 600.0
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A ``cleanup_ctx`` entry that runs the service's loops while the app serves."""
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        service = app[SERVICE]
+        tasks = [
+            asyncio.create_task(_every("job polling", job_poll_seconds, service.poll_jobs)),
+            asyncio.create_task(_every("accounting", accounting_seconds, service.run_accounting)),
+            asyncio.create_task(_every("eviction", evict_seconds, service.store.evict_stale)),
+        ]
+        yield
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return context
