@@ -65,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--duration", type=float, default=20.0, help="seconds to run")
     demo.add_argument("--interval", type=float, default=1.0, help="agent sample interval")
+    demo.add_argument(
+        "--speed", type=float, default=30.0, help="how much faster simulated workloads run"
+    )
+    demo.add_argument("--db", type=Path, help="collector database (default: in the temp dir)")
 
     catalog = sub.add_parser("catalog", help="print the telemetry catalog")
     catalog.add_argument("--format", choices=["markdown", "names"], default="markdown")
@@ -116,7 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from gpuwarden.demo import run_demo
 
-        return run_demo(duration_seconds=args.duration, interval_seconds=args.interval)
+        return run_demo(
+            duration_seconds=args.duration,
+            interval_seconds=args.interval,
+            speed=args.speed,
+            db=args.db,
+        )
     from gpuwarden.agent.catalog import metric_names, render_markdown
 
     if args.format == "names":
