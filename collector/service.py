@@ -76,6 +76,9 @@ class CollectorService:
     clock: Callable[[], float] = time.time
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
     totals: IngestTotals = field(default_factory=IngestTotals)
+    #: new series one sender (token) may create per hour: a runaway label cannot flood the store
+    max_new_series_per_source_hour: int = 100_000
+    _new_series: dict[str, tuple[float, int]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # --- ingest -------------------------------------------------------------------------------
@@ -93,8 +96,21 @@ class CollectorService:
                 facts = {k: str(v) for k, v in point.resource.items() if k in NODE_FACTS}
                 with self._lock:
                     self.nodes[host] = {**facts, "source": source}
-        counts = self.store.ingest(points)
+        now = self.clock()
         with self._lock:
+            window_start, created = self._new_series.get(source, (now, 0))
+            if now - window_start >= 3600:
+                window_start, created = now, 0
+            budget = max(0, self.max_new_series_per_source_hour - created)
+        counts = self.store.ingest(points, new_series_budget=budget)
+        with self._lock:
+            self._new_series[source] = (window_start, created + counts.new_series)
+            if counts.rejected_limit:
+                log.warning(
+                    "source %s: %d point(s) of new series refused (series limit)",
+                    source,
+                    counts.rejected_limit,
+                )
             self.totals.accepted += counts.accepted
             self.totals.rejected += counts.rejected
             self.totals.new_series += counts.new_series

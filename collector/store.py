@@ -111,12 +111,18 @@ class WindowStore:
 
     # --- ingest -------------------------------------------------------------------------------
 
-    def ingest(self, points: Iterable[NumberPoint]) -> IngestCounts:
-        """Store gauge and sum points; return what became of them."""
-        with self._lock:
-            return self._ingest(points)
+    def ingest(
+        self, points: Iterable[NumberPoint], *, new_series_budget: int | None = None
+    ) -> IngestCounts:
+        """Store gauge and sum points; return what became of them.
 
-    def _ingest(self, points: Iterable[NumberPoint]) -> IngestCounts:
+        ``new_series_budget`` caps the series this call may create (a per-sender limit kept by
+        the caller); points of further new series count as ``rejected_limit``.
+        """
+        with self._lock:
+            return self._ingest(points, new_series_budget)
+
+    def _ingest(self, points: Iterable[NumberPoint], budget: int | None = None) -> IngestCounts:
         table = self._table
         aliases = table.aliases
         resolve = table.resolve
@@ -140,7 +146,8 @@ class WindowStore:
             alias = (p.metric, p.resource.get(HOST_NAME), tuple(p.attributes.items()))
             row = aliases.get(alias)
             if row is None:
-                row = resolve(alias, p, total=len(self._histograms))
+                create = budget is None or table.created - created_before < budget
+                row = resolve(alias, p, total=len(self._histograms), create=create)
                 if row < 0:
                     limit += 1
                     continue

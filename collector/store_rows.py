@@ -64,10 +64,13 @@ class SeriesTable:
 
     # --- identity -----------------------------------------------------------------------------
 
-    def resolve(self, alias: AliasKey, point: NumberPoint, *, total: int) -> int:
+    def resolve(
+        self, alias: AliasKey, point: NumberPoint, *, total: int, create: bool = True
+    ) -> int:
         """The row of the series ``alias`` names, created if new; -1 beyond the limit.
 
-        ``total`` counts series held elsewhere (histograms) against ``max_rows``.
+        ``total`` counts series held elsewhere (histograms) against ``max_rows``; with
+        ``create`` false an unknown series is not created (-1: the sender's budget is spent).
         """
         metric, host, items = alias
         strings = self.strings
@@ -82,7 +85,7 @@ class SeriesTable:
         key: SeriesKey = (sys.intern(metric), tuple(sorted(pairs)))
         row = self.rows_by_key.get(key)
         if row is None:
-            if len(self.rows_by_key) + total >= self.max_rows:
+            if not create or len(self.rows_by_key) + total >= self.max_rows:
                 return -1
             row = self._create(key, point)
             self.object_bytes[row] = _object_bytes(key, alias)
