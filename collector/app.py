@@ -23,6 +23,7 @@ from gpuwarden.collector.otlp import (
     OtlpError,
     decompress,
     encode_response,
+    histogram_points,
     media_type,
     number_points,
     parse_request,
@@ -97,11 +98,15 @@ async def _ingest(
         )
         parsed = parse_request(payload, kind)
         points, rejected = number_points(parsed)
+        histograms = histogram_points(parsed)
     except OtlpError as exc:
         stats.responses[exc.status] += 1
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return web.Response(status=exc.status, text=exc.message + "\n", headers=headers)
-    stored_rejected = request.app[SINK].accept(points, source)
+    sink = request.app[SINK]
+    stored_rejected = sink.accept(points, source)
+    if histograms:  # number_points counted them as rejected; the sink says which it kept
+        rejected -= len(histograms) - sink.accept_histograms(histograms, source)
     rejected += stored_rejected
     stats.points_accepted += len(points) - stored_rejected
     stats.points_rejected += rejected

@@ -124,6 +124,61 @@ def _number(point: NumberDataPoint) -> float:
     return point.as_double if point.WhichOneof("value") == "as_double" else float(point.as_int)
 
 
+@dataclass(frozen=True, slots=True)
+class HistogramPoint:
+    """One cumulative explicit-bucket histogram point, flattened with its resource and metric."""
+
+    resource: dict[str, str | int | float | bool]
+    metric: str
+    unit: str
+    attributes: dict[str, str | int | float | bool]
+    time_unix_nano: int
+    bounds: tuple[float, ...]
+    bucket_counts: tuple[int, ...]
+    sum_value: float
+
+
+CUMULATIVE = 2  # AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+
+
+def histogram_points(request: ExportMetricsServiceRequest) -> list[HistogramPoint]:
+    """Cumulative explicit-bucket histogram points that are well formed.
+
+    ``number_points`` counts every histogram point as rejected; a sink that stores histograms
+    takes these and un-counts the ones it kept. Delta temporality and bucket/bound mismatches are
+    left out (so they stay rejected).
+    """
+    out = []
+    for rm in request.resource_metrics:
+        resource = attributes(rm.resource.attributes)
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.WhichOneof("data") != "histogram":
+                    continue
+                if metric.histogram.aggregation_temporality != CUMULATIVE:
+                    continue
+                for dp in metric.histogram.data_points:
+                    bounds = tuple(dp.explicit_bounds)
+                    counts = tuple(dp.bucket_counts)
+                    if len(counts) != len(bounds) + 1 or list(bounds) != sorted(set(bounds)):
+                        continue
+                    if not all(math.isfinite(b) for b in bounds):
+                        continue
+                    out.append(
+                        HistogramPoint(
+                            resource=resource,
+                            metric=metric.name,
+                            unit=metric.unit,
+                            attributes=attributes(dp.attributes),
+                            time_unix_nano=dp.time_unix_nano,
+                            bounds=bounds,
+                            bucket_counts=counts,
+                            sum_value=dp.sum if dp.HasField("sum") else 0.0,
+                        )
+                    )
+    return out
+
+
 def number_points(request: ExportMetricsServiceRequest) -> tuple[list[NumberPoint], int]:
     """Flatten gauges and sums; return them and the count of points rejected.
 

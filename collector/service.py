@@ -10,7 +10,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +22,7 @@ from gpuwarden.collector.accounting import (
     Usage,
     account,
 )
-from gpuwarden.collector.otlp import NumberPoint
+from gpuwarden.collector.otlp import HistogramPoint, NumberPoint
 from gpuwarden.collector.records import AccountingRow
 from gpuwarden.collector.registry import JobRegistry
 from gpuwarden.collector.storage import Storage
@@ -119,6 +119,31 @@ class CollectorService:
                 newest = max(p.time_unix_nano for p in points) / 1e9
                 self.totals.last_point_unix = max(self.totals.last_point_unix, newest)
         return counts.rejected
+
+    def accept_histograms(self, points: Sequence[HistogramPoint], source: str) -> int:
+        """Store cumulative histogram points (bucket counts); return the rejected count."""
+        rejected = 0
+        for point in points:
+            attrs = dict(point.attributes)
+            host = point.resource.get("host.name")
+            if host is not None and "host.name" not in attrs:
+                attrs["host.name"] = host
+            try:
+                counts = self.store.ingest_histogram(
+                    point.metric,
+                    attrs,
+                    time_unix_nano=point.time_unix_nano,
+                    bounds=point.bounds,
+                    bucket_counts=point.bucket_counts,
+                    sum_value=point.sum_value,
+                    unit=point.unit,
+                )
+            except ValueError as exc:  # e.g. bounds changed for an existing series
+                log.warning("source %s: histogram %s refused: %s", source, point.metric, exc)
+                rejected += 1
+                continue
+            rejected += counts.rejected
+        return rejected
 
     # --- inventory ----------------------------------------------------------------------------
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpuwarden.collector.otlp import NumberPoint
+from gpuwarden.collector.otlp import HistogramPoint, NumberPoint
 
 SeriesKey = tuple[str, str, tuple[tuple[str, str | int | float | bool], ...]]
 
@@ -19,6 +19,10 @@ class MetricsSink(Protocol):
     def accept(self, points: Iterable[NumberPoint], source: str) -> int:
         """Take one request's points from the authenticated ``source``; return how many it
         rejected (reported back to the sender as an OTLP partial success)."""
+        ...
+
+    def accept_histograms(self, points: Sequence[HistogramPoint], source: str) -> int:
+        """Take one request's histogram points; return how many it rejected."""
         ...
 
 
@@ -70,6 +74,10 @@ class SeriesLog:
                 stats.hosts.add(host)
                 stats.last_time_unix_nano = max(stats.last_time_unix_nano, point.time_unix_nano)
             return dropped
+
+    def accept_histograms(self, points: Sequence[HistogramPoint], source: str) -> int:
+        """Keeps numbers only: every histogram point is rejected."""
+        return len(points)
 
     def series(
         self, metric: str | None = None, host: str | None = None
