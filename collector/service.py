@@ -11,7 +11,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -23,10 +23,11 @@ from gpuwarden.collector.accounting import (
     account,
 )
 from gpuwarden.collector.otlp import HistogramPoint, NumberPoint
-from gpuwarden.collector.records import AccountingRow
+from gpuwarden.collector.records import AccountingRow, Event, EventKind
 from gpuwarden.collector.registry import JobRegistry
 from gpuwarden.collector.storage import Storage
 from gpuwarden.collector.store import WindowStore
+from gpuwarden.collector.workloads import announcement
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class CollectorService:
     #: new series one sender (token) may create per hour: a runaway label cannot flood the store
     max_new_series_per_source_hour: int = 100_000
     _new_series: dict[str, tuple[float, int]] = field(default_factory=dict)
+    _announced: set[tuple[tuple[str, str | int | float | bool], ...]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # --- ingest -------------------------------------------------------------------------------
@@ -91,6 +93,7 @@ class CollectorService:
             if id(point.resource) in seen:
                 continue
             seen.add(id(point.resource))
+            self._announce(point.resource)
             host = point.resource.get("host.name")
             if isinstance(host, str) and host:
                 facts = {k: str(v) for k, v in point.resource.items() if k in NODE_FACTS}
@@ -119,6 +122,44 @@ class CollectorService:
                 newest = max(p.time_unix_nano for p in points) / 1e9
                 self.totals.last_point_unix = max(self.totals.last_point_unix, newest)
         return counts.rejected
+
+    def _announce(self, resource: Mapping[str, str | int | float | bool]) -> None:
+        """Register the job and model a workload's resource declares, once per resource."""
+        items = tuple(sorted(resource.items()))
+        with self._lock:
+            if items in self._announced:
+                return
+            if len(self._announced) >= 100_000:
+                self._announced.clear()  # a cache, not a record
+            self._announced.add(items)
+        found = announcement(resource, self.clock())
+        if found is None:
+            return
+        if found.job is not None:
+            known = self.registry.get(found.job.key)
+            job = found.job
+            if known is not None:  # keep what the scheduler or API said; fill in the rest
+                job = replace(
+                    known,
+                    model=known.model or job.model,
+                    team=known.team or job.team,
+                    name=known.name or job.name,
+                )
+            self.registry.put([job])
+        if found.model is not None:
+            current = self.storage.model(found.model.name)
+            if current is None:
+                self.storage.upsert_model(found.model)
+            elif current.version != found.model.version:
+                self.storage.upsert_model(replace(current, version=found.model.version))
+                self.storage.record_event(
+                    Event(
+                        time=self.clock(),
+                        kind=EventKind.DEPLOY,
+                        subject=found.model.name,
+                        attributes={"from": current.version, "to": found.model.version},
+                    )
+                )
 
     def accept_histograms(self, points: Sequence[HistogramPoint], source: str) -> int:
         """Store cumulative histogram points (bucket counts); return the rejected count."""
