@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from gpuwarden.collector.workloads import announcement
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> CollectorService:
+def service(tmp_path: Path) -> Iterator[CollectorService]:
     svc = build_service(CollectorConfig(database=tmp_path / "c.db"))
     yield svc
     svc.storage.close()
@@ -75,7 +76,7 @@ def test_the_service_registers_jobs_models_and_deploys(service):
     assert service.storage.model("llama") == ModelDeployment("llama", "v1", 1)
     assert service.storage.events() == []
     service.accept([point({**resource, "gpuwarden.model.version": "v2"})], "w")
-    assert service.storage.model("llama").version == "v2"  # type: ignore[union-attr]
+    assert service.storage.model("llama") == ModelDeployment("llama", "v2", 1)
     (deploy,) = service.storage.events()
     assert deploy.kind is EventKind.DEPLOY
     assert dict(deploy.attributes) == {"from": "v1", "to": "v2"}
