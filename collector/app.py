@@ -157,8 +157,14 @@ def create_app(
     app[CONFIG] = config
     app[STATS] = IngestStats()
     if service is not None:
+        # imported here: api and exposition import this module for CONFIG/STATS/authenticate
+        from gpuwarden.collector.api import setup_api
+        from gpuwarden.collector.exposition import setup_metrics
+
         app[SERVICE] = service
         app[SINK] = service
+        setup_api(app)
+        setup_metrics(app, service)
         if background:
             app.cleanup_ctx.append(
                 tasks.background(

@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--db", type=Path, help="collector database (default: in the temp dir)")
 
+    from gpuwarden.collector.report import add_report_parser
+
+    add_report_parser(sub)
+
     catalog = sub.add_parser("catalog", help="print the telemetry catalog")
     catalog.add_argument("--format", choices=["markdown", "names"], default="markdown")
     return parser
@@ -126,6 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             speed=args.speed,
             db=args.db,
         )
+    if args.command == "report":
+        from gpuwarden.collector.report import run_report
+
+        return run_report(args)
     from gpuwarden.agent.catalog import metric_names, render_markdown
 
     if args.format == "names":

@@ -12,6 +12,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
 from gpuwarden.collector.app import create_app
 from gpuwarden.collector.build import build_service
@@ -21,9 +22,15 @@ from gpuwarden.collector.store_types import series_key
 TOKEN = "histogram-test-token-0123456789"
 HEADERS = {"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {TOKEN}"}
 BOUNDS = [0.1, 0.2, 0.5, 1.0]
+CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 
 
-def histogram(t_ns: int, counts: list[int], total: float, temporality: int = 2) -> bytes:
+def histogram(
+    t_ns: int,
+    counts: list[int],
+    total: float,
+    temporality: AggregationTemporality.ValueType = CUMULATIVE,
+) -> bytes:
     req = ExportMetricsServiceRequest()
     rm = req.resource_metrics.add()
     rm.resource.attributes.append(KeyValue(key="host.name", value=AnyValue(string_value="srv")))
@@ -71,7 +78,12 @@ async def test_cumulative_histograms_are_stored_and_give_quantiles(setup):
 
 async def test_delta_histograms_are_counted_as_rejected(setup):
     client, service = setup
-    body = histogram(time.time_ns(), [1, 2, 3, 4, 5], 9.0, temporality=1)
+    body = histogram(
+        time.time_ns(),
+        [1, 2, 3, 4, 5],
+        9.0,
+        temporality=AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA,
+    )
     resp = await client.post("/v1/metrics", data=body, headers=HEADERS)
     assert resp.status == 200
     assert (
