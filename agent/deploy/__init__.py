@@ -1,0 +1,1 @@
+"""Packaged deployment templates (systemd unit, commented agent config)."""
