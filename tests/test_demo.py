@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def test_demo_runs_end_to_end(tmp_path):
     db = tmp_path / "demo.db"
@@ -37,3 +39,74 @@ def test_demo_runs_end_to_end(tmp_path):
     assert " 0 rejected" in out
     assert "{200:" in out
     assert db.exists()
+
+
+def test_report_costs_on_the_demo_fleet_matches_the_scenario(tmp_path):
+    """The demo's jobs hold 8 (spot), 2, 2, 2 and 1 GPUs (on-demand) for the same window."""
+    import json
+
+    db = tmp_path / "demo.db"
+    demo = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "--log-level",
+            "WARNING",
+            "demo",
+            "--duration",
+            "6",
+            "--speed",
+            "60",
+            "--db",
+            str(db),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert demo.returncode == 0, demo.stderr
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "report",
+            "costs",
+            "--db",
+            str(db),
+            "--since",
+            "1h",
+            "--by",
+            "job",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    groups = {g["group"]: g for g in json.loads(report.stdout)["groups"]}
+    gpus = {
+        "slurm:demo:1001": 8,
+        "slurm:demo:2001": 2,
+        "slurm:demo:2002": 2,
+        "slurm:demo:2003": 2,
+        "slurm:demo:2004": 1,
+    }
+    per_gpu = {key: groups[key]["gpu_hours_allocated"] / n for key, n in gpus.items()}
+    reference = per_gpu["slurm:demo:1001"]
+    assert reference > 0
+    for key, hours in per_gpu.items():  # every job held its GPUs for the same window
+        assert hours == pytest.approx(reference, rel=0.01), key
+    # prices: H100 spot 1.60 $/GPU-h (node b, team llm), on-demand 4.00 $/GPU-h (node a)
+    assert groups["slurm:demo:1001"]["cost_usd"] == pytest.approx(8 * reference * 1.60, rel=0.01)
+    assert groups["slurm:demo:2001"]["cost_usd"] == pytest.approx(2 * reference * 4.00, rel=0.01)
+    # training is busy, the idle-allocated job is idle, whenever there was data
+    training, idle = groups["slurm:demo:1001"], groups["slurm:demo:2004"]
+    assert training["gpu_hours_busy"] > 0
+    assert training["gpu_hours_idle"] == 0
+    assert idle["gpu_hours_busy"] == 0
+    assert idle["gpu_hours_idle"] > 0
