@@ -170,6 +170,7 @@ def create_app(
                 tasks.background(
                     job_poll_seconds=config.job_poll_seconds,
                     accounting_seconds=config.accounting_period_seconds,
+                    scrape_seconds=config.scrape_seconds,
                 )
             )
     else:

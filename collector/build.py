@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.accounting import AccountingConfig
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.model import JobSource
@@ -30,7 +31,25 @@ def build_service(
             from gpuwarden.collector.jobs.slurm import SlurmJobSource
 
             job_sources.append(("slurm", SlurmJobSource(cluster=config.slurm_cluster)))
+    scraper = None
+    if config.model_servers:
+        from gpuwarden.collector.scrape import ModelServerScraper, ScrapeTarget
+
+        try:
+            targets = [
+                ScrapeTarget(
+                    url=t["url"],
+                    server=t.get("server", "prometheus"),  # type: ignore[arg-type]
+                    model=t.get("model"),
+                    node=t.get("node"),
+                )
+                for t in config.model_servers
+            ]
+        except ValueError as exc:
+            raise ConfigError(f"model_servers: {exc}") from None
+        scraper = ModelServerScraper(targets, clock=clock)
     return CollectorService(
+        scraper=scraper,
         store=WindowStore(
             step_seconds=config.step_seconds,
             recent_seconds=config.recent_hours * 3600,

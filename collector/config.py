@@ -39,6 +39,9 @@ class CollectorConfig:
     slurm_cluster: str | None = None
     job_poll_seconds: float = 30.0
     max_inflight_requests: int = 64
+    #: model servers to scrape: mappings with url, server (vllm|triton|prometheus), model, node
+    model_servers: tuple[Mapping[str, str], ...] = ()
+    scrape_seconds: float = 15.0
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0 or self.max_decompressed_bytes < self.max_body_bytes:
@@ -83,7 +86,45 @@ _KEYS = {
     "slurm_cluster": str,
     "job_poll_seconds": float,
     "max_inflight_requests": int,
+    "model_servers": list,
+    "scrape_seconds": float,
 }
+
+
+_SCRAPE_KEYS = frozenset({"url", "server", "model", "node"})
+
+
+def _model_servers(value: object, where: str) -> tuple[Mapping[str, str], ...]:
+    """Validate the model-server list: mappings of strings with known keys and a url."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: expected a list of mappings")
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise ConfigError(f"{where}[{i}]: expected a mapping")
+        unknown = set(item) - _SCRAPE_KEYS
+        if unknown:
+            raise ConfigError(f"{where}[{i}]: unknown key {sorted(unknown)[0]!r}")
+        if "url" not in item:
+            raise ConfigError(f"{where}[{i}]: url is required")
+        out.append(MappingProxyType({str(k): str(v) for k, v in item.items()}))
+    return tuple(out)
+
+
+def _value(key: str, value: Any, where: str) -> Any:
+    """One config value, checked against the type of its key."""
+    kind = _KEYS.get(key)
+    if kind is None:
+        raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(_KEYS))})")
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"{where}.{key}: expected true or false, got {value!r}")
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{where}.{key}: expected an integer, got {value!r}")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
+    if kind is list:
+        return _model_servers(value, f"{where}.{key}")
+    return kind(value)
 
 
 def load_collector_config(
@@ -103,18 +144,7 @@ def load_collector_config(
             raise ConfigError(f"{path}: expected a mapping at the top level")
         data = dict(loaded)
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        kind = _KEYS.get(key)
-        if kind is None:
-            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(_KEYS))})")
-        if kind is bool and not isinstance(value, bool):
-            raise ConfigError(f"{where}.{key}: expected true or false, got {value!r}")
-        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ConfigError(f"{where}.{key}: expected an integer, got {value!r}")
-        if kind is float and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
-        kwargs[key] = kind(value)
+    kwargs = {key: _value(key, value, where) for key, value in data.items()}
     tokens_file = kwargs.pop("tokens_file", None)
     if tokens_file is not None:
         try:

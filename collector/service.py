@@ -25,6 +25,7 @@ from gpuwarden.collector.accounting import (
 from gpuwarden.collector.otlp import HistogramPoint, NumberPoint
 from gpuwarden.collector.records import AccountingRow, Event, EventKind
 from gpuwarden.collector.registry import JobRegistry
+from gpuwarden.collector.scrape import ModelServerScraper
 from gpuwarden.collector.storage import Storage
 from gpuwarden.collector.store import WindowStore
 from gpuwarden.collector.workloads import announcement
@@ -75,6 +76,7 @@ class CollectorService:
     period_seconds: int = 60
     recompute_periods: int = 10
     clock: Callable[[], float] = time.time
+    scraper: ModelServerScraper | None = None
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
     totals: IngestTotals = field(default_factory=IngestTotals)
     #: new series one sender (token) may create per hour: a runaway label cannot flood the store
@@ -97,8 +99,8 @@ class CollectorService:
             host = point.resource.get("host.name")
             if isinstance(host, str) and host:
                 facts = {k: str(v) for k, v in point.resource.items() if k in NODE_FACTS}
-                with self._lock:
-                    self.nodes[host] = {**facts, "source": source}
+                with self._lock:  # merge: other senders (scrapes) must not erase agent facts
+                    self.nodes[host] = {**self.nodes.get(host, {}), **facts, "source": source}
         now = self.clock()
         with self._lock:
             window_start, created = self._new_series.get(source, (now, 0))
@@ -302,6 +304,14 @@ class CollectorService:
             if rows:
                 written += self.storage.write_rollups(rows)
         return written
+
+    def scrape_models(self) -> int:
+        """Scrape the configured model servers into the store (blocking); points stored."""
+        if self.scraper is None:
+            return 0
+        result = self.scraper.scrape_once()
+        rejected = result.accept_into(self, source="scrape")
+        return len(result.points) + len(result.histograms) - rejected
 
     def poll_jobs(self, now: float | None = None) -> int:
         """Poll the job adapters (blocking); return the number of jobs."""

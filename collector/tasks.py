@@ -33,7 +33,11 @@ async def _every(name: str, interval_seconds: float, step: Callable[[], object])
 
 
 def background(
-    *, job_poll_seconds: float, accounting_seconds: float, evict_seconds: float = 600.0
+    *,
+    job_poll_seconds: float,
+    accounting_seconds: float,
+    scrape_seconds: float = 15.0,
+    evict_seconds: float = 600.0,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """A ``cleanup_ctx`` entry that runs the service's loops while the app serves."""
 
@@ -44,6 +48,10 @@ def background(
             asyncio.create_task(_every("accounting", accounting_seconds, service.run_accounting)),
             asyncio.create_task(_every("eviction", evict_seconds, service.store.evict_stale)),
         ]
+        if service.scraper is not None:
+            tasks.append(
+                asyncio.create_task(_every("model scraping", scrape_seconds, service.scrape_models))
+            )
         yield
         for task in tasks:
             task.cancel()

@@ -104,3 +104,33 @@ def test_short_or_reused_tokens_are_refused(tmp_path):
     tokens = write(tmp_path, "a short\n", "t")
     with pytest.raises(ConfigError, match=r"t:1: expected"):
         load_collector_config(write(tmp_path, f"tokens_file: {tokens}\n", "c.yaml"))
+
+
+def test_collector_model_servers(tmp_path):
+    from gpuwarden.collector.build import build_service
+
+    config = load_collector_config(
+        write(
+            tmp_path,
+            f"database: {tmp_path / 'c.db'}\nmodel_servers:\n"
+            "  - {url: 'http://127.0.0.1:8000/metrics', server: vllm, model: llama, node: n1}\n",
+            "c.yaml",
+        )
+    )
+    assert config.model_servers[0]["server"] == "vllm"
+    service = build_service(config)
+    try:
+        assert service.scraper is not None
+    finally:
+        service.storage.close()
+    with pytest.raises(ConfigError, match=r"model_servers\[0\]: unknown key 'uri'"):
+        load_collector_config(write(tmp_path, "model_servers:\n  - {uri: x}\n", "d.yaml"))
+    bad = load_collector_config(
+        write(
+            tmp_path,
+            f"database: {tmp_path / 'e.db'}\nmodel_servers:\n  - {{url: 'ftp://x'}}\n",
+            "e.yaml",
+        )
+    )
+    with pytest.raises(ConfigError, match="model_servers: scrape target"):
+        build_service(bad)

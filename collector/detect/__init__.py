@@ -1,0 +1,1 @@
+"""Detection: findings from the store, folded into incidents."""

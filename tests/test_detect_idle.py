@@ -1,0 +1,59 @@
+"""Idle-GPU screening, table-driven: gaps are never idle and never healthy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuwarden.collector.detect.findings import Verdict, fingerprint
+from gpuwarden.collector.detect.idle import idle_verdicts
+
+N = np.nan
+F, C, U = Verdict.FIRING, Verdict.CLEAR, Verdict.UNKNOWN
+
+
+@pytest.mark.parametrize(
+    ("series", "held", "expected"),
+    [
+        ([0.0] * 10, True, F),  # idle the whole window
+        ([0.01] * 10, True, F),  # below the 5 % threshold
+        ([0.0] * 9 + [0.5], True, C),  # one busy sample clears
+        ([0.9] * 10, True, C),  # busy
+        ([0.0] * 10, False, C),  # not allocated: not an idle *allocated* GPU
+        ([N] * 10, True, U),  # no data: never idle
+        ([0.0] * 7 + [N] * 3, True, U),  # 70 % coverage < 80 %: unknown
+        ([0.0] * 8 + [N] * 2, True, F),  # 80 % coverage: enough
+        ([N] * 9 + [0.9], True, C),  # a busy sample is evidence enough of activity
+        ([N] * 10, False, C),
+    ],
+)
+def test_idle_verdicts(series, held, expected):
+    util = np.array([series], dtype=np.float32)
+    held_m = np.full(util.shape, held)
+    assert idle_verdicts(util, held_m, threshold_ratio=0.05).tolist() == [expected]
+
+
+def test_partially_held_window_is_clear():
+    util = np.zeros((1, 10), dtype=np.float32)
+    held = np.array([[False] * 3 + [True] * 7])
+    assert idle_verdicts(util, held, threshold_ratio=0.05).tolist() == [C]
+
+
+def test_vectorised_over_many_gpus():
+    rng = np.random.default_rng(1)
+    util = rng.uniform(0.2, 1.0, size=(10_000, 360)).astype(np.float32)
+    util[::7] = 0.0
+    held = np.ones(util.shape, dtype=bool)
+    verdicts = idle_verdicts(util, held, threshold_ratio=0.05)
+    assert (verdicts == F).sum() == len(range(0, 10_000, 7))
+
+
+def test_shapes_must_match():
+    with pytest.raises(ValueError, match="shapes differ"):
+        idle_verdicts(np.zeros((2, 3)), np.zeros((3, 2), dtype=bool), threshold_ratio=0.05)
+
+
+def test_fingerprints_are_stable_and_distinct():
+    assert fingerprint("idle", "n1/GPU-1") == fingerprint("idle", "n1/GPU-1")
+    assert fingerprint("idle", "n1/GPU-1") != fingerprint("idle", "n1/GPU-2")
+    assert len(fingerprint("idle", "x")) == 24
