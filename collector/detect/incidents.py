@@ -1,0 +1,104 @@
+"""Findings fold into incidents by fingerprint: open, update, resolve with hysteresis.
+
+A subject opens an incident after ``open_after`` firing cycles in a row and resolves after
+``resolve_after`` clear cycles in a row; UNKNOWN cycles (not enough data) change nothing, so a
+gap neither resolves an incident nor opens one, and an incident does not flap on one good sample.
+Incidents live in the collector's storage; only the not-yet-open streaks are kept in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from gpuwarden.collector.detect.findings import Finding, Verdict
+from gpuwarden.collector.records import Incident, IncidentState
+from gpuwarden.collector.storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class FoldResult:
+    """What one detection cycle changed."""
+
+    opened: tuple[Incident, ...] = ()
+    updated: tuple[Incident, ...] = ()
+    resolved: tuple[Incident, ...] = ()
+
+
+@dataclass
+class IncidentTracker:
+    """Turns each cycle's findings into incident transitions in ``storage``."""
+
+    storage: Storage
+    open_after: int = 1
+    resolve_after: int = 3
+    clock: Callable[[], float] = time.time
+    _pending: dict[str, int] = field(default_factory=dict)
+
+    def fold(self, findings: Sequence[Finding]) -> FoldResult:
+        """Apply one cycle's findings; return the incidents opened, updated and resolved."""
+        now = self.clock()
+        opened, updated, resolved = [], [], []
+        for finding in findings:
+            fp = finding.fingerprint
+            current = self.storage.open_incident_for(fp)
+            if finding.verdict is Verdict.FIRING:
+                if current is None:
+                    streak = self._pending.get(fp, 0) + 1
+                    self._pending[fp] = streak
+                    if streak >= self.open_after:
+                        incident = self._open(finding, now, streak)
+                        if incident is not None:
+                            opened.append(incident)
+                        self._pending.pop(fp, None)
+                else:
+                    incident = replace(
+                        current,
+                        last_seen=now,
+                        severity=finding.severity,
+                        evidence=dict(finding.evidence),
+                        consecutive_breaches=current.consecutive_breaches + 1,
+                        consecutive_clears=0,
+                    )
+                    self.storage.update_incident(incident)
+                    updated.append(incident)
+            elif finding.verdict is Verdict.CLEAR:
+                self._pending.pop(fp, None)
+                if current is None:
+                    continue
+                clears = current.consecutive_clears + 1
+                if clears >= self.resolve_after:
+                    incident = replace(
+                        current,
+                        state=IncidentState.RESOLVED,
+                        resolved_time=now,
+                        consecutive_clears=clears,
+                        consecutive_breaches=0,
+                    )
+                    resolved.append(incident)
+                    log.info("incident %s (%s) resolved", fp, finding.subject)
+                else:
+                    incident = replace(current, consecutive_clears=clears)
+                    updated.append(incident)
+                self.storage.update_incident(incident)
+        return FoldResult(tuple(opened), tuple(updated), tuple(resolved))
+
+    def _open(self, finding: Finding, now: float, streak: int) -> Incident | None:
+        incident = Incident(
+            fingerprint=finding.fingerprint,
+            rule_id=finding.rule_id,
+            severity=finding.severity,
+            first_seen=now,
+            last_seen=now,
+            evidence={"subject": finding.subject, "summary": finding.summary, **finding.evidence},
+            consecutive_breaches=streak,
+        )
+        incident_id = self.storage.open_incident(incident)
+        if incident_id is None:  # another shard opened it first
+            return None
+        log.warning("incident %s opened: %s", finding.fingerprint, finding.summary)
+        return replace(incident, incident_id=incident_id)
