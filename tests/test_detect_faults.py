@@ -1,0 +1,117 @@
+"""Hardware-fault rule: lost GPUs, XIDs of concern, uncorrected ECC and remap failures fire."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.collector.build import build_service
+from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.detect.faults import detect_hardware_faults
+from gpuwarden.collector.detect.findings import Verdict
+from gpuwarden.collector.otlp import NumberPoint
+from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.store_types import AttrValue
+
+NOW = float(int(time.time()))
+RES: dict[str, AttrValue] = {"host.name": "n1"}
+
+
+def status(gpu: str, state: str, t: float) -> list[NumberPoint]:
+    return [
+        NumberPoint(
+            RES,
+            "hw.status",
+            "1",
+            "sum",
+            False,
+            {"hw.id": gpu, "hw.type": "gpu", "hw.state": s},
+            int(t * 1e9),
+            1.0 if s == state else 0.0,
+        )
+        for s in ("ok", "degraded", "failed")
+    ]
+
+
+def counter(
+    metric: str, gpu: str, attrs: dict[str, AttrValue], values: list[float]
+) -> list[NumberPoint]:
+    return [
+        NumberPoint(
+            RES,
+            metric,
+            "{error}",
+            "sum",
+            True,
+            {"hw.id": gpu, **attrs},
+            int((NOW - 50 + 10 * i) * 1e9),
+            v,
+        )
+        for i, v in enumerate(values)
+    ]
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[CollectorService]:
+    svc = build_service(CollectorConfig(database=tmp_path / "c.db"), clock=lambda: NOW)
+    points: list[NumberPoint] = []
+    for t in (NOW - 40, NOW - 20):
+        points += status("GPU-ok", "ok", t) + status("GPU-xid13", "ok", t)
+        points += status("GPU-xid79", "ok", t) + status("GPU-ecc", "ok", t)
+        points += status("GPU-remap", "ok", t)
+    points += status("GPU-lost", "ok", NOW - 40) + status("GPU-lost", "failed", NOW - 20)
+    points += counter("gpuwarden.gpu.xid.errors", "GPU-xid79", {"gpuwarden.gpu.xid": "79"}, [1, 2])
+    points += counter("gpuwarden.gpu.xid.errors", "GPU-xid13", {"gpuwarden.gpu.xid": "13"}, [1, 5])
+    points += counter(
+        "hw.errors", "GPU-ecc", {"error.type": "uncorrected", "hw.type": "gpu"}, [0, 2]
+    )
+    points += counter("hw.errors", "GPU-ok", {"error.type": "corrected", "hw.type": "gpu"}, [0, 9])
+    points.append(
+        NumberPoint(
+            RES,
+            "gpuwarden.gpu.memory.remap_failure",
+            "1",
+            "gauge",
+            False,
+            {"hw.id": "GPU-remap"},
+            int((NOW - 20) * 1e9),
+            1.0,
+        )
+    )
+    assert svc.accept(points, "t") == 0
+    yield svc
+    svc.storage.close()
+
+
+def test_each_fault_kind_fires_and_healthy_gpus_clear(service):
+    found = {
+        f.subject: f
+        for f in detect_hardware_faults(
+            service, rule_id="hw", severity="critical", window_seconds=300, now=NOW
+        )
+    }
+    verdicts = {s.split("/")[1]: f.verdict for s, f in found.items()}
+    assert verdicts == {
+        "GPU-ok": Verdict.CLEAR,
+        "GPU-xid13": Verdict.CLEAR,
+        "GPU-lost": Verdict.FIRING,
+        "GPU-xid79": Verdict.FIRING,
+        "GPU-ecc": Verdict.FIRING,
+        "GPU-remap": Verdict.FIRING,
+    }
+    assert found["n1/GPU-xid79"].evidence["reasons"] == "XID 79 x1"
+    assert found["n1/GPU-ecc"].evidence["reasons"] == "2 uncorrected ECC errors"
+    assert found["n1/GPU-lost"].evidence["reasons"] == "GPU lost (status failed)"
+
+
+def test_gpus_without_data_in_the_window_are_not_judged(service):
+    later = NOW + 3600  # nothing in this window
+    assert (
+        detect_hardware_faults(
+            service, rule_id="hw", severity="critical", window_seconds=300, now=later
+        )
+        == []
+    )
