@@ -10,7 +10,9 @@ from __future__ import annotations
 import hmac
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -31,6 +33,9 @@ from gpuwarden.collector.otlp import (
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.sink import MetricsSink, SeriesLog
 from gpuwarden.collector.tasks import SERVICE
+
+if TYPE_CHECKING:
+    from gpuwarden.collector.detect.engine import DetectionEngine
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +148,8 @@ def create_app(
     *,
     service: CollectorService | None = None,
     background: bool = True,
+    detection: DetectionEngine | None = None,
+    rule_problems: Sequence[str] = (),
 ) -> web.Application:
     """Build the collector application.
 
@@ -158,19 +165,23 @@ def create_app(
     app[STATS] = IngestStats()
     if service is not None:
         # imported here: api and exposition import this module for CONFIG/STATS/authenticate
-        from gpuwarden.collector.api import setup_api
+        from gpuwarden.collector.api import add_readiness_problem, setup_api
         from gpuwarden.collector.exposition import setup_metrics
 
         app[SERVICE] = service
         app[SINK] = service
         setup_api(app)
         setup_metrics(app, service)
+        for problem in rule_problems:
+            add_readiness_problem(app, f"rule skipped: {problem}")
         if background:
             app.cleanup_ctx.append(
                 tasks.background(
                     job_poll_seconds=config.job_poll_seconds,
                     accounting_seconds=config.accounting_period_seconds,
                     scrape_seconds=config.scrape_seconds,
+                    detection=detection,
+                    detection_seconds=config.detection_seconds,
                 )
             )
     else:

@@ -10,9 +10,21 @@ from gpuwarden.collector.accounting import AccountingConfig
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.model import JobSource
 from gpuwarden.collector.registry import JobRegistry
+from gpuwarden.collector.rules import RuleSet, default_rules_dir, default_runbooks_dir, load_rules
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage_sqlite import SqliteStorage
 from gpuwarden.collector.store import WindowStore
+
+
+def load_configured_rules(config: CollectorConfig) -> RuleSet:
+    """The rule set the config names (default: the packaged rules and runbooks).
+
+    Raises ``RuleError`` naming the file and key unless ``skip_bad_rules`` is set, in which case
+    the bad rules are in ``RuleSet.problems`` and the rest load.
+    """
+    paths = list(config.rules) or [default_rules_dir()]
+    runbooks = config.runbooks_dir or default_runbooks_dir()
+    return load_rules(paths, runbooks_dir=runbooks, skip_bad=config.skip_bad_rules)
 
 
 def build_service(

@@ -42,6 +42,11 @@ class CollectorConfig:
     #: model servers to scrape: mappings with url, server (vllm|triton|prometheus), model, node
     model_servers: tuple[Mapping[str, str], ...] = ()
     scrape_seconds: float = 15.0
+    #: rule files or folders (default: the packaged rules/); runbooks checked against runbooks_dir
+    rules: tuple[Path, ...] = ()
+    runbooks_dir: Path | None = None
+    skip_bad_rules: bool = False
+    detection_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0 or self.max_decompressed_bytes < self.max_body_bytes:
@@ -88,6 +93,10 @@ _KEYS = {
     "max_inflight_requests": int,
     "model_servers": list,
     "scrape_seconds": float,
+    "rules": tuple,
+    "runbooks_dir": Path,
+    "skip_bad_rules": bool,
+    "detection_seconds": float,
 }
 
 
@@ -124,6 +133,11 @@ def _value(key: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
     if kind is list:
         return _model_servers(value, f"{where}.{key}")
+    if kind is tuple:  # a list of paths
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(item, str) for item in items):
+            raise ConfigError(f"{where}.{key}: expected a path or a list of paths")
+        return tuple(Path(item) for item in items)
     return kind(value)
 
 

@@ -12,8 +12,10 @@ from aiohttp import web
 
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.app import create_app
-from gpuwarden.collector.build import build_service
+from gpuwarden.collector.build import build_service, load_configured_rules
 from gpuwarden.collector.config import load_collector_config
+from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.rules import RuleError
 from gpuwarden.collector.storage import StorageError
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,17 @@ def run_collector(config_path: Path | None, *, host: str | None, port: int | Non
         ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ssl_context.load_cert_chain(str(config.tls_cert_file), str(config.tls_key_file))
     try:
+        rules = load_configured_rules(config)
+    except RuleError as exc:
+        print(
+            f"gpuwarden collector: bad rules, not starting: {exc} "
+            "(fix the file, or set skip_bad_rules: true to start without the bad rules)",
+            file=sys.stderr,
+        )
+        return 2
+    for problem in rules.problems:
+        log.error("rule skipped: %s", problem)
+    try:
         service = build_service(config)
     except (OSError, StorageError) as exc:
         print(
@@ -47,7 +60,12 @@ def run_collector(config_path: Path | None, *, host: str | None, port: int | Non
         return 1
     try:
         web.run_app(
-            create_app(config, service=service),
+            create_app(
+                config,
+                service=service,
+                detection=DetectionEngine(service, rules),
+                rule_problems=[str(p) for p in rules.problems],
+            ),
             host=config.host,
             port=config.port,
             ssl_context=ssl_context,

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
+from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.service import CollectorService
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ def background(
     accounting_seconds: float,
     scrape_seconds: float = 15.0,
     evict_seconds: float = 600.0,
+    detection: DetectionEngine | None = None,
+    detection_seconds: float = 60.0,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """A ``cleanup_ctx`` entry that runs the service's loops while the app serves."""
 
@@ -48,6 +51,10 @@ def background(
             asyncio.create_task(_every("accounting", accounting_seconds, service.run_accounting)),
             asyncio.create_task(_every("eviction", evict_seconds, service.store.evict_stale)),
         ]
+        if detection is not None:
+            tasks.append(
+                asyncio.create_task(_every("detection", detection_seconds, detection.run_cycle))
+            )
         if service.scraper is not None:
             tasks.append(
                 asyncio.create_task(_every("model scraping", scrape_seconds, service.scrape_models))

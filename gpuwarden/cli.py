@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     from gpuwarden.collector.report import add_report_parser
 
     add_report_parser(sub)
+    from gpuwarden.collector.rules_cli import add_rules_parser
+
+    add_rules_parser(sub)
 
     catalog = sub.add_parser("catalog", help="print the telemetry catalog")
     catalog.add_argument("--format", choices=["markdown", "names"], default="markdown")
@@ -130,6 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             speed=args.speed,
             db=args.db,
         )
+    if args.command == "rules":
+        from gpuwarden.collector.rules_cli import run_rules
+
+        return run_rules(args)
     if args.command == "report":
         from gpuwarden.collector.report import run_report
 

@@ -23,6 +23,9 @@ def detect_hardware_faults(
     severity: str,
     window_seconds: float,
     xids: tuple[int, ...] = DEFAULT_XIDS,
+    gpu_lost: bool = True,
+    uncorrected_ecc: bool = True,
+    remap_failure: bool = True,
     now: float | None = None,
 ) -> list[Finding]:
     """One finding per GPU seen in the window, FIRING with the reasons when a fault shows."""
@@ -39,7 +42,7 @@ def detect_hardware_faults(
         if np.isnan(row).all():
             continue
         seen.add(subject)
-        if attrs.get("hw.state") == "failed" and np.nanmax(row) >= 1:
+        if gpu_lost and attrs.get("hw.state") == "failed" and np.nanmax(row) >= 1:
             reasons.setdefault(subject, []).append("GPU lost (status failed)")
     xid = store.increase_matrix("gpuwarden.gpu.xid.errors", start=start, end=end)
     for info, row in zip(xid.series, xid.values, strict=True):
@@ -53,13 +56,13 @@ def detect_hardware_faults(
     )
     for info, row in zip(ecc.series, ecc.values, strict=True):
         attrs = info.attributes
-        if np.nansum(row) > 0:
+        if uncorrected_ecc and np.nansum(row) > 0:
             subject = f"{attrs.get('host.name', '')}/{attrs.get('hw.id', '')}"
             reasons.setdefault(subject, []).append(f"{int(np.nansum(row))} uncorrected ECC errors")
     remap = store.matrix("gpuwarden.gpu.memory.remap_failure", start=start, end=end)
     for info, row in zip(remap.series, remap.values, strict=True):
         attrs = info.attributes
-        if not np.isnan(row).all() and np.nanmax(row) >= 1:
+        if remap_failure and not np.isnan(row).all() and np.nanmax(row) >= 1:
             subject = f"{attrs.get('host.name', '')}/{attrs.get('hw.id', '')}"
             reasons.setdefault(subject, []).append("row remapping failed")
     findings = []

@@ -1,0 +1,92 @@
+"""The detection cycle with the default rules, and a collector that refuses bad rules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.records import IncidentState
+from gpuwarden.collector.rules import default_rules_dir, default_runbooks_dir, load_rules
+from tests.collector_server import free_port
+from tests.test_accounting_scenario import T0, service  # noqa: F401 - the fixture
+
+
+def test_default_rules_open_idle_incidents_on_the_scripted_fleet(service):  # noqa: F811
+    rules = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
+    engine = DetectionEngine(service, rules, clock=lambda: T0 + 4200)
+    assert {r.detector for r in engine.rules} == {"idle_gpu", "hardware_fault"}
+    assert "slo_burn" in engine.not_implemented
+    result = engine.run_cycle(now=T0 + 4200)
+    assert result.failed_rules == ()
+    assert result.opened == 2
+    incidents = service.storage.incidents(state=IncidentState.OPEN)
+    assert sorted(i.evidence["gpu"] for i in incidents) == ["GPU-a-2", "GPU-b-5"]
+    assert {i.rule_id for i in incidents} == {"idle-gpu"}
+    # a later cycle over the same data updates rather than duplicates
+    assert engine.run_cycle(now=T0 + 4200).opened == 0
+    assert len(service.storage.incidents()) == 2
+
+
+def run_collector(tmp: Path, extra: str) -> subprocess.Popen[str]:
+    (tmp / "tokens").write_text("a tok-0123456789abcdef0123\n")
+    bad = tmp / "rules"
+    bad.mkdir()
+    (bad / "bad.yaml").write_text(
+        "rules:\n  - id: idle\n    detector: idle_gpu\n    severity: warning\n"
+        "    owner: me\n    runbook: idle-gpu.md\n    parameters: {window_seconds: -5}\n"
+    )
+    (tmp / "c.yaml").write_text(
+        f"port: {free_port()}\ntokens_file: {tmp / 'tokens'}\ndatabase: {tmp / 'c.db'}\n"
+        f"rules: [{bad}]\n{extra}"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "collector", "--config", str(tmp / "c.yaml")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_the_collector_refuses_to_start_with_a_broken_rules_file(tmp_path):
+    proc = run_collector(tmp_path, "")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "bad.yaml: rules[0] (idle).parameters.window_seconds" in err
+    assert "skip_bad_rules" in err
+
+
+def test_with_skip_bad_rules_it_starts_and_reports_them_on_readyz(tmp_path):
+    proc = run_collector(tmp_path, "skip_bad_rules: true\n")
+    port = int(
+        next(
+            line
+            for line in (tmp_path / "c.yaml").read_text().splitlines()
+            if line.startswith("port:")
+        ).split()[1]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the external process's readiness endpoint, polled until a deadline
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2)
+                raise AssertionError("/readyz answered 200 with a bad rule skipped")
+            except urllib.error.HTTPError as exc:
+                status, body = exc.code, json.loads(exc.read())
+                exc.close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "collector did not start"
+                time.sleep(0.1)
+        assert status == 503
+        assert any("bad.yaml: rules[0] (idle)" in p for p in body["problems"])
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert "rule skipped: " in err
+    assert "bad.yaml" in err
