@@ -1,15 +1,19 @@
-"""The demo command runs the whole pipeline and reports what the collector received."""
+"""The demo command runs the whole pipeline; its database feeds ``gpuwarden report costs``."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 
-def test_demo_runs_end_to_end(tmp_path):
-    db = tmp_path / "demo.db"
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """Run the demo once for this module: its output and its database."""
+    db = tmp_path_factory.mktemp("demo") / "demo.db"
     proc = subprocess.run(
         [
             sys.executable,
@@ -31,7 +35,11 @@ def test_demo_runs_end_to_end(tmp_path):
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
+    return proc.stdout, db
+
+
+def test_demo_runs_end_to_end(demo):
+    out, db = demo
     assert "gpu-node-a      8" in out
     assert "gpu-node-b      8" in out
     for job in ("slurm:demo:1001", "slurm:demo:2001", "slurm:demo:2004"):
@@ -41,32 +49,9 @@ def test_demo_runs_end_to_end(tmp_path):
     assert db.exists()
 
 
-def test_report_costs_on_the_demo_fleet_matches_the_scenario(tmp_path):
+def test_report_costs_on_the_demo_fleet_matches_the_scenario(demo):
     """The demo's jobs hold 8 (spot), 2, 2, 2 and 1 GPUs (on-demand) for the same window."""
-    import json
-
-    db = tmp_path / "demo.db"
-    demo = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuwarden",
-            "--log-level",
-            "WARNING",
-            "demo",
-            "--duration",
-            "6",
-            "--speed",
-            "60",
-            "--db",
-            str(db),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert demo.returncode == 0, demo.stderr
+    _, db = demo
     report = subprocess.run(
         [
             sys.executable,
