@@ -19,8 +19,11 @@ Not a test: it prints figures. Run from the repository root:
    (which creates every series), then the rest but the last two (steady state); the last two
    rounds go one request at a time for the latency of an unloaded collector.
 3. The same decode-and-store pipeline runs in this process, stage by stage, to split the
-   collector's CPU into gzip, protobuf parsing, NumberPoint building and store ingest; what the
-   server spent beyond that is HTTP and aiohttp.
+   collector's CPU into gzip and ``CollectorService.accept_payload`` (the handler's path: a
+   request matching its sender's shape is read without parsing); what the server spent beyond
+   that is HTTP and aiohttp. The same rounds also go through a collector that never keeps
+   shapes (a sender's first requests, new layouts, JSON, histograms take that path), split into
+   protobuf parsing, ``number_columns()`` and store ingest.
 4. VictoriaMetrics (``apt-get install victoria-metrics``), started on loopback with a temporary
    data directory, gets the same points as gzip'd Prometheus text on /api/v1/import/prometheus
    with the same client concurrency; after /internal/force_flush its series and sample counts
@@ -75,7 +78,13 @@ from gpuwarden.agent.config import AgentConfig, HttpConfig, SpoolConfig
 from gpuwarden.agent.config import CollectorConfig as AgentCollectorConfig
 from gpuwarden.collector.app import STATS, create_app
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.otlp import PROTOBUF, attributes, decompress, number_points, parse_request
+from gpuwarden.collector.otlp import (
+    PROTOBUF,
+    attributes,
+    decompress,
+    number_columns,
+    parse_request,
+)
 from gpuwarden.collector.registry import JobRegistry
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage_sqlite import MEMORY, SqliteStorage
@@ -352,15 +361,17 @@ def make_service(clock_s: float, capacity: int) -> CollectorService:
 def store_report(service: CollectorService) -> dict[str, float]:
     store = service.store
     table = store._table
+    rings = table.ring_bytes()
     return {
         "series": store.series_count(),
         "memory_bytes": store.memory_bytes(),
         "capacity_rows": table.recent.rows,
-        "recent_bytes": table.recent.values.nbytes,
-        "long_bytes": table.long.values.nbytes,
-        "increases_bytes": table.increases.values.nbytes,
-        "increases_rows": table.increases.rows,
+        "recent_bytes": rings["recent"],
+        "long_bytes": rings["long"],
+        "counter_dt_bytes": rings["counter_dt"],
+        "counter_rows": table.dts.shape[0],
         "counter_series": table.next_counter_row - len(table.free_counter_rows),
+        "shape_hits": store.shape_hits,
         "accepted": service.totals.accepted,
         "rejected": service.totals.rejected,
     }
@@ -579,34 +590,40 @@ def bench_collector(work: Workload, clock_s: float, log_dir: Path) -> CollectorF
     per_series = report["memory_bytes"] / series
     recent_b = report["recent_bytes"] / report["capacity_rows"]
     long_b = report["long_bytes"] / report["capacity_rows"]
-    counters_b = report["increases_bytes"] / series
+    counters_b = report["counter_dt_bytes"] / series
     other_b = (
         report["memory_bytes"]
         - report["recent_bytes"]
         - report["long_bytes"]
-        - report["increases_bytes"]
+        - report["counter_dt_bytes"]
     ) / series
     per_series_hour = (recent_b + counters_b + other_b) / RECENT_HOURS + long_b / LONG_HOURS
+    requests = len(first_round) + len(steady) + len(quiet)
+    line(
+        "requests read through shapes",
+        f"{int(report['shape_hits']):,} of {requests:,} (the rest were parsed: each sender's "
+        "first two, and the first of a new layout)",
+    )
     line("series", f"{series:,} held, {work.series:,} expected")
     line(
         "store memory_bytes()",
         f"{report['memory_bytes'] / 2**20:,.0f} MiB = "
         f"{per_series / 1024:.1f} KiB/series (capacity {int(report['capacity_rows']):,} rows, "
-        f"{int(report['increases_rows']):,} counter rows for "
+        f"{int(report['counter_rows']):,} counter rows for "
         f"{int(report['counter_series']):,} counter series)",
     )
     line(
         "memory per series-hour",
         f"{per_series_hour:,.0f} B (recent ring {recent_b:,.0f} B + "
-        f"counter increases {counters_b:,.0f} B + per-series objects {other_b:,.0f} B over "
-        f"{RECENT_HOURS:.0f} h, long ring {long_b:,.0f} B over {LONG_HOURS:.0f} h)",
+        f"counter covered-time ring {counters_b:,.0f} B + per-series objects {other_b:,.0f} B "
+        f"over {RECENT_HOURS:.0f} h, long ring {long_b:,.0f} B over {LONG_HOURS:.0f} h)",
     )
-    used_counter_b = counters_b * report["counter_series"] / report["increases_rows"]
+    used_counter_b = counters_b * report["counter_series"] / report["counter_rows"]
     line(
         "  ... counter ring without slack",
         f"{per_series_hour - (counters_b - used_counter_b) / RECENT_HOURS:,.0f} B (counter "
-        f"increases {used_counter_b:,.0f} B: only the rows counters use; the ring doubles from "
-        "capacity/8 rows)",
+        f"covered-time ring {used_counter_b:,.0f} B: only the rows counters use; it grows by "
+        "half from capacity/8 rows)",
     )
     line(
         "memory per series-hour, all/14 d",
@@ -631,12 +648,17 @@ def bench_collector(work: Workload, clock_s: float, log_dir: Path) -> CollectorF
 # --- where the collector's CPU goes -------------------------------------------------------------
 
 
-STAGES = ("gzip", "protobuf parse", "number_points()", "service.accept()")
+STAGES = ("gzip", "accept_payload(), shaped", "accept_payload(), parsed")
 STAGE_NOTES = (
     "decompress()",
+    "requests matching their sender's shape: extract + store writes + node facts",
+    "the others (first of a layout): parse + columns + store + building the shape",
+)
+PARSED = ("protobuf parse", "number_columns()", "store + service")
+PARSED_NOTES = (
     "parse_request(): upb, into C structs",
-    "NumberPoint building: field access, attribute dicts",
-    "node facts + WindowStore.ingest()",
+    "attribute tuples, times, values: no NumberPoint",
+    "alias lookups, WindowStore writes, node facts",
 )
 
 
@@ -646,6 +668,8 @@ class StageTimes:
 
     points: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    requests: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STAGES, 0))
+    parsed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARSED, 0.0))
     gc_seconds: float = 0.0
     gc_runs: int = 0
     profile: str = ""
@@ -656,6 +680,8 @@ def pipeline_stages(
 ) -> StageTimes:
     """Time the handler's pipeline stage by stage over ``rounds`` (the first creates series)."""
     service = make_service(clock_s, work.series)
+    parsing = make_service(clock_s, work.series)  # never keeps a request shape
+    parsing.store._shape_wanted = lambda _key: False  # type: ignore[method-assign,assignment]
     times = StageTimes()
     gc_started = [0.0]
 
@@ -671,17 +697,31 @@ def pipeline_stages(
         for batch in work.rounds[r]:
             t0 = clock()
             payload = decompress(batch.otlp_gzip, "gzip", 64 << 20)
+            hits = service.store.shape_hits
             t1 = clock()
-            request = parse_request(payload, PROTOBUF)
+            done = service.accept_payload(payload, PROTOBUF, "bench-agents")
             t2 = clock()
-            points, _ = number_points(request)
-            t3 = clock()
-            service.accept(points, "bench-agents")
-            t4 = clock()
             if timed:
-                times.points += len(points)
-                for stage, spent in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
-                    times.seconds[stage] += spent
+                times.points += done.points
+                times.seconds["gzip"] += t1 - t0
+                how = "shaped" if service.store.shape_hits > hits else "parsed"
+                times.seconds[f"accept_payload(), {how}"] += t2 - t1
+                times.requests[f"accept_payload(), {how}"] += 1
+
+    def run_parsed(r: int) -> None:
+        clock = time.process_time
+        for batch in work.rounds[r]:
+            payload = decompress(batch.otlp_gzip, "gzip", 64 << 20)
+            t0 = clock()
+            request = parse_request(payload, PROTOBUF)
+            t1 = clock()
+            number_columns(request)
+            t2 = clock()
+            parsing.accept_payload(payload, PROTOBUF, "bench-agents")  # parses again
+            t3 = clock()
+            times.parsed["protobuf parse"] += t1 - t0
+            times.parsed["number_columns()"] += t2 - t1
+            times.parsed["store + service"] += (t3 - t2) - (t2 - t0)
 
     run(rounds[0], timed=False)
     gc.callbacks.append(on_gc)
@@ -690,6 +730,14 @@ def pipeline_stages(
             run(r, timed=True)
     finally:
         gc.callbacks.remove(on_gc)
+    for r in rounds:
+        if r == rounds[0]:
+            for batch in work.rounds[r]:
+                parsing.accept_payload(
+                    decompress(batch.otlp_gzip, "gzip", 64 << 20), PROTOBUF, "bench-agents"
+                )
+        else:
+            run_parsed(r)
     if profile:
         profile_rounds = [r for r in range(len(work.rounds)) if r not in rounds][:5]
         profiler = cProfile.Profile()
@@ -705,6 +753,8 @@ def pipeline_stages(
         )
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(15)
         times.profile = out.getvalue()
+    service.storage.close()
+    parsing.storage.close()
     return times
 
 
@@ -724,6 +774,18 @@ def report_stages(
     for stage, note in zip(STAGES, STAGE_NOTES, strict=True):
         spent = times.seconds[stage]
         line(stage, f"{spent / points * 1e6:5.2f} µs/point {spent / server:6.1%}  {note}")
+    shaped, parsed_requests = (
+        times.requests["accept_payload(), shaped"],
+        times.requests["accept_payload(), parsed"],
+    )
+    per_request = points / max(1, shaped + parsed_requests)
+    line(
+        "  ... per request of each kind",
+        f"shaped {times.seconds['accept_payload(), shaped'] / max(1, shaped) * 1e6:,.0f} µs "
+        f"({shaped} requests), parsed "
+        f"{times.seconds['accept_payload(), parsed'] / max(1, parsed_requests) * 1e6:,.0f} µs "
+        f"({parsed_requests}), {per_request:.0f} points each",
+    )
     http = server - pipeline
     line(
         "HTTP + aiohttp (the rest)",
@@ -736,6 +798,16 @@ def report_stages(
         f"{times.gc_runs} collections, {times.gc_seconds * 1e3:.1f} ms "
         f"({times.gc_seconds / pipeline:.1%} of it)",
     )
+    parsed = sum(times.parsed.values())
+    print()
+    print(
+        f"== the same rounds when every request is parsed (no request shapes; gzip "
+        f"{times.seconds['gzip'] / points * 1e6:.2f} µs/point not included) =="
+    )
+    for stage, note in zip(PARSED, PARSED_NOTES, strict=True):
+        spent = times.parsed[stage]
+        line(stage, f"{spent / points * 1e6:5.2f} µs/point {spent / parsed:6.1%}  {note}")
+    line("parsed path alone", f"{points / parsed:,.0f} points/s per core (gzip and HTTP apart)")
     if times.profile:
         print()
         print(times.profile.rstrip())

@@ -22,12 +22,13 @@ from gpuwarden.collector.accounting import (
     Usage,
     account,
 )
-from gpuwarden.collector.otlp import HistogramPoint, NumberPoint
+from gpuwarden.collector.otlp import HistogramPoint, NumberPoint, histogram_points
 from gpuwarden.collector.records import AccountingRow, Event, EventKind
 from gpuwarden.collector.registry import JobRegistry
 from gpuwarden.collector.scrape import ModelServerScraper
 from gpuwarden.collector.storage import Storage
 from gpuwarden.collector.store import WindowStore
+from gpuwarden.collector.store_types import IngestCounts
 from gpuwarden.collector.workloads import announcement
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,18 @@ class IngestTotals:
     new_series: int = 0
     counter_resets: int = 0
     last_point_unix: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """What became of one OTLP request: the receiver's answer and counters."""
+
+    points: int
+    """Gauge and sum points decoded (the length of ``number_points``' list)."""
+    rejected: int
+    """Points to report to the sender as rejected (OTLP partial success), histograms included."""
+    stored_rejected: int
+    """Of ``points``, those the store refused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,23 +104,69 @@ class CollectorService:
         """Store one request's points; remember node facts; return the rejected count."""
         points = list(points)
         seen: set[int] = set()
+        resources = []
         for point in points:
-            if id(point.resource) in seen:
-                continue
-            seen.add(id(point.resource))
-            self._announce(point.resource)
-            host = point.resource.get("host.name")
+            if id(point.resource) not in seen:
+                seen.add(id(point.resource))
+                resources.append(point.resource)
+        self._remember_resources(resources, source)
+        now = self.clock()
+        window_start, created, budget = self._budget(source, now)
+        counts = self.store.ingest(points, new_series_budget=budget)
+        newest = max((p.time_unix_nano for p in points), default=None)
+        self._count(source, window_start, created, counts, newest)
+        return counts.rejected
+
+    def accept_payload(self, payload: bytes, kind: str, source: str) -> Accepted:
+        """Decode and store one OTLP/HTTP body: the receiver's fast path.
+
+        The same series, counts, budget, node facts and announcements as ``number_points`` +
+        ``accept`` + ``accept_histograms``, without a ``NumberPoint`` per point (and, for an
+        agent's steady state, without parsing: ``WindowStore.ingest_payload``). Raises
+        ``OtlpError`` (400) for a body that does not parse.
+        """
+        now = self.clock()
+        window_start, created, budget = self._budget(source, now)
+        result = self.store.ingest_payload(payload, kind, new_series_budget=budget)
+        self._remember_resources(result.resources, source)
+        self._count(source, window_start, created, result.counts, result.newest_ns)
+        rejected = result.rejected + result.counts.rejected
+        if result.histogram_request is not None:
+            histograms = histogram_points(result.histogram_request)
+            # counted as rejected by the decoder; the store says which it kept
+            rejected -= len(histograms) - self.accept_histograms(histograms, source)
+        return Accepted(
+            points=result.points, rejected=rejected, stored_rejected=result.counts.rejected
+        )
+
+    def _remember_resources(
+        self, resources: Iterable[Mapping[str, str | int | float | bool]], source: str
+    ) -> None:
+        """Announce each resource's workload and keep its node's facts."""
+        for resource in resources:
+            self._announce(resource)
+            host = resource.get("host.name")
             if isinstance(host, str) and host:
-                facts = {k: str(v) for k, v in point.resource.items() if k in NODE_FACTS}
+                facts = {k: str(v) for k, v in resource.items() if k in NODE_FACTS}
                 with self._lock:  # merge: other senders (scrapes) must not erase agent facts
                     self.nodes[host] = {**self.nodes.get(host, {}), **facts, "source": source}
-        now = self.clock()
+
+    def _budget(self, source: str, now: float) -> tuple[float, int, int]:
+        """The source's hourly window start, series created in it, and what it may still create."""
         with self._lock:
             window_start, created = self._new_series.get(source, (now, 0))
             if now - window_start >= 3600:
                 window_start, created = now, 0
-            budget = max(0, self.max_new_series_per_source_hour - created)
-        counts = self.store.ingest(points, new_series_budget=budget)
+            return window_start, created, max(0, self.max_new_series_per_source_hour - created)
+
+    def _count(
+        self,
+        source: str,
+        window_start: float,
+        created: int,
+        counts: IngestCounts,
+        newest_ns: int | None,
+    ) -> None:
         with self._lock:
             self._new_series[source] = (window_start, created + counts.new_series)
             if counts.rejected_limit:
@@ -120,10 +179,8 @@ class CollectorService:
             self.totals.rejected += counts.rejected
             self.totals.new_series += counts.new_series
             self.totals.counter_resets += counts.counter_resets
-            if points:
-                newest = max(p.time_unix_nano for p in points) / 1e9
-                self.totals.last_point_unix = max(self.totals.last_point_unix, newest)
-        return counts.rejected
+            if newest_ns is not None:
+                self.totals.last_point_unix = max(self.totals.last_point_unix, newest_ns / 1e9)
 
     def _announce(self, resource: Mapping[str, str | int | float | bool]) -> None:
         """Register the job and model a workload's resource declares, once per resource."""

@@ -4,15 +4,20 @@ Layout (see ``store_ring``): one float32 array per resolution, ``capacity x n_sl
 series and columns a ring over time with one time axis shared by all series. The recent ring holds
 ``recent_seconds`` at ``step_seconds`` (default 6 h at 10 s, 2160 slots); the long ring holds
 ``long_seconds`` at ``long_step_seconds`` (default 14 d at 1 min, 20160 slots), each long slot the
-mean of its recent slots, recomputed whenever one of them is written, so late points and
-duplicates leave it right. Missing data is NaN, never 0. Rows are series ids: a dict maps the
-series key to its row, rows of stale series go to a free list, the arrays double when full.
+mean of its recent slots, recomputed (lazily, before the head moves or the long ring is read)
+whenever one of them is written, so late points and duplicates leave it right. Missing data is
+NaN, never 0; the rings are stored so that untouched (calloc'd) memory reads as NaN, so a large
+pre-sized store costs nothing until written. Rows are series ids: a dict maps the series key to
+its row, rows of stale series go to a free list, the arrays double when full.
 
 Gauges (and non-monotonic sums) are stored as sent; the last write to a slot wins. Monotonic
-cumulative sums are counters (``store_counters``): the recent and long rings hold their per-second
-rate, and a third ring, float64 and only for counter series, holds each slot's exact increase
-(the sum of the deltas of the raw points in it, a reset counting its new value), which
-``increase()`` sums for energy accounting. Histograms live in ``store_histograms``.
+cumulative sums are counters (``store_counters``): a counter's row of the recent ring holds each
+slot's increase (the sum of the deltas of the raw points in it, a reset counting its new value)
+as float32, its rounding carried forward so sums stay exact (``store_rows``), plus a small
+``uint16`` ring of the time each slot's increase covers. Counters read as per-second rates
+(increase / covered time) in ``matrix`` and ``latest``, and the long ring keeps their per-minute
+mean rate; ``increase()`` and ``increase_matrix()`` give the increases, for energy accounting.
+Histograms live in ``store_histograms``.
 
 Points older than the recent window, too far in the future (a wrong agent clock would otherwise
 roll the whole window over), non-finite, or beyond ``max_series`` are counted and dropped.
@@ -27,10 +32,23 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
 
-from gpuwarden.collector.otlp import NumberPoint
+from gpuwarden.collector.otlp import (
+    PROTOBUF,
+    NumberColumns,
+    NumberPoint,
+    RequestShape,
+    number_columns,
+    parse_request,
+    shape_key,
+)
 from gpuwarden.collector.store_histograms import HistogramSeries, histogram_quantile
 from gpuwarden.collector.store_rows import SeriesTable
 from gpuwarden.collector.store_types import (
@@ -47,6 +65,46 @@ from gpuwarden.collector.store_types import (
 )
 
 NS = 1_000_000_000
+SHAPE_BYTES = 64 << 20
+"""Request shapes kept beyond ``SHAPE_BYTES_PER_SERIES`` per series held (least recent go)."""
+SHAPE_BYTES_PER_SERIES = 512
+SHAPE_SENDERS = 100_000
+"""Senders (hashes of their resource) whose shape history is remembered (cleared beyond)."""
+_SEEN, _BUILT, _USED = 0, 1, 2
+"""A sender's shape history: seen without a shape, shape built but not matched yet, matched."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestIngest:
+    """What became of one OTLP request's gauges and sums.
+
+    ``points`` and ``rejected`` are what ``number_points`` gives for the request (its list's
+    length, and its count of points without a value, non-finite, or of a type not stored here,
+    histograms included); ``counts`` is what the store did with those points. ``resources`` are
+    the resources with at least one such point, in request order; ``newest_ns`` the newest point
+    time. ``histogram_request`` is the parsed request when it holds histograms (for
+    ``otlp.histogram_points``).
+    """
+
+    counts: IngestCounts
+    points: int
+    rejected: int
+    resources: tuple[Mapping[str, AttrValue], ...]
+    newest_ns: int | None
+    histogram_request: ExportMetricsServiceRequest | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Shaped:
+    """A sender's request shape and the rows its points resolved to."""
+
+    shape: RequestShape
+    rows: npt.NDArray[np.int64]
+    unique: bool
+    generation: int
+    resources: tuple[Mapping[str, AttrValue], ...]
+    point_resources: tuple[Mapping[str, AttrValue], ...]
+    nbytes: int
 
 
 class WindowStore:
@@ -108,6 +166,11 @@ class WindowStore:
             max_rows=max_series,
         )
         self._histograms: dict[SeriesKey, HistogramSeries] = {}
+        self._shapes: dict[bytes, _Shaped] = {}
+        self._shape_bytes = 0
+        self._shape_senders: dict[int, int] = {}  # a heuristic: hash collisions are harmless
+        self.shape_hits = 0
+        """Requests read through a shape, without parsing (``ingest_payload``)."""
 
     # --- ingest -------------------------------------------------------------------------------
 
@@ -147,7 +210,14 @@ class WindowStore:
             row = aliases.get(alias)
             if row is None:
                 create = budget is None or table.created - created_before < budget
-                row = resolve(alias, p, total=len(self._histograms), create=create)
+                row = resolve(
+                    alias,
+                    unit=p.unit,
+                    counter=p.kind == "sum" and p.monotonic,
+                    time_ns=t,
+                    total=len(self._histograms),
+                    create=create,
+                )
                 if row < 0:
                     limit += 1
                     continue
@@ -169,6 +239,203 @@ class WindowStore:
             self._step_ns,
             self._ratio,
             counts,
+        )
+
+    def ingest_request(
+        self, request: ExportMetricsServiceRequest, *, new_series_budget: int | None = None
+    ) -> RequestIngest:
+        """Store a parsed OTLP request's gauges and sums (histograms are the caller's).
+
+        The same points, series, counts and budget as ``ingest(number_points(request)[0])``,
+        without a ``NumberPoint`` per point: attribute items are looked up as sent.
+        """
+        columns = number_columns(request)
+        with self._lock:
+            counts, _ = self._ingest_columns(columns, new_series_budget, want_rows=False)
+        return _request_ingest(columns, counts, request)
+
+    def ingest_payload(
+        self, payload: bytes, kind: str, *, new_series_budget: int | None = None
+    ) -> RequestIngest:
+        """Parse and store an OTLP/HTTP body (protobuf or JSON), as ``ingest_request``.
+
+        A protobuf sender's (first resource's) second request makes the store keep its shape
+        (``otlp.RequestShape``) with the rows its points resolved to; a later request that
+        matches it byte for byte but for point times and values is read without parsing. When
+        a sender whose shape matched sends another shape (a new series), that one is kept at
+        once; a sender whose shapes never match gets one built every other request at most.
+        Raises ``OtlpError`` (400) for a body that does not parse.
+        """
+        key = shape_key(payload) if kind == PROTOBUF else None
+        if key is not None:
+            with self._lock:
+                done = self._ingest_shaped(key, payload)
+            if done is not None:
+                return done
+        request = parse_request(payload, kind)
+        columns = number_columns(request)
+        shape = None
+        if key is not None and not columns.histograms and self._shape_wanted(key):
+            shape = RequestShape.of(payload, request)
+        with self._lock:
+            counts, rows = self._ingest_columns(
+                columns, new_series_budget, want_rows=shape is not None
+            )
+            if key is not None and shape is not None and rows is not None:
+                self._remember(key, shape, rows, columns)
+        return _request_ingest(columns, counts, request)
+
+    def _ingest_columns(
+        self, columns: NumberColumns, budget: int | None, *, want_rows: bool
+    ) -> tuple[IngestCounts, list[int] | None]:
+        """Store decoded columns; with ``want_rows`` also each point's row (-1: not stored)."""
+        table = self._table
+        aliases = table.aliases
+        resolve = table.resolve
+        future_ns = int((self._clock() + self._max_future_seconds) * NS)
+        created_before = table.created
+        histograms = len(self._histograms)
+        rows: list[int] = []
+        times: list[int] = []
+        values: list[float] = []
+        point_rows: list[int] | None = [] if want_rows else None
+        future = limit = 0
+        hosts = [resource.get(HOST_NAME) for resource in columns.resources]
+        for metric in columns.metrics:
+            name, host = metric.name, hosts[metric.resource]
+            for items, t, value in zip(metric.items, metric.times, metric.values, strict=True):
+                if t > future_ns:
+                    future += 1
+                    if point_rows is not None:
+                        point_rows.append(-1)
+                    continue
+                alias = (name, host, items)
+                row = aliases.get(alias)
+                if row is None:
+                    create = budget is None or table.created - created_before < budget
+                    row = resolve(
+                        alias,
+                        unit=metric.unit,
+                        counter=metric.counter,
+                        time_ns=t,
+                        total=histograms,
+                        create=create,
+                    )
+                    if row < 0:
+                        limit += 1
+                        if point_rows is not None:
+                            point_rows.append(-1)
+                        continue
+                rows.append(row)
+                times.append(t)
+                values.append(value)
+                if point_rows is not None:
+                    point_rows.append(row)
+        counts = IngestCounts(
+            rejected_future=future,
+            rejected_limit=limit,
+            new_series=table.created - created_before,
+        )
+        if rows:
+            counts = table.write(
+                np.array(rows, dtype=np.int64),
+                np.array(times, dtype=np.int64),
+                np.array(values, dtype=np.float64),
+                self._step_ns,
+                self._ratio,
+                counts,
+            )
+        return counts, point_rows
+
+    def _shape_wanted(self, key: bytes) -> bool:
+        """Whether to build the shape of a request that has none (see ``ingest_payload``)."""
+        sender = hash(key[8:])
+        with self._lock:
+            state = self._shape_senders.get(sender)
+            if state is None and len(self._shape_senders) >= SHAPE_SENDERS:
+                self._shape_senders.clear()
+            self._shape_senders[sender] = _SEEN if state in (None, _BUILT) else _BUILT
+            return state in (_SEEN, _USED)
+
+    def _remember(
+        self, key: bytes, shape: RequestShape, rows: list[int], columns: NumberColumns
+    ) -> None:
+        """Keep ``shape`` with its points' rows (when every point has one)."""
+        if shape.points != len(rows) or shape.points != columns.points or min(rows, default=0) < 0:
+            return
+        table = self._table
+        resolved = np.array(rows, dtype=np.int64)
+        with_points = sorted({m.resource for m in columns.metrics})
+        entry = _Shaped(
+            shape=shape,
+            rows=resolved,
+            unique=int(np.unique(resolved).size) == resolved.size,
+            generation=table.evictions,
+            resources=columns.resources,
+            point_resources=tuple(columns.resources[i] for i in with_points),
+            nbytes=shape.nbytes + resolved.nbytes + sys.getsizeof(key),
+        )
+        self._forget(key)
+        self._shapes[key] = entry
+        self._shape_bytes += entry.nbytes
+        limit = SHAPE_BYTES + SHAPE_BYTES_PER_SERIES * self._series_count()
+        while self._shape_bytes > limit and self._shapes:
+            self._forget(next(iter(self._shapes)))  # the least recently used
+
+    def _forget(self, key: bytes) -> None:
+        entry = self._shapes.pop(key, None)
+        if entry is not None:
+            self._shape_bytes -= entry.nbytes
+
+    def _ingest_shaped(self, key: bytes, payload: bytes) -> RequestIngest | None:
+        """Store ``payload`` through its sender's shape; None when it has none or differs."""
+        entry = self._shapes.get(key)
+        if entry is None:
+            return None
+        if entry.generation != self._table.evictions:  # some of its rows may be freed
+            self._forget(key)
+            return None
+        got = entry.shape.extract(payload)
+        if got is None:
+            return None
+        del self._shapes[key]
+        self._shapes[key] = entry  # most recently used last
+        self._shape_senders[hash(key[8:])] = _USED
+        self.shape_hits += 1
+        times_u, values = got
+        rows = entry.rows
+        resources = entry.point_resources
+        finite = np.isfinite(values)
+        nonfinite = 0
+        if not finite.all():
+            nonfinite = int(np.count_nonzero(~finite))
+            rows, times_u, values = rows[finite], times_u[finite], values[finite]
+            present = np.unique(entry.shape.resource_of_point[finite])
+            resources = tuple(entry.resources[i] for i in present.tolist())
+        newest = int(times_u.max()) if times_u.size else None
+        future_ns = int((self._clock() + self._max_future_seconds) * NS)
+        counts = IngestCounts()
+        future = times_u > np.uint64(max(future_ns, 0))
+        if future.any():
+            counts = IngestCounts(rejected_future=int(np.count_nonzero(future)))
+            keep = ~future
+            rows, times_u, values = rows[keep], times_u[keep], values[keep]
+        if rows.size:
+            counts = self._table.write(
+                rows,
+                times_u.astype(np.int64),
+                values,
+                self._step_ns,
+                self._ratio,
+                counts,
+                unique_rows=entry.unique,
+            )
+        return RequestIngest(
+            counts=counts,
+            points=entry.shape.points - nonfinite,
+            rejected=entry.shape.no_value + nonfinite,
+            resources=resources,
+            newest_ns=newest,
         )
 
     def ingest_histogram(
@@ -236,7 +503,9 @@ class WindowStore:
 
         Slot ``k`` is included when ``start <= k*step < end``, so consecutive ranges partition the
         slots. At most one ring length is returned (the most recent part of the range); slots
-        outside the window, gaps, and counters' first points are NaN. Counters read as rates.
+        outside the window, gaps, and counters' first points are NaN. Counters read as rates:
+        a slot's increase over the time it covers (one point: its delta over the time since the
+        previous point; NaN across a gap over ~55 min). Long slots are means of recent slots.
         """
         if resolution not in ("recent", "long"):
             raise ValueError(f"resolution must be 'recent' or 'long', not {resolution!r}")
@@ -246,9 +515,14 @@ class WindowStore:
             step = self.step_seconds if resolution == "recent" else self.long_step_seconds
             rows, infos = table.select(metric, selector)
             first, count = _slots(start, end, step, ring.n_slots)
+            if resolution == "recent":
+                values = table.read_rates(rows, first, count)
+            else:
+                table.flush_long(self._ratio)
+                values = ring.read(rows, first, count)
             return SeriesMatrix(
                 times=(np.arange(first, first + count, dtype=np.float64) * step),
-                values=ring.read(rows, first, count),
+                values=values,
                 series=infos,
                 step_seconds=step,
                 resolution=resolution,
@@ -257,26 +531,32 @@ class WindowStore:
     def increase_matrix(
         self, metric: str, *, selector: Mapping[str, str] | None = None, start: float, end: float
     ) -> SeriesMatrix:
-        """Exact per-slot increases (float64) of the matching counter series, recent window."""
+        """Per-slot increases (float64) of the matching counter series, recent window.
+
+        Each slot is within ~1e-6 of its exact increase (float32 storage, rounding carried to
+        the next slot); a row's sum is exact when the range covers the series' first and newest
+        slots, and otherwise off by at most one slot's rounding (see ``store_rows``).
+        """
         with self._lock:
             table = self._table
             rows, infos = table.select(metric, selector)
-            counter_rows = table.counter_row[rows]
-            mine = counter_rows >= 0
+            mine = table.counter_row[rows] >= 0
             first, count = _slots(start, end, self.step_seconds, table.recent.n_slots)
             return SeriesMatrix(
                 times=(np.arange(first, first + count, dtype=np.float64) * self.step_seconds),
-                values=table.increases.read(counter_rows[mine], first, count),
+                values=table.read_increases(rows[mine], first, count, self._step_ns),
                 series=tuple(info for info, ok in zip(infos, mine, strict=True) if ok),
                 step_seconds=self.step_seconds,
                 resolution="recent",
             )
 
     def increase(self, key: SeriesKey, start: float, end: float) -> float | None:
-        """The exact increase of a counter over the slots in ``[start, end)``; None without data.
+        """The increase of a counter over the slots in ``[start, end)``; None without data.
 
         The sum of each raw point's delta (its value after a reset) over the points whose slot
-        starts in the range. Raises KeyError for an unknown series, ValueError for a non-counter
+        starts in the range: exact (float64) from the series' first slot to its newest, else
+        within one slot's float32 rounding whatever the range's length, so consecutive ranges
+        add up exactly. Raises KeyError for an unknown series, ValueError for a non-counter
         or a range starting before the recent window (that part is gone: accumulate as you go).
         """
         with self._lock:
@@ -284,30 +564,30 @@ class WindowStore:
             row = table.rows_by_key.get(key)
             if row is None:
                 raise KeyError(key)
-            counter_row = int(table.counter_row[row])
-            if counter_row < 0:
+            if table.counter_row[row] < 0:
                 raise ValueError(f"{key[0]} is not a counter")
-            ring = table.increases
+            ring = table.recent
             first, stop = math.ceil(start / self.step_seconds), math.ceil(end / self.step_seconds)
             if ring.head is None or first >= stop:
                 return None
             if first <= ring.head - ring.n_slots:
                 raise ValueError("range starts before the recent window")
             lo, hi = ring.span(first, stop)
-            window = ring.read(np.array([counter_row], dtype=np.int64), lo, max(0, hi - lo))
+            rows = np.array([row], dtype=np.int64)
+            window = table.read_increases(rows, lo, max(0, hi - lo), self._step_ns)
             if np.isnan(window).all():
                 return None
             return float(np.nansum(window))
 
     def latest(self, metric: str, selector: Mapping[str, str] | None = None) -> LatestValues:
-        """Each matching series' newest point (its rate for counters)."""
+        """Each matching series' newest point (for counters, the rate of its newest slot)."""
         with self._lock:
             table = self._table
             rows, infos = table.select(metric, selector)
             seen_ns = table.last_seen_ns[rows]
             slots = seen_ns // self._step_ns
             held = table.recent.held(slots)
-            values = table.recent.values[rows, slots % table.recent.n_slots]
+            values = table.rates(rows, slots)
             return LatestValues(
                 series=infos,
                 times=np.where(held, seen_ns / NS, np.nan),
@@ -347,7 +627,11 @@ class WindowStore:
             stale = [k for k, h in self._histograms.items() if h.last_seen_ns < cutoff_ns]
             for key in stale:
                 del self._histograms[key]
-            return self._table.evict_before(cutoff_ns) + len(stale)
+            evicted = self._table.evict_before(cutoff_ns, self._ratio)
+            if evicted:  # shapes hold rows, some now free
+                self._shapes.clear()
+                self._shape_bytes = 0
+            return evicted + len(stale)
 
     def series_count(self) -> int:
         """Series held (number and histogram)."""
@@ -367,8 +651,23 @@ class WindowStore:
     def memory_bytes(self) -> int:
         """Bytes held: every array's ``nbytes`` plus an estimate of per-series Python objects."""
         with self._lock:
-            hist = sum(h.ring.values.nbytes + sys.getsizeof(h) for h in self._histograms.values())
-            return self._table.memory_bytes() + hist
+            hist = sum(h.ring.nbytes + sys.getsizeof(h) for h in self._histograms.values())
+            return self._table.memory_bytes() + hist + self._shape_bytes
+
+
+def _request_ingest(
+    columns: NumberColumns, counts: IngestCounts, request: ExportMetricsServiceRequest
+) -> RequestIngest:
+    with_points = sorted({m.resource for m in columns.metrics})
+    newest = max((max(m.times) for m in columns.metrics), default=None)
+    return RequestIngest(
+        counts=counts,
+        points=columns.points,
+        rejected=columns.rejected,
+        resources=tuple(columns.resources[i] for i in with_points),
+        newest_ns=newest,
+        histogram_request=request if columns.histograms else None,
+    )
 
 
 def _slots(start: float, end: float, step: int, n_slots: int) -> tuple[int, int]:

@@ -36,7 +36,7 @@ class HistogramSeries:
     def __init__(self, info: SeriesInfo, bounds: tuple[float, ...], n_slots: int) -> None:
         self.info = info
         self.bounds = bounds
-        self.ring = Ring(n_slots=n_slots, rows=len(bounds) + 2, dtype=np.float32)
+        self.ring = Ring(n_slots=n_slots, rows=len(bounds) + 2)
         self.last_counts: npt.NDArray[np.float64] | None = None
         self.last_sum = math.nan
         self.last_time_ns = NO_TIME
@@ -85,10 +85,11 @@ class HistogramSeries:
             increase, previous_sum = counts, 0.0
         held = self.ring.held(np.array([slot], dtype=np.int64))
         if held[0]:
-            column = self.ring.values[:, slot % self.ring.n_slots]
-            np.nan_to_num(column, copy=False, nan=0.0)
+            col = slot % self.ring.n_slots
+            column = np.nan_to_num(self.ring.get_column(col), nan=0.0)
             column[:-1] += increase
             column[-1] += sum_value - previous_sum
+            self.ring.put_column(col, column)
         return (True, reset)
 
     def totals(self, first: int, stop: int) -> tuple[npt.NDArray[np.float64], float] | None:

@@ -39,7 +39,7 @@ class Kind(enum.StrEnum):
     GAUGE = "gauge"
     """Values as sent (OTLP gauges and non-monotonic sums)."""
     COUNTER = "counter"
-    """Monotonic cumulative sums, stored as per-second rates and exact per-slot increases."""
+    """Monotonic cumulative sums, stored as per-slot increases; they read as per-second rates."""
     HISTOGRAM = "histogram"
     """Explicit-bucket histograms, stored as per-slot bucket-count increases."""
 

@@ -162,17 +162,42 @@ def test_counter_increase_is_exact_across_a_reset():
     store.ingest([counter(t, v) for t, v in raw])
     # Delta if it did not go down, else the new value (restarted from 0), in slot order.
     deltas = [1700.25 - 1000.1, 30.7, 95.3 - 30.7, 2.2, 7.9 - 2.2]
-    assert store.increase(KEY_C, T0, T0 + 60) == left_sum(deltas)
-    assert store.increase(KEY_C, T0 + 10, T0 + 30) == deltas[0] + deltas[1]
+    # Slots are float32 with their rounding carried forward: a range from the series' start to
+    # its newest slot is exact (float64), any other is within one slot's float32 rounding.
+    total = left_sum(deltas)
+    assert store.increase(KEY_C, T0, T0 + 60) == pytest.approx(total, rel=1e-15)
+    assert store.increase(KEY_C, T0 + 10, T0 + 30) == pytest.approx(deltas[0] + deltas[1], rel=1e-6)
     assert store.increase(KEY_C, T0, T0 + 10) is None  # the first point has no delta
-    assert store.increase(KEY_C, T0, T0 + 10**9) == left_sum(deltas)  # far end: no huge array
+    assert store.increase(KEY_C, T0, T0 + 10**9) == pytest.approx(total, rel=1e-15)  # no big array
     # Unaligned bounds take the slots whose start lies in [start, end): partitions add up.
     first, second = store.increase(KEY_C, T0, T0 + 25.5), store.increase(KEY_C, T0 + 25.5, T0 + 60)
-    assert first == deltas[0] + deltas[1]
-    assert second == deltas[2] + deltas[3] + deltas[4]
+    assert first == pytest.approx(deltas[0] + deltas[1], rel=1e-6)
+    assert second == pytest.approx(deltas[2] + deltas[3] + deltas[4], rel=1e-6)
+    assert first is not None
+    assert second is not None
+    assert first + second == pytest.approx(total, rel=1e-15)
     inc = store.increase_matrix("c", start=T0, end=T0 + 60)
     assert inc.values.dtype == np.float64
-    assert_same(list(inc.values[0]), [NAN, *deltas])
+    assert math.isnan(inc.values[0, 0])
+    np.testing.assert_allclose(inc.values[0, 1:], deltas, rtol=1e-6)  # float32 + carried debt
+    assert np.nansum(inc.values[0]) == pytest.approx(total, rel=1e-15)
+
+
+def test_counter_increases_stay_exact_over_many_float32_slots():
+    # Values whose deltas float32 cannot hold: the rounding is carried, not accumulated.
+    store = make_store(recent_seconds=3600, long_seconds=3600)
+    raw = [(10.0 * i, 5e9 + 1234.567 * i * i + 0.001 * i) for i in range(300)]
+    for t, v in raw:
+        store.ingest([counter(t, v)])
+    exact = raw[-1][1] - raw[0][1]
+    assert store.increase(KEY_C, T0, T0 + 3000) == pytest.approx(exact, rel=1e-15)
+    for a, b in [(10, 1500), (700, 2990), (1230, 1240)]:
+        want = raw[b // 10][1] - raw[a // 10 - 1][1]
+        got = store.increase(KEY_C, T0 + a, T0 + b + 10)
+        # off by at most one float32 rounding of one slot (~740,000 here), whatever the length
+        assert got == pytest.approx(want, abs=1e-7 * 740_000 * 2)
+    one = store.increase_matrix("c", start=T0 + 2990, end=T0 + 3000).values
+    assert float(one[0, 0]) == pytest.approx(raw[-1][1] - raw[-2][1], rel=1e-7)
 
 
 def test_counter_increase_errors():
@@ -185,6 +210,33 @@ def test_counter_increase_errors():
     with pytest.raises(ValueError, match="before the recent window"):
         store.increase(KEY_C, T0 + 40, T0 + 110)
     assert store.increase(KEY_C, T0 + 50, T0 + 110) is None
+
+
+def test_a_counter_slot_with_several_points_reads_as_their_mean_rate():
+    store = make_store()
+    store.ingest([counter(0, 100.0), counter(10, 200.0)])
+    store.ingest([counter(12, 400.0)])  # same slot, later request: 300 over the 12 s since 0
+    assert_same(row(store, "c"), [NAN, 25, NAN, NAN, NAN, NAN])
+    assert store.increase(KEY_C, T0 + 10, T0 + 20) == 300.0
+
+
+def test_a_counter_rate_over_a_long_gap():
+    store = make_store(recent_seconds=7200, long_step_seconds=60, long_seconds=7200)
+    store.ingest([counter(0, 0.0), counter(3000, 3000.5)])  # 50 min: 100 ms resolution
+    (rate,) = store.latest("c").values
+    assert rate == pytest.approx(3000.5 / 3000, rel=1e-4)
+    store.ingest([counter(6400, 9000.0)])  # 56.7 min: no rate, the increase is kept
+    assert math.isnan(store.latest("c").values[0])
+    assert store.increase(KEY_C, T0, T0 + 7200) == 9000.0
+
+
+def test_values_beyond_float32_are_stored_as_infinite_without_a_warning():
+    store = make_store()
+    store.ingest([point(0, 1e300), point(20, -1e300), counter(0, 0.0), counter(10, 1e300)])
+    assert_same(row(store, end=30), [math.inf, NAN, -math.inf])
+    assert_same(row(store, "c", end=20), [NAN, math.inf])
+    long = store.matrix("g", start=T0, end=T0 + 40, resolution="long")
+    assert_same(list(long.values[0]), [math.inf, -math.inf])
 
 
 @pytest.mark.parametrize(
