@@ -1,0 +1,1 @@
+"""Notifiers: Slack, PagerDuty, Alertmanager and the Alertmanager webhook receiver."""

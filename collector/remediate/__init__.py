@@ -1,0 +1,1 @@
+"""Remediation: the policy that decides, the actuators that act, the audit that remembers."""
