@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.accounting import AccountingConfig
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.jobs import JobSourceError
 from gpuwarden.collector.model import JobSource
 from gpuwarden.collector.registry import JobRegistry
 from gpuwarden.collector.rules import RuleSet, default_rules_dir, default_runbooks_dir, load_rules
@@ -43,6 +44,19 @@ def build_service(
             from gpuwarden.collector.jobs.slurm import SlurmJobSource
 
             job_sources.append(("slurm", SlurmJobSource(cluster=config.slurm_cluster)))
+        if config.kubernetes_kubeconfig is not None or config.kubernetes_in_cluster:
+            from gpuwarden.collector.jobs.kubernetes import KubernetesJobSource, core_api
+
+            try:
+                api = core_api(
+                    kubeconfig=config.kubernetes_kubeconfig,
+                    context=config.kubernetes_context,
+                    in_cluster=config.kubernetes_in_cluster,
+                )
+            except JobSourceError as exc:
+                raise ConfigError(f"kubernetes: {exc}") from None
+            source = KubernetesJobSource(api, namespace=config.kubernetes_namespace)
+            job_sources.append(("kubernetes", source))
     scraper = None
     if config.model_servers:
         from gpuwarden.collector.scrape import ModelServerScraper, ScrapeTarget

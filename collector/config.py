@@ -37,6 +37,11 @@ class CollectorConfig:
     idle_threshold_ratio: float = 0.05
     grid_intensity_grams_per_kwh: float = 400.0
     slurm_cluster: str | None = None
+    #: Kubernetes pods with GPU requests: a kubeconfig file, or the pod's service account
+    kubernetes_kubeconfig: Path | None = None
+    kubernetes_context: str | None = None
+    kubernetes_in_cluster: bool = False
+    kubernetes_namespace: str | None = None
     job_poll_seconds: float = 30.0
     max_inflight_requests: int = 64
     #: model servers to scrape: mappings with url, server (vllm|triton|prometheus), model, node
@@ -53,6 +58,8 @@ class CollectorConfig:
             raise ConfigError("need 0 < max_body_bytes <= max_decompressed_bytes")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ConfigError("tls_cert_file and tls_key_file go together")
+        if self.kubernetes_in_cluster and self.kubernetes_kubeconfig is not None:
+            raise ConfigError("kubernetes_in_cluster and kubernetes_kubeconfig exclude each other")
 
 
 def parse_tokens(text: str, where: str) -> dict[str, str]:
@@ -89,6 +96,10 @@ _KEYS = {
     "idle_threshold_ratio": float,
     "grid_intensity_grams_per_kwh": float,
     "slurm_cluster": str,
+    "kubernetes_kubeconfig": Path,
+    "kubernetes_context": str,
+    "kubernetes_in_cluster": bool,
+    "kubernetes_namespace": str,
     "job_poll_seconds": float,
     "max_inflight_requests": int,
     "model_servers": list,

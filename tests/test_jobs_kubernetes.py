@@ -352,3 +352,67 @@ def test_a_running_pod_marked_for_disruption_is_preempted_and_keeps_its_node() -
     assert job.state is JobState.PREEMPTED
     assert job.allocations == (GpuAllocation(node="gpu-node-03"),)
     assert job.end_time is None
+
+
+def write_kubeconfig(path: Path, server: str, token: str = TOKEN) -> Path:
+    """A kubeconfig with one context whose user authenticates with a bearer token."""
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "lab", "cluster": {"server": server}}],
+                "users": [{"name": "gpuwarden", "user": {"token": token}}],
+                "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "gpuwarden"}}],
+                "current-context": "lab",
+            }
+        )
+    )
+    return path
+
+
+def test_the_collector_config_wires_the_adapter_from_a_kubeconfig(
+    stub: KubeApiStub, tmp_path: Path
+) -> None:
+    from gpuwarden.collector.build import build_service
+    from gpuwarden.collector.config import CollectorConfig
+
+    config = CollectorConfig(
+        database=tmp_path / "c.db",
+        kubernetes_kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", stub.url),
+        kubernetes_namespace="research",
+    )
+    service = build_service(config, clock=lambda: NOW)
+    service.poll_jobs(NOW)
+    expected = {job.key for job in list_jobs(stub.url, namespace="research").values()}
+    seen = {job.key for job in service.registry.known()}
+    assert expected
+    assert expected <= seen
+    assert all(job.scheduler == "kubernetes" for job in service.registry.known())
+    assert any("/namespaces/research/pods" in r.path for r in stub.requests)
+    service.storage.close()
+
+
+def test_a_missing_kubeconfig_or_an_unknown_context_is_a_config_error(
+    stub: KubeApiStub, tmp_path: Path
+) -> None:
+    from gpuwarden.agent.config import ConfigError
+    from gpuwarden.collector.build import build_service
+    from gpuwarden.collector.config import CollectorConfig
+
+    with pytest.raises(ConfigError, match="does not exist"):
+        build_service(
+            CollectorConfig(database=tmp_path / "c.db", kubernetes_kubeconfig=tmp_path / "nope")
+        )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", stub.url)
+    with pytest.raises(ConfigError, match="kubernetes") as info:
+        build_service(
+            CollectorConfig(
+                database=tmp_path / "d.db",
+                kubernetes_kubeconfig=kubeconfig,
+                kubernetes_context="elsewhere",
+            )
+        )
+    assert TOKEN not in str(info.value)
+    with pytest.raises(ConfigError, match="exclude"):
+        CollectorConfig(kubernetes_kubeconfig=kubeconfig, kubernetes_in_cluster=True)

@@ -12,10 +12,13 @@ import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from types import MappingProxyType
 
 import urllib3
 from kubernetes.client import (
+    ApiClient,
+    Configuration,
     CoreV1Api,
     V1Container,
     V1ContainerStatus,
@@ -48,6 +51,37 @@ _PHASES: Mapping[str | None, JobState] = MappingProxyType(
 )
 _ENDED_PHASES = frozenset({"Succeeded", "Failed"})
 _DISRUPTION_REASONS = frozenset({"Preempted", "Evicted"})
+
+
+def core_api(
+    *, kubeconfig: Path | None = None, context: str | None = None, in_cluster: bool = False
+) -> CoreV1Api:
+    """A ``CoreV1Api`` from a kubeconfig file (and context) or the pod's service account.
+
+    Raises ``JobSourceError`` naming what is wrong with the configuration (missing file, unknown
+    context, no service account mounted); credentials are never part of the message.
+    """
+    from kubernetes.config import (
+        ConfigException,
+        load_incluster_config,
+        new_client_from_config,
+    )
+
+    try:
+        if in_cluster:
+            configuration = Configuration()
+            load_incluster_config(client_configuration=configuration)
+            return CoreV1Api(ApiClient(configuration))
+        if kubeconfig is not None and not kubeconfig.is_file():
+            raise JobSourceError(f"kubeconfig {kubeconfig} does not exist")
+        client = new_client_from_config(
+            config_file=str(kubeconfig) if kubeconfig else None,
+            context=context,
+            persist_config=False,
+        )
+    except ConfigException as exc:
+        raise JobSourceError(f"cannot configure the Kubernetes client: {exc}") from None
+    return CoreV1Api(client)
 
 
 def _timestamp(value: datetime | None) -> float | None:
