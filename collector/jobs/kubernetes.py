@@ -70,11 +70,11 @@ def core_api(
     try:
         if in_cluster:
             configuration = Configuration()
-            load_incluster_config(client_configuration=configuration)
+            load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
             return CoreV1Api(ApiClient(configuration))
         if kubeconfig is not None and not kubeconfig.is_file():
             raise JobSourceError(f"kubeconfig {kubeconfig} does not exist")
-        client = new_client_from_config(
+        client = new_client_from_config(  # type: ignore[no-untyped-call]
             config_file=str(kubeconfig) if kubeconfig else None,
             context=context,
             persist_config=False,
