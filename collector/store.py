@@ -61,6 +61,7 @@ from gpuwarden.collector.store_types import (
     Resolution,
     SeriesKey,
     SeriesMatrix,
+    label_text,
     series_key,
 )
 
@@ -593,6 +594,23 @@ class WindowStore:
                 times=np.where(held, seen_ns / NS, np.nan),
                 values=np.where(held, values, np.nan).astype(np.float32),
             )
+
+    def histogram_keys(
+        self, metric: str, selector: Mapping[str, str] | None = None
+    ) -> list[SeriesKey]:
+        """Keys of ``metric``'s histogram series whose attributes match ``selector``, sorted."""
+        with self._lock:
+            keys = [key for key in self._histograms if key[0] == metric]
+        if selector:
+            keys = [
+                key
+                for key in keys
+                if all(
+                    (value := dict(key[1]).get(name)) is not None and label_text(value) == wanted
+                    for name, wanted in selector.items()
+                )
+            ]
+        return sorted(keys, key=repr)
 
     def bucket_counts(self, key: SeriesKey, start: float, end: float) -> BucketCounts | None:
         """Observations per bucket of a histogram over the slots in ``[start, end)``."""

@@ -571,3 +571,23 @@ def test_one_writer_and_one_reader_thread():
     final = store.matrix("g", start=T0, end=T0 + 10 * rounds).values
     assert final.shape == (gpus, rounds)
     assert (final == np.arange(rounds, dtype=np.float32)).all()
+
+
+def test_histogram_keys_list_a_metrics_histograms_by_selector():
+    store = WindowStore(step_seconds=10, recent_seconds=3600, clock=lambda: 1_000_000.0)
+    for model in ("llama", "mistral"):
+        store.ingest_histogram(
+            "gpuwarden.model.request.latency",
+            {"model": model, "host.name": "n1"},
+            time_unix_nano=999_990 * 10**9,
+            bounds=(0.1, 1.0),
+            bucket_counts=(1, 2, 0),
+            sum_value=1.5,
+        )
+    keys = store.histogram_keys("gpuwarden.model.request.latency")
+    assert [dict(k[1])["model"] for k in keys] == ["llama", "mistral"]
+    assert store.histogram_keys("gpuwarden.model.request.latency", {"model": "mistral"}) == [
+        keys[1]
+    ]
+    assert store.histogram_keys("gpuwarden.model.request.latency", {"model": "x"}) == []
+    assert store.histogram_keys("other") == []
