@@ -36,7 +36,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from gpuwarden.collector.accounting import UNALLOCATED
 from gpuwarden.collector.app import STATS, IngestStats
-from gpuwarden.collector.records import RollupTotal
+from gpuwarden.collector.exposition_models import model_families
+from gpuwarden.collector.records import IncidentState, RollupTotal
 from gpuwarden.collector.service import CollectorService
 
 log = logging.getLogger(__name__)
@@ -216,6 +217,8 @@ class FleetMetrics:
         sections: tuple[tuple[str, Callable[[float], list[Metric]]], ...] = (
             ("gpus", self._gpus),
             ("accounting", self._accounting),
+            ("models", self._models),
+            ("incidents", self._incidents),
             ("health", self._health),
         )
         for name, section in sections:
@@ -303,6 +306,23 @@ class FleetMetrics:
             value=float(max(0, len(jobs) - self._max_jobs)),
         )
         return [gpu_hours, *(family for _, _, family in measures), team_hours, omitted]
+
+    def _models(self, now: float) -> list[Metric]:
+        return model_families(self._service, now)
+
+    def _incidents(self, _now: float) -> list[Metric]:
+        family = GaugeMetricFamily(
+            "gpuwarden_incidents_open",
+            "Open incidents by rule and severity (every rule of the rule set that has one).",
+            labels=["rule", "severity"],
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for incident in self._service.storage.incidents(state=IncidentState.OPEN):
+            key = (incident.rule_id, incident.severity)
+            counts[key] = counts.get(key, 0) + 1
+        for (rule, severity), count in sorted(counts.items()):
+            family.add_metric([rule, severity], float(count))
+        return [family]
 
     def _health(self, now: float) -> list[Metric]:
         service = self._service

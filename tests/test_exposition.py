@@ -14,6 +14,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.collector.exposition import FleetMetrics
+from gpuwarden.collector.otlp import NumberPoint
+from gpuwarden.collector.records import Incident, ModelDeployment
 from gpuwarden.collector.service import CollectorService
 from tests.test_collector_api import AUTH, GIB, H100, NOW, collector_app, fleet
 
@@ -171,6 +173,8 @@ async def test_collector_health(aiohttp_client, service):
         ("gpuwarden_collector_accounting_jobs_omitted", {}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "gpus"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "accounting"}, 1.0),
+        ("gpuwarden_collector_scrape_success", {"section": "models"}, 1.0),
+        ("gpuwarden_collector_scrape_success", {"section": "incidents"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "health"}, 1.0),
     )
 
@@ -184,6 +188,8 @@ async def test_a_failing_section_is_reported_and_the_others_still_served(
     assert samples(text, "gpuwarden_collector_scrape_success") == expect(
         ("gpuwarden_collector_scrape_success", {"section": "gpus"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "accounting"}, 0.0),
+        ("gpuwarden_collector_scrape_success", {"section": "models"}, 0.0),
+        ("gpuwarden_collector_scrape_success", {"section": "incidents"}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "health"}, 1.0),
     )
     assert samples(text, "gpuwarden_job_") == {}
@@ -193,7 +199,9 @@ async def test_a_failing_section_is_reported_and_the_others_still_served(
         ]
         == 0.75
     )
-    assert [r.getMessage() for r in caplog.records] == ["metrics section accounting failed"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"metrics section {name} failed" for name in ("accounting", "models", "incidents")
+    ]
 
 
 async def test_openmetrics_when_asked(aiohttp_client, service):
@@ -212,3 +220,109 @@ async def test_each_app_has_its_own_registry(aiohttp_client):
     assert b"gpuwarden_" not in generate_latest(REGISTRY)
     first.storage.close()
     second.storage.close()
+
+
+def _requests(host: str, model: str, outcome: str, t: float, total: float) -> NumberPoint:
+    return NumberPoint(
+        resource={"host.name": host},
+        metric="gpuwarden.model.requests",
+        unit="{request}",
+        kind="sum",
+        monotonic=True,
+        attributes={"model": model, "outcome": outcome},
+        time_unix_nano=int(t * 1e9),
+        value=total,
+    )
+
+
+async def test_model_families_sum_replicas_and_merge_their_histograms(aiohttp_client, service):
+    # Two replicas of llama: 0.5 + 0.3 successes/s and 0.1 failures/s over the last 5 minutes.
+    points = []
+    for i, t in enumerate((NOW - 300, NOW - 10)):
+        points += [
+            _requests("node-a", "llama", "success", t, 1000 + i * 150.0),
+            _requests("node-b", "llama", "success", t, 50 + i * 90.0),
+            _requests("node-b", "llama", "failure", t, 7 + i * 30.0),
+        ]
+    assert service.accept(points, "scraper") == 0
+    store = service.store
+    for host, counts in (("node-a", (60, 30, 10, 0)), ("node-b", (40, 0, 50, 10))):
+        for t, scale in ((NOW - 300, 0), (NOW - 10, 1)):
+            store.ingest_histogram(
+                "gpuwarden.model.request.latency",
+                {"host.name": host, "model": "llama"},
+                time_unix_nano=int(t * 1e9),
+                bounds=(0.1, 0.5, 1.0),
+                bucket_counts=tuple(c * scale for c in counts),
+                sum_value=10.0 * scale,
+            )
+    store.ingest(
+        [
+            NumberPoint(
+                resource={"host.name": h},
+                metric="gpuwarden.model.queue.size",
+                unit="{request}",
+                kind="gauge",
+                monotonic=False,
+                attributes={"model": "llama", "state": "waiting"},
+                time_unix_nano=int((NOW - 10) * 1e9),
+                value=v,
+            )
+            for h, v in (("node-a", 3.0), ("node-b", 4.0))
+        ]
+    )
+    service.storage.upsert_model(
+        ModelDeployment(name="llama", version="v2", replicas=2, slo_latency_p99_seconds=0.8)
+    )
+    text = await scrape(aiohttp_client, service)
+    got = samples(text, "gpuwarden_model_")
+    rates = {k: v for k, v in got.items() if k[0] == "gpuwarden_model_request_rate"}
+    assert rates == pytest.approx(
+        expect(
+            ("gpuwarden_model_request_rate", {"model": "llama", "outcome": "success"}, 0.8),
+            ("gpuwarden_model_request_rate", {"model": "llama", "outcome": "failure"}, 0.1),
+        )
+    )
+    # merged buckets (0.1, 0.5, 1, +Inf): 100, 30, 60, 10 of 200 observations
+    latency = {
+        dict(k[1])["quantile"]: v
+        for k, v in got.items()
+        if k[0] == "gpuwarden_model_latency_seconds"
+    }
+    assert latency == pytest.approx({"0.5": 0.1, "0.95": 1.0, "0.99": 1.0})
+    assert (
+        got[
+            (
+                "gpuwarden_model_queue_size",
+                frozenset({"model": "llama", "state": "waiting"}.items()),
+            )
+        ]
+        == 7.0
+    )
+    assert (
+        got[("gpuwarden_model_replicas", frozenset({"model": "llama", "version": "v2"}.items()))]
+        == 2.0
+    )
+    assert (
+        got[("gpuwarden_model_slo_latency_p99_seconds", frozenset({"model": "llama"}.items()))]
+        == 0.8
+    )
+    assert not any(k[0] == "gpuwarden_model_slo_error_ratio" for k in got)
+
+
+async def test_open_incidents_by_rule_and_severity(aiohttp_client, service):
+    for i, rule in enumerate(("idle-gpu", "idle-gpu", "gpu-hardware-fault")):
+        service.storage.open_incident(
+            Incident(
+                fingerprint=f"fp{i}",
+                rule_id=rule,
+                severity="warning" if rule == "idle-gpu" else "page",
+                first_seen=NOW - 60,
+                last_seen=NOW,
+            )
+        )
+    got = samples(await scrape(aiohttp_client, service), "gpuwarden_incidents_open")
+    assert got == expect(
+        ("gpuwarden_incidents_open", {"rule": "idle-gpu", "severity": "warning"}, 2.0),
+        ("gpuwarden_incidents_open", {"rule": "gpu-hardware-fault", "severity": "page"}, 1.0),
+    )
