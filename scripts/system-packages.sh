@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Debian packages the integration tests start for real: gcc (fake NVML), Slurm and munge.
+# Debian packages the integration tests start for real: gcc (fake NVML), Slurm and munge,
+# Prometheus (promtool, dashboard queries), Alertmanager, and Chromium (the status page).
 # Installs only what is missing; needs root (CI runs as root). Without root it says what to run.
 set -euo pipefail
 pkgs=()
@@ -8,6 +9,9 @@ command -v slurmctld >/dev/null || pkgs+=(slurmctld)
 command -v slurmd >/dev/null || pkgs+=(slurmd)
 command -v sbatch >/dev/null || pkgs+=(slurm-client)
 command -v munged >/dev/null || pkgs+=(munge)
+command -v promtool >/dev/null || pkgs+=(prometheus)
+[ -x /usr/bin/prometheus-alertmanager ] || pkgs+=(prometheus-alertmanager)
+command -v chromium >/dev/null || pkgs+=(chromium)
 [ ${#pkgs[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
   echo "note: missing ${pkgs[*]}; install them (apt-get install ${pkgs[*]}) or those tests skip" >&2
