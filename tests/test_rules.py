@@ -478,7 +478,10 @@ _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+(?:\.[a-z_]+)*)\s*\}\}")
 def test_every_runbook_belongs_to_a_rule_and_has_valid_placeholders():
     loaded = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
     files = {path.name for path in default_runbooks_dir().glob("*.md")}
-    assert files == {rule.runbook for rule in loaded.rules}
+    prometheus = (default_rules_dir() / "prometheus" / "gpuwarden.rules.yml").read_text()
+    for_alerts = {f"{name}.md" for name in re.findall(r"/runbooks/([a-z0-9-]+)", prometheus)}
+    # every runbook serves a rule or a Prometheus alert (rules/prometheus/)
+    assert files == {rule.runbook for rule in loaded.rules} | for_alerts
     roots = {"rule", "job", "node", "gpu", "model", "evidence"}
     for name in sorted(files):
         text = (default_runbooks_dir() / name).read_text(encoding="utf-8")
