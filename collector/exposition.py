@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ACCOUNTING_WINDOW_SECONDS = 24 * 3600.0
 DEFAULT_MAX_JOBS = 500
-GPU_LABELS = ("node", "gpu", "model", "job", "team", "model_name")
+GPU_LABELS = ("node", "gpu", "gpu_model", "job_key", "team", "model")
+"""``job_key``, not ``job``: Prometheus owns ``job`` (the scrape job) and would rename ours."""
 KINDS = ("allocated", "busy", "idle")
 _JOB_MEASURES = (  # RollupTotal field, family, what it is, divisor to the family's unit
     ("energy_joules", "gpuwarden_job_energy_kwh", "Energy in kWh", 3.6e6),
@@ -265,7 +266,7 @@ class FleetMetrics:
         jobs.sort(key=lambda t: (-t.gpu_seconds_allocated, str(t.group["job_key"])))
         window = f"over the last {self._window / 3600:g} h"
         cap = f"; at most {self._max_jobs} jobs, the largest by allocated GPU-hours"
-        labels = ["job", "team", "model"]
+        labels = ["job_key", "team", "model"]
         gpu_hours = GaugeMetricFamily(
             "gpuwarden_job_gpu_hours",
             f"GPU-hours of a job {window} by kind (allocated, busy, idle){cap}.",

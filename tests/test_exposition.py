@@ -19,13 +19,13 @@ from gpuwarden.collector.records import Incident, ModelDeployment
 from gpuwarden.collector.service import CollectorService
 from tests.test_collector_api import AUTH, GIB, H100, NOW, collector_app, fleet
 
-A0 = {"node": "node-a", "gpu": "GPU-A0", "model": H100, "job": "api:train-1", "team": "vision",
-      "model_name": "resnet"}  # fmt: skip
-A1 = {**A0, "gpu": "GPU-A1", "job": "slurm:77", "team": "", "model_name": ""}
-B0 = {"node": "node-b", "gpu": "GPU-B0", "model": "NVIDIA L4", "job": "", "team": "",
-      "model_name": ""}  # fmt: skip
-TRAIN = {"job": "api:train-1", "team": "vision", "model": "resnet"}
-INFER = {"job": "api:infer-2", "team": "nlp", "model": "llama"}
+A0 = {"node": "node-a", "gpu": "GPU-A0", "gpu_model": H100, "job_key": "api:train-1",
+      "team": "vision", "model": "resnet"}  # fmt: skip
+A1 = {**A0, "gpu": "GPU-A1", "job_key": "slurm:77", "team": "", "model": ""}
+B0 = {"node": "node-b", "gpu": "GPU-B0", "gpu_model": "NVIDIA L4", "job_key": "", "team": "",
+      "model": ""}  # fmt: skip
+TRAIN = {"job_key": "api:train-1", "team": "vision", "model": "resnet"}
+INFER = {"job_key": "api:infer-2", "team": "nlp", "model": "llama"}
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -125,7 +125,7 @@ def test_job_families_are_capped_largest_first_and_team_totals_stay_complete(ser
     registry = CollectorRegistry()
     registry.register(FleetMetrics(service, max_jobs=1))
     text = generate_latest(registry).decode()
-    assert {dict(labels)["job"] for _, labels in samples(text, "gpuwarden_job_")} == {"api:train-1"}
+    assert {dict(labels)["job_key"] for _, labels in samples(text, "gpuwarden_job_")} == {"api:train-1"}
     assert samples(text, "gpuwarden_team_gpu_hours") == expect(
         *_hours({"team": "vision"}, 1.5, 1.0, 0.25, "gpuwarden_team_gpu_hours"),
         *_hours({"team": "nlp"}, 0.5, 0.5, 0.0, "gpuwarden_team_gpu_hours"),
