@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
+from gpuwarden.collector.records import EventKind
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.store_histograms import histogram_quantile
 
@@ -123,10 +124,23 @@ def _deployments(service: CollectorService) -> list[Metric]:
         "The model's error-ratio objective (1 - availability target).",
         labels=["model"],
     )
+    deployed = GaugeMetricFamily(
+        "gpuwarden_model_deploy_time_seconds",
+        "Unix time of the model's latest deploy (or rollback) event, by the version deployed.",
+        labels=["model", "version"],
+    )
+    latest: dict[str, tuple[float, str]] = {}
+    for event in service.storage.events(kinds=(EventKind.DEPLOY, EventKind.ROLLBACK)):
+        # workloads' announcements record {"from", "to"}; API callers may send {"version"}
+        version = str(event.attributes.get("to", event.attributes.get("version", "")))
+        if event.time >= latest.get(event.subject, (-math.inf, ""))[0]:
+            latest[event.subject] = (event.time, version)
+    for name, (when, version) in sorted(latest.items()):
+        deployed.add_metric([name, version], when)
     for model in service.storage.models():
         replicas.add_metric([model.name, model.version], float(model.replicas))
         if model.slo_latency_p99_seconds is not None:
             latency_slo.add_metric([model.name], model.slo_latency_p99_seconds)
         if model.slo_error_ratio is not None:
             error_slo.add_metric([model.name], model.slo_error_ratio)
-    return [replicas, latency_slo, error_slo]
+    return [replicas, latency_slo, error_slo, deployed]

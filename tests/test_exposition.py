@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.collector.exposition import FleetMetrics
 from gpuwarden.collector.otlp import NumberPoint
-from gpuwarden.collector.records import Incident, ModelDeployment
+from gpuwarden.collector.records import Event, EventKind, Incident, ModelDeployment
 from gpuwarden.collector.service import CollectorService
 from tests.test_collector_api import AUTH, GIB, H100, NOW, collector_app, fleet
 
@@ -125,7 +125,9 @@ def test_job_families_are_capped_largest_first_and_team_totals_stay_complete(ser
     registry = CollectorRegistry()
     registry.register(FleetMetrics(service, max_jobs=1))
     text = generate_latest(registry).decode()
-    assert {dict(labels)["job_key"] for _, labels in samples(text, "gpuwarden_job_")} == {"api:train-1"}
+    assert {dict(labels)["job_key"] for _, labels in samples(text, "gpuwarden_job_")} == {
+        "api:train-1"
+    }
     assert samples(text, "gpuwarden_team_gpu_hours") == expect(
         *_hours({"team": "vision"}, 1.5, 1.0, 0.25, "gpuwarden_team_gpu_hours"),
         *_hours({"team": "nlp"}, 0.5, 0.5, 0.0, "gpuwarden_team_gpu_hours"),
@@ -274,6 +276,10 @@ async def test_model_families_sum_replicas_and_merge_their_histograms(aiohttp_cl
     service.storage.upsert_model(
         ModelDeployment(name="llama", version="v2", replicas=2, slo_latency_p99_seconds=0.8)
     )
+    service.storage.record_event(Event(NOW - 7200, EventKind.DEPLOY, "llama", {"version": "v1"}))
+    service.storage.record_event(
+        Event(NOW - 600, EventKind.DEPLOY, "llama", {"from": "v1", "to": "v2"})
+    )
     text = await scrape(aiohttp_client, service)
     got = samples(text, "gpuwarden_model_")
     rates = {k: v for k, v in got.items() if k[0] == "gpuwarden_model_request_rate"}
@@ -308,6 +314,10 @@ async def test_model_families_sum_replicas_and_merge_their_histograms(aiohttp_cl
         == 0.8
     )
     assert not any(k[0] == "gpuwarden_model_slo_error_ratio" for k in got)
+    deploys = {k: v for k, v in got.items() if k[0] == "gpuwarden_model_deploy_time_seconds"}
+    assert deploys == expect(
+        ("gpuwarden_model_deploy_time_seconds", {"model": "llama", "version": "v2"}, NOW - 600)
+    )
 
 
 async def test_open_incidents_by_rule_and_severity(aiohttp_client, service):
