@@ -59,6 +59,7 @@ from gpuwarden.collector.store_types import (
     Kind,
     LatestValues,
     Resolution,
+    SeriesInfo,
     SeriesKey,
     SeriesMatrix,
     label_text,
@@ -151,6 +152,10 @@ class WindowStore:
             )
         self.step_seconds = step_seconds
         self.long_step_seconds = long_step_seconds
+        self.recent_seconds = recent_seconds
+        """How far back the recent ring (full resolution, and the histograms) reaches."""
+        self.long_seconds = long_seconds
+        """How far back the long ring (``long_step_seconds`` means) reaches."""
         self._step_ns = step_seconds * NS
         self._ratio = long_step_seconds // step_seconds
         self._max_series = max_series
@@ -611,6 +616,15 @@ class WindowStore:
                 )
             ]
         return sorted(keys, key=repr)
+
+    def histogram_series(
+        self, metric: str, selector: Mapping[str, str] | None = None
+    ) -> tuple[SeriesInfo, ...]:
+        """Infos of ``metric``'s histogram series matching ``selector``, sorted by key."""
+        with self._lock:
+            found = [(k, h.info) for k, h in self._histograms.items() if k[0] == metric]
+        found.sort(key=lambda item: repr(item[0]))
+        return tuple(info for _, info in found if info.matches(selector))
 
     def bucket_counts(self, key: SeriesKey, start: float, end: float) -> BucketCounts | None:
         """Observations per bucket of a histogram over the slots in ``[start, end)``."""

@@ -591,3 +591,6 @@ def test_histogram_keys_list_a_metrics_histograms_by_selector():
     ]
     assert store.histogram_keys("gpuwarden.model.request.latency", {"model": "x"}) == []
     assert store.histogram_keys("other") == []
+    infos = store.histogram_series("gpuwarden.model.request.latency", {"model": "llama"})
+    assert [info.key for info in infos] == [keys[0]]
+    assert store.recent_seconds == 3600
