@@ -20,8 +20,7 @@ from tests.test_accounting_scenario import T0, service  # noqa: F401 - the fixtu
 def test_default_rules_open_idle_incidents_on_the_scripted_fleet(service):  # noqa: F811
     rules = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
     engine = DetectionEngine(service, rules, clock=lambda: T0 + 4200)
-    assert {r.detector for r in engine.rules} == {"idle_gpu", "hardware_fault"}
-    assert "slo_burn" in engine.not_implemented
+    assert {"idle_gpu", "hardware_fault", "slo_burn"} <= {r.detector for r in engine.rules}
     result = engine.run_cycle(now=T0 + 4200)
     assert result.failed_rules == ()
     assert result.opened == 2

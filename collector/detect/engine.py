@@ -11,10 +11,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gpuwarden.collector.detect.distribution import run_distribution_drift
 from gpuwarden.collector.detect.faults import detect_hardware_faults
 from gpuwarden.collector.detect.findings import Finding, Verdict
+from gpuwarden.collector.detect.forecast import run_demand_forecast
 from gpuwarden.collector.detect.idle_rule import detect_idle_gpus
 from gpuwarden.collector.detect.incidents import IncidentTracker
+from gpuwarden.collector.detect.slo import run_slo_burn
 from gpuwarden.collector.rules import Rule, RuleSet
 from gpuwarden.collector.service import CollectorService
 
@@ -54,7 +57,13 @@ def _faults(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
 
 
 #: Detector name → runner. Detectors of the rule vocabulary not listed here are not built yet.
-RUNNERS: Mapping[str, Runner] = {"idle_gpu": _idle, "hardware_fault": _faults}
+RUNNERS: Mapping[str, Runner] = {
+    "idle_gpu": _idle,
+    "hardware_fault": _faults,
+    "slo_burn": run_slo_burn,
+    "distribution_drift": run_distribution_drift,
+    "demand_forecast": run_demand_forecast,
+}
 
 
 def _selected(rule: Rule, finding: Finding) -> bool:
