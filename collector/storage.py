@@ -17,8 +17,10 @@ Contract for every implementation:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from typing import Protocol
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
 
 from gpuwarden.collector.model import Job, JobState
 from gpuwarden.collector.records import (
@@ -32,6 +34,57 @@ from gpuwarden.collector.records import (
     RollupDimension,
     RollupTotal,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """One row of ``remediation_actions``: an action of one incident on one target.
+
+    ``state`` belongs to the remediator (see :mod:`gpuwarden.collector.remediate.remediator`);
+    ``params`` is a JSON object the remediator owns (rule parameters, the actuator's ``undo``...).
+    ``action_id`` is assigned by the storage.
+    """
+
+    incident_id: int
+    idempotency_key: str
+    action: str
+    target: str
+    mode: str
+    dry_run: bool
+    state: str
+    created_at: float
+    updated_at: float
+    attempts: int = 0
+    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    next_attempt_at: float | None = None
+    cooldown_until: float | None = None
+    verify_at: float | None = None
+    last_error: str | None = None
+    action_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    """One approval link: only the SHA-256 of its token is stored, never the token."""
+
+    action_id: int
+    token_sha256: str
+    created_at: float
+    expires_at: float
+    used_at: float | None = None
+    used_by: str | None = None
+    approval_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerRecord:
+    """A blast-radius breaker: ``closed`` lets automation act, ``open`` stops it."""
+
+    scope: str
+    state: str
+    updated_at: float
+    reason: str | None = None
+    tripped_at: float | None = None
 
 
 class StorageError(Exception):
@@ -157,6 +210,75 @@ class Storage(Protocol):
 
     def audit_entry(self, entry_id: int) -> AuditEntry | None:
         """One audit entry by id."""
+        ...
+
+    def count_logged(
+        self, *, since: float, result: str, dry_run: bool
+    ) -> tuple[int, frozenset[str]]:
+        """Entries at or after ``since`` with this ``result`` and ``dry_run``: (count, targets)."""
+        ...
+
+    # Remediation actions, approvals, breaker ---------------------------------------------------
+
+    def insert_action(self, record: ActionRecord, audit: AuditEntry | None = None) -> int | None:
+        """Insert a new action (and its audit entry, in the same transaction).
+
+        Returns its id, or ``None`` (and appends nothing) when ``(incident_id,
+        idempotency_key)`` already has a row: the idempotency check is the database's.
+        """
+        ...
+
+    def update_action(
+        self, record: ActionRecord, *, expect_state: str, audit: AuditEntry | None = None
+    ) -> bool:
+        """Compare-and-set: save ``record``'s mutable fields if the stored state is still
+        ``expect_state``, and append ``audit`` in the same transaction. ``False`` (nothing
+        written) when another writer moved the action first."""
+        ...
+
+    def action(self, action_id: int) -> ActionRecord | None:
+        """One action by id."""
+        ...
+
+    def action_for(self, incident_id: int, idempotency_key: str) -> ActionRecord | None:
+        """The action of this incident with this idempotency key."""
+        ...
+
+    def actions(
+        self,
+        *,
+        states: Collection[str] | None = None,
+        incident_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[ActionRecord]:
+        """Actions (optionally in some states or of one incident), newest first."""
+        ...
+
+    def cooldown_until(self, action: str, target: str, *, dry_run: bool) -> float | None:
+        """The latest ``cooldown_until`` of ``action`` on ``target`` (real or dry-run rows)."""
+        ...
+
+    def insert_approval(self, record: ApprovalRecord) -> int:
+        """Store an approval link's token hash; return its id."""
+        ...
+
+    def approval(self, token_sha256: str) -> ApprovalRecord | None:
+        """The approval with this token hash."""
+        ...
+
+    def use_approval(self, token_sha256: str, *, now: float, used_by: str) -> bool:
+        """Mark the approval used, once: ``False`` when unknown, already used or expired."""
+        ...
+
+    def breaker(self, scope: str) -> BreakerRecord | None:
+        """The breaker of ``scope``; ``None`` when it never changed (closed)."""
+        ...
+
+    def set_breaker(
+        self, record: BreakerRecord, *, expect_state: str, audit: AuditEntry | None = None
+    ) -> bool:
+        """Compare-and-set the breaker (a missing row counts as ``closed``), appending
+        ``audit`` in the same transaction; ``False`` when its state was not ``expect_state``."""
         ...
 
     def close(self) -> None:

@@ -1,0 +1,203 @@
+"""Approval tokens: signed, single-use, expiring, only their hash stored."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.collector.records import Incident
+from gpuwarden.collector.remediate.approvals import (
+    SECRET_ENV,
+    ApprovalError,
+    Approvals,
+    TokenProblem,
+    TokenSigner,
+    load_secret,
+    token_sha256,
+)
+from gpuwarden.collector.storage import ActionRecord
+from gpuwarden.collector.storage_sqlite import SqliteStorage
+
+SECRET = b"s" * 40
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def storage(tmp_path: Path, clock: FakeClock) -> Iterator[SqliteStorage]:
+    with SqliteStorage(tmp_path / "db", clock=clock) as store:
+        yield store
+
+
+def make_action(storage: SqliteStorage, now: float) -> int:
+    incident_id = storage.open_incident(
+        Incident(
+            fingerprint="fp", rule_id="idle-gpu", severity="warning", first_seen=now, last_seen=now
+        )
+    )
+    assert incident_id is not None
+    action_id = storage.insert_action(
+        ActionRecord(
+            incident_id,
+            "key",
+            "requeue",
+            "slurm:c:1",
+            "approve",
+            True,
+            "awaiting_approval",
+            now,
+            now,
+        )
+    )
+    assert action_id is not None
+    return action_id
+
+
+@pytest.fixture
+def approvals(storage: SqliteStorage, clock: FakeClock) -> Approvals:
+    return Approvals(storage, TokenSigner(SECRET, clock=clock), ttl_seconds=600, clock=clock)
+
+
+def test_a_token_approves_once(
+    approvals: Approvals, storage: SqliteStorage, clock: FakeClock
+) -> None:
+    action_id = make_action(storage, clock.now)
+    token = approvals.issue(action_id)
+    claim = approvals.redeem(token, used_by="alice")
+    assert claim.action_id == action_id
+    with pytest.raises(ApprovalError) as again:
+        approvals.redeem(token, used_by="mallory")
+    assert again.value.reason is TokenProblem.USED
+    record = storage.approval(token_sha256(token))
+    assert record is not None
+    assert (record.used_by, record.used_at) == ("alice", clock.now)
+
+
+def test_peek_never_changes_state(
+    approvals: Approvals, storage: SqliteStorage, clock: FakeClock
+) -> None:
+    token = approvals.issue(make_action(storage, clock.now))
+    for _ in range(3):
+        approvals.peek(token)
+    record = storage.approval(token_sha256(token))
+    assert record is not None
+    assert record.used_at is None
+    approvals.redeem(token, used_by="alice")  # still usable after many looks
+
+
+def test_tokens_expire(approvals: Approvals, storage: SqliteStorage, clock: FakeClock) -> None:
+    token = approvals.issue(make_action(storage, clock.now))
+    clock.now += 601
+    for call in (approvals.peek, lambda t: approvals.redeem(t, used_by="alice")):
+        with pytest.raises(ApprovalError) as caught:
+            call(token)
+        assert caught.value.reason is TokenProblem.EXPIRED
+    record = storage.approval(token_sha256(token))
+    assert record is not None
+    assert record.used_at is None
+
+
+def test_storage_refuses_an_expired_approval_even_with_a_valid_token(
+    storage: SqliteStorage, clock: FakeClock
+) -> None:
+    signer_clock = FakeClock()  # a signer whose clock lags behind the store's
+    approvals = Approvals(
+        storage, TokenSigner(SECRET, clock=signer_clock), ttl_seconds=60, clock=clock
+    )
+    token = approvals.issue(make_action(storage, clock.now))
+    clock.now += 120
+    with pytest.raises(ApprovalError) as caught:
+        approvals.redeem(token, used_by="alice")
+    assert caught.value.reason is TokenProblem.USED  # "already used or expired"
+
+
+@pytest.mark.parametrize(
+    ("mangle", "problem"),
+    [
+        (lambda t: t.replace("v1.", "v2.", 1), TokenProblem.MALFORMED),
+        (lambda t: t + ".x", TokenProblem.MALFORMED),
+        (lambda t: "x" * 300, TokenProblem.MALFORMED),
+        (lambda t: t[:-2] + ("AA" if not t.endswith("AA") else "BB"), TokenProblem.BAD_SIGNATURE),
+        (lambda t: t.replace(".1.", ".2.", 1), TokenProblem.BAD_SIGNATURE),  # another action
+    ],
+)
+def test_tampered_tokens_are_refused(
+    approvals: Approvals, storage: SqliteStorage, clock: FakeClock, mangle, problem
+) -> None:
+    token = approvals.issue(make_action(storage, clock.now))
+    with pytest.raises(ApprovalError) as caught:
+        approvals.redeem(mangle(token), used_by="mallory")
+    assert caught.value.reason is problem
+    approvals.redeem(token, used_by="alice")  # the genuine one still works
+
+
+def test_another_secret_cannot_sign(storage: SqliteStorage, clock: FakeClock) -> None:
+    action_id = make_action(storage, clock.now)
+    forged = TokenSigner(b"f" * 40, clock=clock).mint(action_id, clock.now + 60)
+    approvals = Approvals(storage, TokenSigner(SECRET, clock=clock), clock=clock)
+    with pytest.raises(ApprovalError) as caught:
+        approvals.redeem(forged, used_by="mallory")
+    assert caught.value.reason is TokenProblem.BAD_SIGNATURE
+
+
+def test_a_well_signed_token_that_was_never_issued_is_unknown(
+    approvals: Approvals, storage: SqliteStorage, clock: FakeClock
+) -> None:
+    action_id = make_action(storage, clock.now)
+    stray = TokenSigner(SECRET, clock=clock).mint(action_id, clock.now + 60)
+    with pytest.raises(ApprovalError) as caught:
+        approvals.peek(stray)
+    assert caught.value.reason is TokenProblem.UNKNOWN
+
+
+def test_only_the_hash_of_a_token_is_stored(
+    approvals: Approvals, storage: SqliteStorage, clock: FakeClock, tmp_path: Path
+) -> None:
+    token = approvals.issue(make_action(storage, clock.now))
+    storage.close()
+    data = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("db"))
+    assert token.encode() not in data
+    assert token.rsplit(".", 1)[1].encode() not in data  # not even the MAC
+    assert token_sha256(token).encode() in data
+
+
+def test_the_secret_comes_from_a_file_or_the_environment(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes(b"f" * 48 + b"\n")
+    assert load_secret(path, {}) == b"f" * 48
+    assert load_secret(None, {SECRET_ENV: "e" * 40}) == b"e" * 40
+    with pytest.raises(ValueError, match="no approval secret"):
+        load_secret(None, {})
+    short = "tooshort-secret"
+    with pytest.raises(ValueError, match=rf"\${SECRET_ENV}: the approval secret needs") as caught:
+        load_secret(None, {SECRET_ENV: short})
+    assert short not in str(caught.value)
+    with pytest.raises(ValueError, match="cannot read"):
+        load_secret(tmp_path / "missing", {})
+
+
+def test_the_signer_does_not_show_its_secret() -> None:
+    assert SECRET.decode() not in repr(TokenSigner(SECRET))
+    with pytest.raises(ValueError, match="32"):
+        TokenSigner(b"short")
+
+
+def test_tokens_are_unique_and_bounded() -> None:
+    signer = TokenSigner(SECRET, clock=time.time)
+    tokens = {signer.mint(7, time.time() + 60) for _ in range(50)}
+    assert len(tokens) == 50
+    assert all(len(t) < 256 for t in tokens)
