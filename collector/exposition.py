@@ -38,6 +38,7 @@ from gpuwarden.collector.accounting import UNALLOCATED
 from gpuwarden.collector.app import STATS, IngestStats
 from gpuwarden.collector.exposition_models import model_families
 from gpuwarden.collector.records import IncidentState, RollupTotal
+from gpuwarden.collector.remediate.remediator import BREAKER_SCOPE
 from gpuwarden.collector.service import CollectorService
 
 log = logging.getLogger(__name__)
@@ -220,6 +221,7 @@ class FleetMetrics:
             ("accounting", self._accounting),
             ("models", self._models),
             ("incidents", self._incidents),
+            ("remediation", self._remediation),
             ("health", self._health),
         )
         for name, section in sections:
@@ -324,6 +326,34 @@ class FleetMetrics:
         for (rule, severity), count in sorted(counts.items()):
             family.add_metric([rule, severity], float(count))
         return [family]
+
+    def _remediation(self, now: float) -> list[Metric]:
+        storage = self._service.storage
+        actions = GaugeMetricFamily(
+            "gpuwarden_remediation_actions",
+            "Remediation actions by kind, state, mode and dry-run (every action ever decided; "
+            "states such as awaiting_approval, dry_run, verified, rolled_back, escalated).",
+            labels=["action", "state", "mode", "dry_run"],
+        )
+        counts: dict[tuple[str, str, str, str], int] = {}
+        for record in storage.actions():
+            key = (record.action, record.state, record.mode, str(record.dry_run).lower())
+            counts[key] = counts.get(key, 0) + 1
+        for labels, count in sorted(counts.items()):
+            actions.add_metric(list(labels), float(count))
+        breaker = GaugeMetricFamily(
+            "gpuwarden_remediation_breaker_open",
+            "1 while the blast-radius breaker has stopped automation (a human must reset it).",
+            labels=["scope"],
+        )
+        record = storage.breaker(BREAKER_SCOPE)
+        breaker.add_metric([BREAKER_SCOPE], float(record is not None and record.state == "open"))
+        audit = GaugeMetricFamily(
+            "gpuwarden_audit_entries_last_day",
+            "Entries appended to the remediation audit log over the last 24 h.",
+            value=float(len(storage.audit(since=now - 86400))),
+        )
+        return [actions, breaker, audit]
 
     def _health(self, now: float) -> list[Metric]:
         service = self._service

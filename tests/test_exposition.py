@@ -17,6 +17,7 @@ from gpuwarden.collector.exposition import FleetMetrics
 from gpuwarden.collector.otlp import NumberPoint
 from gpuwarden.collector.records import Event, EventKind, Incident, ModelDeployment
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage import ActionRecord, BreakerRecord
 from tests.test_collector_api import AUTH, GIB, H100, NOW, collector_app, fleet
 
 A0 = {"node": "node-a", "gpu": "GPU-A0", "gpu_model": H100, "job_key": "api:train-1",
@@ -177,6 +178,7 @@ async def test_collector_health(aiohttp_client, service):
         ("gpuwarden_collector_scrape_success", {"section": "accounting"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "models"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "incidents"}, 1.0),
+        ("gpuwarden_collector_scrape_success", {"section": "remediation"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "health"}, 1.0),
     )
 
@@ -192,6 +194,7 @@ async def test_a_failing_section_is_reported_and_the_others_still_served(
         ("gpuwarden_collector_scrape_success", {"section": "accounting"}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "models"}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "incidents"}, 0.0),
+        ("gpuwarden_collector_scrape_success", {"section": "remediation"}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "health"}, 1.0),
     )
     assert samples(text, "gpuwarden_job_") == {}
@@ -202,7 +205,8 @@ async def test_a_failing_section_is_reported_and_the_others_still_served(
         == 0.75
     )
     assert [r.getMessage() for r in caplog.records] == [
-        f"metrics section {name} failed" for name in ("accounting", "models", "incidents")
+        f"metrics section {name} failed"
+        for name in ("accounting", "models", "incidents", "remediation")
     ]
 
 
@@ -336,3 +340,39 @@ async def test_open_incidents_by_rule_and_severity(aiohttp_client, service):
         ("gpuwarden_incidents_open", {"rule": "idle-gpu", "severity": "warning"}, 2.0),
         ("gpuwarden_incidents_open", {"rule": "gpu-hardware-fault", "severity": "page"}, 1.0),
     )
+
+
+async def test_remediation_actions_breaker_and_audit(aiohttp_client, service):
+    incident_id = service.storage.open_incident(
+        Incident(
+            fingerprint="fp", rule_id="idle-gpu", severity="warning", first_seen=NOW, last_seen=NOW
+        )
+    )
+    assert incident_id is not None
+    for i, (state, dry) in enumerate((("dry_run", True), ("dry_run", True), ("verified", False))):
+        service.storage.insert_action(
+            ActionRecord(
+                incident_id=incident_id,
+                idempotency_key=f"k{i}",
+                action="requeue",
+                target=f"slurm:c:{i}",
+                mode="auto",
+                dry_run=dry,
+                state=state,
+                created_at=NOW,
+                updated_at=NOW,
+            )
+        )
+    got = samples(await scrape(aiohttp_client, service), "gpuwarden_remediation_")
+    base = {"action": "requeue", "mode": "auto"}
+    assert got == expect(
+        ("gpuwarden_remediation_actions", {**base, "state": "dry_run", "dry_run": "true"}, 2.0),
+        ("gpuwarden_remediation_actions", {**base, "state": "verified", "dry_run": "false"}, 1.0),
+        ("gpuwarden_remediation_breaker_open", {"scope": "global"}, 0.0),
+    )
+    service.storage.set_breaker(
+        BreakerRecord(scope="global", state="open", updated_at=NOW, reason="test"),
+        expect_state="closed",
+    )
+    got = samples(await scrape(aiohttp_client, service), "gpuwarden_remediation_breaker")
+    assert got == expect(("gpuwarden_remediation_breaker_open", {"scope": "global"}, 1.0))
