@@ -37,6 +37,7 @@ from gpuwarden.collector.tasks import SERVICE
 
 if TYPE_CHECKING:
     from gpuwarden.collector.detect.engine import DetectionEngine
+    from gpuwarden.collector.remediate.web import Remediation
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,7 @@ def create_app(
     service: CollectorService | None = None,
     background: bool = True,
     detection: DetectionEngine | None = None,
+    remediation: Remediation | None = None,
     rule_problems: Sequence[str] = (),
 ) -> web.Application:
     """Build the collector application.
@@ -188,6 +190,10 @@ def create_app(
         setup_metrics(app, service)
         for problem in rule_problems:
             add_readiness_problem(app, f"rule skipped: {problem}")
+        if remediation is not None:
+            from gpuwarden.collector.remediate.web import setup_remediation
+
+            setup_remediation(app, remediation)
         if background:
             app.cleanup_ctx.append(
                 tasks.background(
@@ -196,6 +202,8 @@ def create_app(
                     scrape_seconds=config.scrape_seconds,
                     detection=detection,
                     detection_seconds=config.detection_seconds,
+                    remediator=remediation.remediator if remediation is not None else None,
+                    remediation_seconds=config.remediation.interval_seconds,
                 )
             )
     else:

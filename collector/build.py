@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.accounting import AccountingConfig
@@ -16,6 +17,11 @@ from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage_sqlite import SqliteStorage
 from gpuwarden.collector.store import WindowStore
 
+if TYPE_CHECKING:
+    from gpuwarden.collector.notify.alert import Notifier
+    from gpuwarden.collector.remediate.actuator import Actuator
+    from gpuwarden.collector.remediate.web import Remediation
+
 
 def load_configured_rules(config: CollectorConfig) -> RuleSet:
     """The rule set the config names (default: the packaged rules and runbooks).
@@ -26,6 +32,48 @@ def load_configured_rules(config: CollectorConfig) -> RuleSet:
     paths = list(config.rules) or [default_rules_dir()]
     runbooks = config.runbooks_dir or default_runbooks_dir()
     return load_rules(paths, runbooks_dir=runbooks, skip_bad=config.skip_bad_rules)
+
+
+def build_actuators(config: CollectorConfig, environ: Mapping[str, str]) -> list[Actuator]:
+    """The actuators the config enables (none yet: every action is proposed, not executed)."""
+    del config, environ
+    return []
+
+
+def build_notifiers(config: CollectorConfig, environ: Mapping[str, str]) -> dict[str, Notifier]:
+    """The notifiers the config enables, by route scheme (none yet)."""
+    del config, environ
+    return {}
+
+
+def build_remediation(
+    config: CollectorConfig,
+    service: CollectorService,
+    rules: RuleSet,
+    *,
+    actuators: Sequence[Actuator],
+    notifiers: Mapping[str, Notifier],
+    environ: Mapping[str, str],
+    clock: Callable[[], float] = time.time,
+) -> Remediation:
+    """The remediator, runbook pages and approval links for ``rules`` (dry-run by default).
+
+    Raises ``PolicyError`` for a rule naming an unknown action kind, ``ValueError`` for an
+    unreadable or short approval secret.
+    """
+    from gpuwarden.collector.remediate.web import create_remediation
+
+    return create_remediation(
+        service.storage,
+        rules.enabled(),
+        config.remediation,
+        actuators=actuators,
+        notifiers=notifiers,
+        runbooks_dir=config.runbooks_dir or default_runbooks_dir(),
+        environ=environ,
+        fleet_size=lambda: len(service.registry.known()) or None,
+        clock=clock,
+    )
 
 
 def build_service(

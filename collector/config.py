@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from gpuwarden.agent.config import ConfigError
+from gpuwarden.collector.remediate.policy import PolicyError, RemediationSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,8 @@ class CollectorConfig:
     runbooks_dir: Path | None = None
     skip_bad_rules: bool = False
     detection_seconds: float = 60.0
+    #: remediation policy (dry-run by default), links, approval secret, escalation routes
+    remediation: RemediationSettings = field(default_factory=RemediationSettings)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0 or self.max_decompressed_bytes < self.max_body_bytes:
@@ -108,6 +111,7 @@ _KEYS = {
     "runbooks_dir": Path,
     "skip_bad_rules": bool,
     "detection_seconds": float,
+    "remediation": dict,
 }
 
 
@@ -144,6 +148,13 @@ def _value(key: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
     if kind is list:
         return _model_servers(value, f"{where}.{key}")
+    if kind is dict:  # the remediation section
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}.{key}: expected a mapping")
+        try:
+            return RemediationSettings.from_mapping(value, f"{where}.{key}")
+        except PolicyError as exc:
+            raise ConfigError(str(exc)) from None
     if kind is tuple:  # a list of paths
         items = value if isinstance(value, list) else [value]
         if not all(isinstance(item, str) for item in items):

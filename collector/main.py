@@ -4,68 +4,121 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import ssl
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.app import create_app
-from gpuwarden.collector.build import build_service, load_configured_rules
-from gpuwarden.collector.config import load_collector_config
+from gpuwarden.collector.build import (
+    build_actuators,
+    build_notifiers,
+    build_remediation,
+    build_service,
+    load_configured_rules,
+)
+from gpuwarden.collector.config import CollectorConfig, load_collector_config
 from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.remediate.policy import PolicyError
 from gpuwarden.collector.rules import RuleError
 from gpuwarden.collector.storage import StorageError
 
 log = logging.getLogger(__name__)
 
 
-def run_collector(config_path: Path | None, *, host: str | None, port: int | None) -> int:
-    """Run the collector in the foreground; return the exit code."""
+@dataclass(frozen=True)
+class _StartupRefusedError(Exception):
+    """Start-up stops here: ``message`` for the operator, ``code`` for the shell."""
+
+    code: int
+    message: str
+
+
+def _config(config_path: Path | None, host: str | None, port: int | None) -> CollectorConfig:
     try:
         config = load_collector_config(config_path, {"host": host, "port": port})
     except ConfigError as exc:
-        print(f"gpuwarden collector: configuration error: {exc}", file=sys.stderr)
-        return 2
+        raise _StartupRefusedError(2, f"configuration error: {exc}") from None
     if not config.tokens and not config.allow_unauthenticated:
-        print(
-            "gpuwarden collector: no agent tokens configured; set tokens_file in the config "
+        raise _StartupRefusedError(
+            2,
+            "no agent tokens configured; set tokens_file in the config "
             "(lines '<agent-name> <token>'), or allow_unauthenticated: true for a lab setup",
-            file=sys.stderr,
         )
-        return 2
-    ssl_context = None
-    if config.tls_cert_file is not None and config.tls_key_file is not None:
-        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ssl_context.load_cert_chain(str(config.tls_cert_file), str(config.tls_key_file))
+    return config
+
+
+def _app(config: CollectorConfig, environ: Mapping[str, str]) -> web.Application:
+    """Rules, core and remediation; raises ``_StartupRefusedError`` with the reason."""
     try:
         rules = load_configured_rules(config)
     except RuleError as exc:
-        print(
-            f"gpuwarden collector: bad rules, not starting: {exc} "
+        raise _StartupRefusedError(
+            2,
+            f"bad rules, not starting: {exc} "
             "(fix the file, or set skip_bad_rules: true to start without the bad rules)",
-            file=sys.stderr,
-        )
-        return 2
+        ) from None
     for problem in rules.problems:
         log.error("rule skipped: %s", problem)
     try:
         service = build_service(config)
     except (OSError, StorageError) as exc:
-        print(
-            f"gpuwarden collector: cannot open the database {config.database}: {exc}",
-            file=sys.stderr,
+        message = f"cannot open the database {config.database}: {exc}"
+        raise _StartupRefusedError(1, message) from None
+    try:
+        remediation = build_remediation(
+            config,
+            service,
+            rules,
+            actuators=build_actuators(config, environ),
+            notifiers=build_notifiers(config, environ),
+            environ=environ,
         )
-        return 1
+    except (PolicyError, ValueError, ConfigError) as exc:
+        service.storage.close()
+        raise _StartupRefusedError(2, f"remediation: {exc}") from None
+    app = create_app(
+        config,
+        service=service,
+        detection=DetectionEngine(service, rules),
+        remediation=remediation,
+        rule_problems=[str(p) for p in rules.problems],
+    )
+
+    async def close_storage(_app: web.Application) -> None:
+        service.storage.close()
+
+    app.on_cleanup.append(close_storage)
+    return app
+
+
+def run_collector(
+    config_path: Path | None,
+    *,
+    host: str | None,
+    port: int | None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """Run the collector in the foreground; return the exit code."""
+    environ = os.environ if environ is None else environ
+    try:
+        config = _config(config_path, host, port)
+        app = _app(config, environ)
+    except _StartupRefusedError as refused:
+        print(f"gpuwarden collector: {refused.message}", file=sys.stderr)
+        return refused.code
+    ssl_context = None
+    if config.tls_cert_file is not None and config.tls_key_file is not None:
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(str(config.tls_cert_file), str(config.tls_key_file))
     try:
         web.run_app(
-            create_app(
-                config,
-                service=service,
-                detection=DetectionEngine(service, rules),
-                rule_problems=[str(p) for p in rules.problems],
-            ),
+            app,
             host=config.host,
             port=config.port,
             ssl_context=ssl_context,
@@ -80,6 +133,4 @@ def run_collector(config_path: Path | None, *, host: str | None, port: int | Non
             )
             return 1
         raise
-    finally:
-        service.storage.close()
     return 0

@@ -1,4 +1,4 @@
-"""Background work of the collector app: job polling, accounting, stale-series eviction.
+"""Background work of the collector app: job polling, accounting, eviction, detection, remediation.
 
 Each loop runs its blocking step in a worker thread, on a monotonic deadline, and survives its own
 failures (one broad except per iteration, logged with the traceback).
@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.remediate.remediator import Remediator
 from gpuwarden.collector.service import CollectorService
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ def background(
     evict_seconds: float = 600.0,
     detection: DetectionEngine | None = None,
     detection_seconds: float = 60.0,
+    remediator: Remediator | None = None,
+    remediation_seconds: float = 30.0,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """A ``cleanup_ctx`` entry that runs the service's loops while the app serves."""
 
@@ -54,6 +57,10 @@ def background(
         if detection is not None:
             tasks.append(
                 asyncio.create_task(_every("detection", detection_seconds, detection.run_cycle))
+            )
+        if remediator is not None:
+            tasks.append(
+                asyncio.create_task(_every("remediation", remediation_seconds, remediator.tick))
             )
         if service.scraper is not None:
             tasks.append(

@@ -1,0 +1,81 @@
+"""The real ``gpuwarden collector`` process serves remediation: runbooks, incidents, actions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.collector_server import free_port
+
+TOKEN = "tok-0123456789abcdef0123"
+
+
+def start(tmp: Path, extra: str = "") -> tuple[subprocess.Popen[str], int]:
+    port = free_port()
+    (tmp / "tokens").write_text(f"ops {TOKEN}\n")
+    (tmp / "c.yaml").write_text(
+        f"port: {port}\ntokens_file: {tmp / 'tokens'}\ndatabase: {tmp / 'c.db'}\n{extra}"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "collector", "--config", str(tmp / "c.yaml")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc, port
+
+
+def get(url: str, token: str | None = None) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310 - loopback
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read()
+
+
+def wait_ready(port: int, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 30
+    while True:  # the external process's health endpoint, polled until a deadline
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            if get(f"http://127.0.0.1:{port}/healthz")[0] == 200:
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "collector did not start"
+        time.sleep(0.1)
+
+
+def test_runbooks_and_the_remediation_api_are_served(tmp_path):
+    proc, port = start(tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(port, proc)
+        status, body = get(f"{base}/runbooks/idle-gpu")
+        assert status == 200
+        assert b"idle-gpu" in body
+        assert get(f"{base}/v1/actions")[0] == 401
+        status, body = get(f"{base}/v1/actions", TOKEN)
+        assert status == 200
+        assert json.loads(body) is not None
+        status, body = get(f"{base}/v1/breaker", TOKEN)
+        assert status == 200
+        assert b"closed" in body
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+
+
+def test_a_bad_remediation_section_stops_the_start_with_the_key(tmp_path):
+    proc, _ = start(tmp_path, "remediation:\n  dry_runn: false\n")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "remediation.dry_runn: unknown key" in err
