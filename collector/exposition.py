@@ -346,8 +346,8 @@ class FleetMetrics:
             "1 while the blast-radius breaker has stopped automation (a human must reset it).",
             labels=["scope"],
         )
-        record = storage.breaker(BREAKER_SCOPE)
-        breaker.add_metric([BREAKER_SCOPE], float(record is not None and record.state == "open"))
+        state = storage.breaker(BREAKER_SCOPE)
+        breaker.add_metric([BREAKER_SCOPE], float(state is not None and state.state == "open"))
         audit = GaugeMetricFamily(
             "gpuwarden_audit_entries_last_day",
             "Entries appended to the remediation audit log over the last 24 h.",
