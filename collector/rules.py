@@ -514,7 +514,8 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType({spec.name: spec for sp
             gpu_lost=_p(_T.BOOL, True, None, None, "The GPU fell off the bus or went missing."),
         ), check=_check_hardware),
     DetectorSpec(
-        "preemption", "Jobs are being preempted (spot reclaim, priority).", (_J,), (),
+        "preemption", "Jobs are being preempted (spot reclaim, priority).", (_J,),
+        ("gpuwarden.gpu.info",),
         _table(
             window_seconds=_p(_T.DURATION, _HOUR, 5 * _MINUTE, 7 * _DAY, "Counting window."),
             min_preemptions=_p(_T.INT, 1, 1, 1000, "Preemptions of one job in the window."),

@@ -17,7 +17,15 @@ from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.forecast import run_demand_forecast
 from gpuwarden.collector.detect.idle_rule import detect_idle_gpus
 from gpuwarden.collector.detect.incidents import IncidentTracker
+from gpuwarden.collector.detect.preemption import run_preemption
 from gpuwarden.collector.detect.slo import run_slo_burn
+from gpuwarden.collector.detect.straggler import run_straggler
+from gpuwarden.collector.detect.waste import (
+    run_forgotten_gpu,
+    run_input_bound,
+    run_orphaned_memory,
+    run_overprovisioned_inference,
+)
 from gpuwarden.collector.rules import Rule, RuleSet
 from gpuwarden.collector.service import CollectorService
 
@@ -63,6 +71,12 @@ RUNNERS: Mapping[str, Runner] = {
     "slo_burn": run_slo_burn,
     "distribution_drift": run_distribution_drift,
     "demand_forecast": run_demand_forecast,
+    "orphaned_memory": run_orphaned_memory,
+    "forgotten_gpu": run_forgotten_gpu,
+    "input_bound": run_input_bound,
+    "overprovisioned_inference": run_overprovisioned_inference,
+    "straggler": run_straggler,
+    "preemption": run_preemption,
 }
 
 

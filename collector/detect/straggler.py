@@ -1,0 +1,227 @@
+"""Stragglers: one worker of a distributed job unlike its peers (peer-group MAD band).
+
+At every slot the peers' median is the centre; a worker is outside the band when it is more than
+``tolerance`` scaled MADs from it in the bad direction, and a straggler when it spends at least
+``outside_fraction`` of its sampled slots outside. Shared seasonality and load changes move all
+peers together and cancel out, so no history is needed.
+
+The band's width: the peers' usual spread. With a baseline (the window before), the scale is the
+median of the baseline's per-slot MADs relative to the median, so when several workers slow down
+at once (PAI job 3: 4 of 10) they do not widen the band that should catch them; without one it is
+the window's own per-slot MAD. Spreads below ``MIN_RELATIVE_SPREAD`` of the median are raised to
+it: identical workers would otherwise make any wobble an outlier.
+
+``screen.peer_outliers`` is the same band with the window's own scale, two-sided; stragglers
+need a direction and the baseline's spread, so the band is computed here (a candidate for
+folding into ``screen`` as options).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuwarden.collector.accounting import UNALLOCATED, ownership
+from gpuwarden.collector.detect.findings import Finding, Verdict
+from gpuwarden.collector.rules import Rule
+from gpuwarden.collector.service import CollectorService
+
+FloatMatrix = npt.NDArray[np.floating[Any]]
+Direction = Literal["high", "low", "both"]
+MAD_TO_SIGMA = 1.4826
+MIN_RELATIVE_SPREAD = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class PeerVerdicts:
+    """Per worker: verdict, share of sampled slots outside the band, median robust z."""
+
+    verdict: npt.NDArray[np.int8]
+    outside_ratio: npt.NDArray[np.float64]
+    median_z: npt.NDArray[np.float64]
+    relative_to_peers: npt.NDArray[np.float64]
+
+
+def _nanmedian(x: FloatMatrix, axis: int) -> npt.NDArray[np.float64]:
+    """``np.nanmedian`` that returns NaN for all-NaN slices without warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.asarray(np.nanmedian(x, axis=axis), dtype=np.float64)
+
+
+def _relative_spread(values: FloatMatrix) -> float:
+    """Median over slots of the peers' scaled MAD divided by their median (NaN if none)."""
+    with np.errstate(all="ignore"):
+        center = _nanmedian(values, 0)
+        mad = MAD_TO_SIGMA * _nanmedian(np.abs(values - center), 0)
+        rel = mad / np.abs(center)
+    rel = rel[np.isfinite(rel)]
+    return float(np.median(rel)) if rel.size else math.nan
+
+
+def straggler_verdicts(
+    values: FloatMatrix,
+    *,
+    tolerance: float,
+    outside_fraction: float,
+    min_peers: int,
+    direction: Direction = "both",
+    baseline: FloatMatrix | None = None,
+    min_coverage: float = 0.5,
+) -> PeerVerdicts:
+    """Judge every worker (row) of one job against its peers over the window (columns).
+
+    Args:
+        values: workers × slots of a per-worker signal (NaN = no sample).
+        tolerance: band half-width in scaled MADs.
+        outside_fraction: share of a worker's sampled slots outside the band that fires.
+        min_peers: fewer workers with data: every worker is UNKNOWN.
+        direction: ``high`` (e.g. step time: slower is higher), ``low`` or ``both``.
+        baseline: the same workers over an earlier window, for the band's width.
+        min_coverage: share of slots a worker needs samples in, else UNKNOWN; a slot counts
+            only when at least ``min_peers`` workers have a sample in it.
+    """
+    if direction not in ("high", "low", "both"):
+        raise ValueError(f"direction must be high, low or both, not {direction!r}")
+    n, slots = values.shape
+    known = ~np.isnan(values)
+    enough_peers = known.sum(axis=0) >= min_peers
+    usable = known & enough_peers
+    with np.errstate(all="ignore"):
+        center = _nanmedian(np.where(enough_peers, values, np.nan), 0)
+        spread = math.nan if baseline is None else _relative_spread(baseline)
+        if math.isnan(spread):
+            scale = MAD_TO_SIGMA * _nanmedian(np.abs(values - center), 0)
+        else:
+            scale = spread * np.abs(center)
+        scale = np.maximum(scale, MIN_RELATIVE_SPREAD * np.abs(center))
+        z = (values - center) / scale
+    if direction == "high":
+        out = z > tolerance
+    elif direction == "low":
+        out = z < -tolerance
+    else:
+        out = np.abs(z) > tolerance
+    count = usable.sum(axis=1)
+    outside = np.where(count > 0, (out & usable).sum(axis=1) / np.maximum(count, 1), np.nan)
+    with np.errstate(all="ignore"):
+        median_z = np.array([np.median(z[i][usable[i]]) if count[i] else np.nan for i in range(n)])
+        rel = np.array(
+            [np.median((values / center)[i][usable[i]]) if count[i] else np.nan for i in range(n)]
+        )
+    verdict = np.full(n, Verdict.UNKNOWN, dtype=np.int8)
+    judged = (count >= min_coverage * slots) & (slots > 0)
+    if (known.any(axis=1)).sum() >= min_peers:
+        verdict[judged] = Verdict.CLEAR
+        verdict[judged & (np.nan_to_num(outside) >= outside_fraction)] = Verdict.FIRING
+    return PeerVerdicts(verdict, outside.astype(np.float64), median_z, rel)
+
+
+def detect_stragglers(
+    service: CollectorService,
+    rule: Rule,
+    *,
+    window_seconds: float,
+    tolerance: float,
+    outside_fraction: float,
+    min_peers: int,
+    now: float,
+    min_coverage: float = 0.8,
+) -> list[Finding]:
+    """One finding per GPU of every job that held at least ``min_peers`` GPUs for the window.
+
+    The signal is GPU utilisation, judged in both directions (a slow worker computes while its
+    peers wait at the all-reduce, or stalls while they compute); the window before is the
+    baseline for the band's width.
+    """
+    step = float(service.store.step_seconds)
+    end = math.floor(now / step) * step
+    start = end - window_seconds
+    times, gpus = service.timelines(start - window_seconds, end)
+    if not gpus or len(times) == 0:
+        return []
+    current = times >= start
+    jobs = service.registry.known()
+    groups: dict[str, list[int]] = {}
+    for i, gpu in enumerate(gpus):
+        shares = ownership(gpu, jobs, times, step, end)
+        main = max(
+            (k for k in shares if k != UNALLOCATED),
+            key=lambda k: shares[k][current].sum(),
+            default="",
+        )
+        if main and (shares[main][current] > 0.999).all():
+            groups.setdefault(main, []).append(i)
+    findings = []
+    for key in sorted(groups):
+        rows = groups[key]
+        if len(rows) < min_peers:
+            continue
+        util = np.vstack([gpus[i].utilization_ratio for i in rows])
+        result = straggler_verdicts(
+            util[:, current],
+            tolerance=tolerance,
+            outside_fraction=outside_fraction,
+            min_peers=min_peers,
+            direction="both",
+            baseline=util[:, ~current] if (~current).any() else None,
+            min_coverage=min_coverage,
+        )
+        job = service.registry.get(key)
+        for j, i in enumerate(rows):
+            gpu = gpus[i]
+            verdict = Verdict(int(result.verdict[j]))
+            rel = float(result.relative_to_peers[j])
+            findings.append(
+                Finding(
+                    rule_id=rule.id,
+                    detector="straggler",
+                    subject=f"{key}/{gpu.node}/{gpu.uuid}",
+                    verdict=verdict,
+                    severity=str(rule.severity),
+                    window_start=start,
+                    window_end=end,
+                    summary=(
+                        f"job {key}: GPU {gpu.uuid} on {gpu.node} runs at {rel:.2f}× its "
+                        f"{len(rows) - 1} peers' median utilisation"
+                        if verdict is Verdict.FIRING
+                        else ""
+                    ),
+                    evidence={
+                        "job": key,
+                        "team": job.team if job else None,
+                        "node": gpu.node,
+                        "gpu": gpu.uuid,
+                        "peers": len(rows) - 1,
+                        "window_minutes": window_seconds / 60,
+                        "tolerance_mads": tolerance,
+                        "outside_ratio": _num(float(result.outside_ratio[j])),
+                        "median_robust_z": _num(float(result.median_z[j])),
+                        "relative_to_peers": _num(rel),
+                    },
+                )
+            )
+    return findings
+
+
+def _num(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def run_straggler(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
+    """Engine runner for ``straggler``."""
+    p = rule.parameters
+    return detect_stragglers(
+        service,
+        rule,
+        window_seconds=float(p["window_seconds"]),  # type: ignore[arg-type]
+        tolerance=float(p["tolerance"]),  # type: ignore[arg-type]
+        outside_fraction=float(p["outside_fraction"]),  # type: ignore[arg-type]
+        min_peers=int(p["min_peers"]),  # type: ignore[arg-type]
+        now=now,
+    )

@@ -1,0 +1,342 @@
+"""Waste detectors: table-driven verdicts on matrices, then each rule on a real service.
+
+The service tests feed scripted telemetry through the real store (``build_service``) and check
+that exactly the scripted waste fires, with its evidence; gaps are UNKNOWN, never waste and never
+healthy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuwarden.collector.build import build_service
+from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.detect.findings import Finding, Verdict
+from gpuwarden.collector.detect.waste import (
+    input_bound_verdicts,
+    low_mean_verdicts,
+    orphan_processes,
+    rightsize,
+    run_forgotten_gpu,
+    run_input_bound,
+    run_orphaned_memory,
+    run_overprovisioned_inference,
+)
+from gpuwarden.collector.model import GpuAllocation, Job, JobState
+from gpuwarden.collector.otlp import NumberPoint
+from gpuwarden.collector.records import ModelDeployment
+from gpuwarden.collector.rules import (
+    ParamValue,
+    Rule,
+    default_rules_dir,
+    default_runbooks_dir,
+    load_rules,
+)
+from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.store_types import AttrValue
+
+T0 = 1_767_225_600.0
+MODEL = "NVIDIA H100 80GB HBM3"
+N = np.nan
+F, C, U = Verdict.FIRING, Verdict.CLEAR, Verdict.UNKNOWN
+GIB = 2**30
+
+
+def rule_for(detector: str, **parameters: ParamValue) -> Rule:
+    """The default rule of ``detector`` with some parameters overridden."""
+    rules = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
+    rule = next(r for r in rules.rules if r.detector == detector)
+    return dataclasses.replace(rule, parameters={**rule.parameters, **parameters})
+
+
+def make_service(tmp_path: Path, now: float, recent_hours: int = 6) -> CollectorService:
+    config = CollectorConfig(database=tmp_path / "c.db", recent_hours=recent_hours)
+    return build_service(config, clock=lambda: now)
+
+
+def gauge(metric: str, node: str, t: float, value: float, **attrs: AttrValue) -> NumberPoint:
+    resource: dict[str, AttrValue] = {"host.name": node}
+    kind = "sum" if metric.startswith("system.") else "gauge"
+    return NumberPoint(resource, metric, "1", kind, kind == "sum", dict(attrs), int(t * 1e9), value)
+
+
+def gpu_points(
+    node: str, gpu: int, t: float, util: float | None, memory: float | None = None
+) -> list[NumberPoint]:
+    """A GPU's info point, and its utilisation (and memory) unless None (a gap)."""
+    uuid = f"GPU-{node}-{gpu}"
+    info: dict[str, AttrValue] = {"hw.id": uuid, "hw.model": MODEL, "gpuwarden.gpu.index": gpu}
+    out = [gauge("gpuwarden.gpu.info", node, t, 1.0, **info)]
+    if util is not None:
+        out.append(gauge("hw.gpu.utilization", node, t, util, **{"hw.id": uuid}))
+    if memory is not None:
+        out.append(gauge("hw.gpu.memory.usage", node, t, memory, **{"hw.id": uuid}))
+    return out
+
+
+def feed(
+    svc: CollectorService, times: Iterable[float], points: Callable[[float], list[NumberPoint]]
+) -> None:
+    for t in times:
+        batch = points(t)
+        if batch:
+            assert svc.accept(batch, "agents") == 0
+
+
+def job(
+    key: str, node: str, gpus: tuple[int, ...], start: float, end: float | None = None,
+    *, state: JobState = JobState.RUNNING, tier: str = "on-demand", model: str | None = None,
+) -> Job:  # fmt: skip
+    return Job(
+        key=key,
+        scheduler="slurm",
+        job_id=key.rsplit(":", 1)[1],
+        state=state,
+        team="ml",
+        gpus=len(gpus),
+        start_time=start,
+        end_time=end,
+        price_tier=tier,
+        model=model,
+        allocations=(GpuAllocation(node, gpus),),
+    )
+
+
+def verdicts(found: list[Finding]) -> dict[str, Verdict]:
+    return {f.subject: f.verdict for f in found}
+
+
+# --- pure verdicts, table-driven ----------------------------------------------------------------
+
+LOW_MEAN_CASES = [
+    # rows, held, threshold, coverage, expected
+    ([[0.01, 0.02, 0.0, 0.01]], [True] * 4, 0.05, 0.8, F),
+    ([[0.0, 0.0, 0.9, 0.0]], [True] * 4, 0.05, 0.8, C),  # one busy burst lifts the mean
+    ([[0.0, 0.0, 0.3, 0.0]], [True] * 4, 0.1, 0.8, F),  # mean 0.075 < 0.1
+    ([[0.0, N, N, 0.0]], [True] * 4, 0.05, 0.8, U),  # a gap is not idleness
+    ([[0.9, N, N, N]], [True] * 4, 0.05, 0.8, U),  # nor health
+    ([[0.0, 0.0, 0.0, 0.0]], [False, True, True, True], 0.05, 0.8, C),  # not held throughout
+    ([[N, N, N, N]], [True] * 4, 0.05, 0.8, U),
+]
+
+
+@pytest.mark.parametrize(("rows", "held", "threshold", "coverage", "want"), LOW_MEAN_CASES)
+def test_low_mean_verdicts(rows, held, threshold, coverage, want):
+    util = np.array(rows, dtype=float)
+    got, _ = low_mean_verdicts(
+        util, np.array([held]), threshold_ratio=threshold, min_coverage=coverage
+    )
+    assert Verdict(int(got[0])) is want
+
+
+INPUT_CASES = [
+    # gpu, cpu, iowait, expected
+    ([0.2, 0.25, 0.2, 0.3], [0.95, 0.97, 0.9, 0.96], [0.0] * 4, F),  # CPU-bound loader
+    ([0.2, 0.25, 0.2, 0.3], [0.3, 0.3, 0.3, 0.3], [0.4, 0.5, 0.4, 0.45], F),  # I/O wait
+    ([0.9, 0.0, 0.9, 0.0], [0.3] * 4, [0.0] * 4, F),  # oscillating: stalls between batches
+    ([0.2, 0.25, 0.2, 0.3], [0.3] * 4, [0.0] * 4, C),  # starving, host idle: another cause
+    ([0.9, 0.95, 0.9, 0.92], [0.99] * 4, [0.0] * 4, C),  # busy GPU, busy host: fine
+    ([0.2, 0.25, 0.2, 0.3], [N] * 4, [N] * 4, U),  # host unknown: no verdict
+    ([N, N, 0.2, N], [0.99] * 4, [0.0] * 4, U),  # GPU mostly unknown
+]
+
+
+@pytest.mark.parametrize(("gpu", "cpu", "iowait", "want"), INPUT_CASES)
+def test_input_bound_verdicts(gpu, cpu, iowait, want):
+    result = input_bound_verdicts(
+        np.array([gpu]), np.array([cpu]), np.array([iowait]),
+        gpu_below=0.5, cpu_above=0.85, min_coverage=0.75,
+    )  # fmt: skip
+    assert Verdict(int(result.verdict[0])) is want
+
+
+ORPHAN_CASES = [
+    # memory now, held since, owner gone since, expected orphan (now=1000, grace=300)
+    (GIB, 0.0, -math.inf, True),  # no job, held for 1000 s
+    (GIB, 800.0, -math.inf, False),  # no job, but only 200 s: still in the grace
+    (GIB, 0.0, 600.0, True),  # job ended 400 s ago
+    (GIB, 0.0, 900.0, False),  # job ended 100 s ago: let the processes exit
+    (GIB, 0.0, N, False),  # the job runs
+    (N, 0.0, 0.0, False),  # the process is gone (or no sample lately: not evidence)
+]
+
+
+@pytest.mark.parametrize(("memory", "since", "gone", "want"), ORPHAN_CASES)
+def test_orphan_processes(memory, since, gone, want):
+    got = orphan_processes(
+        np.array([memory]), np.array([since]), np.array([gone]), now=1000.0, grace_seconds=300
+    )
+    assert bool(got[0]) is want
+
+
+@pytest.mark.parametrize(
+    ("replicas", "peak", "target", "minimum", "want"),
+    [(8, 0.15, 0.6, 2, 2), (10, 0.25, 0.6, 2, 5), (4, 0.5, 0.6, 1, 4), (3, 0.01, 0.6, 2, 2)],
+)
+def test_rightsize(replicas, peak, target, minimum, want):
+    assert rightsize(replicas, peak, target_ratio=target, min_replicas=minimum) == want
+
+
+# --- forgotten GPU on the service (long window: read at 1-minute resolution) ---------------------
+
+FORGOTTEN_END = T0 + 3 * 3600
+
+
+def forgotten_util(node: str, gpu: int, t: float) -> float | None:
+    if (node, gpu) == ("a", 0):
+        return 0.02 if int(t) % 1800 else 0.6  # short bursts, mean ~4 %: forgotten
+    if (node, gpu) == ("a", 1):
+        return 0.4  # used
+    if (node, gpu) == ("a", 2):
+        return None if t > T0 + 3600 else 0.0  # telemetry lost: not evidence
+    return 0.0  # GPU 3: idle but allocated to no job
+
+
+@pytest.fixture
+def forgotten(tmp_path: Path) -> CollectorService:
+    svc = make_service(tmp_path, FORGOTTEN_END, recent_hours=1)
+    svc.registry.put(
+        [
+            job("slurm:c:1", "a", (0,), T0 - 3600),
+            job("slurm:c:2", "a", (1,), T0 - 3600, tier="spot"),
+            job("slurm:c:3", "a", (2,), T0 - 3600),
+        ]
+    )
+    feed(
+        svc,
+        np.arange(T0, FORGOTTEN_END, 60.0),
+        lambda t: [p for g in range(4) for p in gpu_points("a", g, t, forgotten_util("a", g, t))],
+    )
+    return svc
+
+
+def test_forgotten_gpu_fires_for_the_unused_allocation_only(forgotten):
+    rule = rule_for("forgotten_gpu", window_seconds=2 * 3600.0)
+    found = run_forgotten_gpu(forgotten, rule, FORGOTTEN_END)
+    assert verdicts(found) == {"slurm:c:1": F, "slurm:c:2": C, "slurm:c:3": U}
+    ev = next(f.evidence for f in found if f.subject == "slurm:c:1")
+    assert ev["wasted_gpu_hours"] == 2.0
+    assert ev["wasted_usd"] == pytest.approx(2 * 4.00)  # H100 on-demand
+    assert ev["mean_utilization_ratio"] == pytest.approx(0.02 + 0.58 / 30, abs=0.005)
+    assert found[0].window_end - found[0].window_start == 2 * 3600
+
+
+# --- input-bound ------------------------------------------------------------------------------
+
+INPUT_END = T0 + 1800
+
+
+def cpu_points(node: str, t: float, busy: float, iowait: float) -> list[NumberPoint]:
+    """Cumulative CPU seconds of 8 CPUs by mode, as the agent reports them."""
+    k = (t - T0) * 8
+    modes = {"user": busy * k, "iowait": iowait * k, "idle": (1 - busy - iowait) * k}
+    return [gauge("system.cpu.time", node, t, v, **{"cpu.mode": mode}) for mode, v in modes.items()]
+
+
+def input_points(t: float) -> list[NumberPoint]:
+    out = []
+    # node a: job 1 starves with the CPU saturated; node b: job 2 busy; node c: job 3
+    # oscillates; node d: job 4 starves with no host data (unknown)
+    out += gpu_points("a", 0, t, 0.2) + cpu_points("a", t, 0.95, 0.0)
+    out += gpu_points("b", 0, t, 0.9) + cpu_points("b", t, 0.95, 0.0)
+    out += gpu_points("c", 0, t, 0.95 if int(t) % 20 else 0.0) + cpu_points("c", t, 0.2, 0.0)
+    out += gpu_points("d", 0, t, 0.2)
+    return out
+
+
+def test_input_bound_fires_with_starved_gpu_hours(tmp_path: Path):
+    svc = make_service(tmp_path, INPUT_END)
+    svc.registry.put([job(f"slurm:c:{i}", n, (0,), T0 - 60) for i, n in enumerate("abcd", 1)])
+    feed(svc, np.arange(T0, INPUT_END, 10.0), input_points)
+    found = run_input_bound(svc, rule_for("input_bound"), INPUT_END)
+    got = verdicts(found)
+    assert got == {"slurm:c:1": F, "slurm:c:2": C, "slurm:c:3": F, "slurm:c:4": U}
+    ev = next(f.evidence for f in found if f.subject == "slurm:c:1")
+    assert ev["starved_gpu_hours"] == pytest.approx(0.25 * 0.8)
+    assert ev["wasted_usd"] == pytest.approx(0.25 * 0.8 * 4.00)
+    assert ev["mean_cpu_utilization_ratio"] == pytest.approx(0.95, abs=0.01)
+
+
+# --- over-provisioned inference -----------------------------------------------------------------
+
+SERVE_END = T0 + 2 * 3600
+
+
+def test_overprovisioned_inference_recommends_replicas_and_saving(tmp_path: Path):
+    svc = make_service(tmp_path, SERVE_END, recent_hours=1)
+    # model "sd": 8 replicas × 1 GPU, peak ~15 %; model "llm": 2 replicas busy at 70 %
+    jobs = [job(f"slurm:c:{g}", "a", (g,), T0 - 60, model="sd") for g in range(8)]
+    jobs += [job(f"slurm:c:{g}", "a", (g,), T0 - 60, model="llm") for g in (8, 9)]
+    svc.registry.put(jobs)
+    svc.storage.upsert_model(ModelDeployment(name="sd", version="1", replicas=8))
+
+    def points(t: float) -> list[NumberPoint]:
+        wave = 0.5 + 0.5 * math.sin(2 * math.pi * (t - T0) / 3600)
+        out = [p for g in range(8) for p in gpu_points("a", g, t, 0.15 * wave)]
+        return out + [p for g in (8, 9) for p in gpu_points("a", g, t, 0.7 * wave)]
+
+    feed(svc, np.arange(T0, SERVE_END, 10.0), points)
+    rule = rule_for("overprovisioned_inference", window_seconds=3600.0)
+    found = {f.subject: f for f in run_overprovisioned_inference(svc, rule, SERVE_END)}
+    assert {k: f.verdict for k, f in found.items()} == {"model:sd": F, "model:llm": C}
+    ev = found["model:sd"].evidence
+    assert ev["replicas"] == 8
+    assert ev["peak_utilization_ratio"] == pytest.approx(0.15, abs=0.01)
+    assert ev["suggested_replicas"] == 2  # ceil(8 × 0.15 / 0.6) = 2
+    assert ev["freed_gpus"] == 6
+    assert ev["saving_usd_per_30_days"] == pytest.approx(6 * 4.00 * 24 * 30)
+
+
+# --- orphaned memory --------------------------------------------------------------------------
+
+ORPHAN_END = T0 + 1800
+
+
+def proc(node: str, gpu: int, t: float, pid: int, mem: float, job_id: str | None) -> NumberPoint:
+    attrs: dict[str, AttrValue] = {"hw.id": f"GPU-{node}-{gpu}", "process.pid": pid}
+    if job_id is not None:
+        attrs |= {"gpuwarden.job.scheduler": "slurm", "gpuwarden.job.id": job_id}
+    return gauge("gpuwarden.gpu.process.memory.usage", node, t, mem, **attrs)
+
+
+def orphan_points(t: float) -> list[NumberPoint]:
+    out = []
+    for g in range(5):
+        util = None if g == 4 and t > T0 + 600 else 0.0
+        out += gpu_points("a", g, t, util, memory=None if util is None else 10 * GIB)
+    out.append(proc("a", 0, t, 100, 10 * GIB, "1"))  # job 1 ended 20 min ago: orphan
+    out.append(proc("a", 1, t, 101, 10 * GIB, "2"))  # job 2 runs
+    out.append(proc("a", 2, t, 102, 10 * GIB, None))  # no job, nothing holds the GPU
+    out.append(proc("a", 3, t, 103, 10 * GIB, "3"))  # job 3 ended 5 min ago: grace
+    if t < T0 + 600:
+        out.append(proc("a", 4, t, 104, 10 * GIB, None))  # then the node goes silent
+    return out
+
+
+def test_orphaned_memory_fires_after_the_grace_only(tmp_path: Path):
+    svc = make_service(tmp_path, ORPHAN_END)
+    svc.registry.put(
+        [
+            job("slurm:c:1", "a", (0,), T0, ORPHAN_END - 1200, state=JobState.COMPLETED),
+            job("slurm:c:2", "a", (1,), T0),
+            job("slurm:c:3", "a", (3,), T0, ORPHAN_END - 300, state=JobState.CANCELLED),
+        ]
+    )
+    feed(svc, np.arange(T0, ORPHAN_END, 10.0), orphan_points)
+    found = {
+        f.subject: f for f in run_orphaned_memory(svc, rule_for("orphaned_memory"), ORPHAN_END)
+    }
+    assert {k: f.verdict for k, f in found.items()} == {
+        "a/GPU-a-0": F, "a/GPU-a-1": C, "a/GPU-a-2": F, "a/GPU-a-3": C, "a/GPU-a-4": U,
+    }  # fmt: skip
+    ev = found["a/GPU-a-0"].evidence
+    assert ev["job"] == "slurm:c:1"
+    assert ev["pids"] == "100"
+    assert ev["orphaned_memory_bytes"] == 10 * GIB
+    assert found["a/GPU-a-2"].evidence["job"] is None
