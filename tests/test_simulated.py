@@ -346,3 +346,25 @@ BASE: dict[str, object] = {"node_name": "n", "gpu_count": 2}
 def test_scenario_from_mapping_names_the_bad_key(data: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         scenario_from_mapping(data)
+
+
+def test_reassign_switches_the_workload_and_keeps_energy_exact():
+    from gpuwarden.agent.sources.scenario import Idle, Scenario, Training
+
+    now = [1_700_000_000.0]
+    scenario = Scenario(node_name="n", gpu_count=1, assignments=())
+    source = SimulatedSource(scenario, clock=lambda: now[0])
+    source.reassign(0, Training())
+    now[0] += 10
+    busy = source.sample()[0]
+    assert busy.utilization_ratio is not None
+    assert busy.utilization_ratio > 0.8
+    source.reassign(0, Idle())
+    now[0] += 10
+    idle = source.sample()[0]
+    assert idle.utilization_ratio == 0.0
+    assert busy.energy_joules is not None
+    assert idle.energy_joules is not None
+    assert idle.power_watts is not None
+    # the second half integrates the idle power only
+    assert idle.energy_joules - busy.energy_joules == pytest.approx(idle.power_watts * 10, rel=0.1)

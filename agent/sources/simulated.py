@@ -192,6 +192,18 @@ class SimulatedSource:
             if gpu.workload.job is not None and not isinstance(gpu.workload, Idle)
         }
 
+    def reassign(self, index: int, workload: Workload) -> None:
+        """Run ``workload`` on GPU ``index`` from now on (the demo's scheduler frees GPUs).
+
+        Counters stay exact integrals: the whole seconds before the switch are summed with the
+        old workload first. After a reassignment, samples depend on when it happened, so the
+        "pure function of the time" property holds only between reassignments.
+        """
+        gpu = self._gpus[index]
+        self._integrate(gpu, self._clock())
+        gpu.workload = workload
+        gpu.profile = _PROFILES[type(workload)]
+
     def close(self) -> None:
         """Nothing to release."""
 
