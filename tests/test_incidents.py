@@ -87,3 +87,30 @@ def test_a_resolved_incident_can_reopen_as_a_new_one(tracker):
         tracker.fold([finding(verdict)])
     states = [i.state for i in tracker.storage.incidents()]
     assert sorted(states) == [IncidentState.OPEN, IncidentState.RESOLVED]
+
+
+def test_an_incident_keeps_its_subject_summary_and_thinned_points_across_updates():
+    from gpuwarden.collector.detect.incidents import MAX_PLOT_POINTS, incident_evidence
+
+    points = tuple((1000.0 + i, float(i % 7)) for i in range(1000))
+    finding = Finding(
+        rule_id="r",
+        detector="idle_gpu",
+        subject="n/GPU-1",
+        verdict=Verdict.FIRING,
+        severity="warning",
+        window_start=1000.0,
+        window_end=2000.0,
+        summary="idle",
+        evidence={"gpu": "GPU-1"},
+        points=points,
+    )
+    evidence = incident_evidence(finding)
+    kept = evidence["points"]
+    assert isinstance(kept, list)
+    assert len(kept) == MAX_PLOT_POINTS
+    assert kept[0] == [1000.0, 0.0]
+    assert kept[-1] == [1999.0, float(999 % 7)]
+    assert evidence["subject"] == "n/GPU-1"
+    assert evidence["summary"] == "idle"
+    assert evidence["gpu"] == "GPU-1"

@@ -20,6 +20,25 @@ from gpuwarden.collector.storage import Storage
 log = logging.getLogger(__name__)
 
 
+MAX_PLOT_POINTS = 120
+"""Points of a finding kept with its incident (evenly thinned), for the status page's chart."""
+
+
+def incident_evidence(finding: Finding) -> dict[str, object]:
+    """What an incident keeps of its latest finding: subject, summary, evidence and the points
+    to plot (``[[unix_seconds, value], ...]``, at most ``MAX_PLOT_POINTS``)."""
+    points = finding.points
+    if len(points) > MAX_PLOT_POINTS:
+        stride = (len(points) - 1) / (MAX_PLOT_POINTS - 1)
+        points = tuple(points[round(i * stride)] for i in range(MAX_PLOT_POINTS))
+    return {
+        "subject": finding.subject,
+        "summary": finding.summary,
+        **finding.evidence,
+        "points": [[round(t, 3), round(v, 6)] for t, v in points],
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class FoldResult:
     """What one detection cycle changed."""
@@ -60,7 +79,7 @@ class IncidentTracker:
                         current,
                         last_seen=now,
                         severity=finding.severity,
-                        evidence=dict(finding.evidence),
+                        evidence=incident_evidence(finding),
                         consecutive_breaches=current.consecutive_breaches + 1,
                         consecutive_clears=0,
                     )
@@ -94,7 +113,7 @@ class IncidentTracker:
             severity=finding.severity,
             first_seen=now,
             last_seen=now,
-            evidence={"subject": finding.subject, "summary": finding.summary, **finding.evidence},
+            evidence=incident_evidence(finding),
             consecutive_breaches=streak,
         )
         incident_id = self.storage.open_incident(incident)
