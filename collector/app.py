@@ -183,11 +183,13 @@ def create_app(
         # imported here: api and exposition import this module for CONFIG/STATS/authenticate
         from gpuwarden.collector.api import add_readiness_problem, setup_api
         from gpuwarden.collector.exposition import setup_metrics
+        from gpuwarden.collector.status_page import setup_status_page
 
         app[SERVICE] = service
         app[SINK] = service
         setup_api(app)
         setup_metrics(app, service)
+        setup_status_page(app, service)
         for problem in rule_problems:
             add_readiness_problem(app, f"rule skipped: {problem}")
         if remediation is not None:
