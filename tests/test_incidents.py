@@ -102,8 +102,8 @@ def test_an_incident_keeps_its_subject_summary_and_thinned_points_across_updates
         window_start=1000.0,
         window_end=2000.0,
         summary="idle",
-        evidence={"gpu": "GPU-1"},
-        points=points,
+        evidence={"gpu": "GPU-1", "ratio": float("nan"), "rate": float("inf")},
+        points=(*points[:-1], (1998.5, float("nan")), points[-1]),
     )
     evidence = incident_evidence(finding)
     kept = evidence["points"]
@@ -114,3 +114,5 @@ def test_an_incident_keeps_its_subject_summary_and_thinned_points_across_updates
     assert evidence["subject"] == "n/GPU-1"
     assert evidence["summary"] == "idle"
     assert evidence["gpu"] == "GPU-1"
+    assert evidence["ratio"] is None  # not JSON: unknown
+    assert evidence["rate"] is None

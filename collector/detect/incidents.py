@@ -9,6 +9,7 @@ Incidents live in the collector's storage; only the not-yet-open streaks are kep
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -34,9 +35,14 @@ def incident_evidence(finding: Finding) -> dict[str, object]:
     return {
         "subject": finding.subject,
         "summary": finding.summary,
-        **finding.evidence,
-        "points": [[round(t, 3), round(v, 6)] for t, v in points],
+        **{key: _finite(value) for key, value in finding.evidence.items()},
+        "points": [[round(t, 3), round(v, 6)] for t, v in points if math.isfinite(v)],
     }
+
+
+def _finite(value: object) -> object:
+    """NaN and infinities are not JSON: a number a detector could not compute is unknown."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 @dataclass(frozen=True, slots=True)
