@@ -115,3 +115,28 @@ def test_gpus_without_data_in_the_window_are_not_judged(service):
         )
         == []
     )
+
+
+def test_a_first_xid_shows_through_the_degraded_status(tmp_path):
+    """A GPU's first XID of a code starts a new counter series, whose first point has no
+    increase; the round's "degraded" status still fires the rule, and "ok" rounds do not."""
+    svc = build_service(CollectorConfig(database=tmp_path / "c.db"), clock=lambda: NOW)
+    points = status("GPU-new", "ok", NOW - 40) + status("GPU-new", "degraded", NOW - 20)
+    points += status("GPU-calm", "ok", NOW - 40) + status("GPU-calm", "ok", NOW - 20)
+    points += counter("gpuwarden.gpu.xid.errors", "GPU-new", {"gpuwarden.gpu.xid": "79"}, [1])
+    assert svc.accept(points, "t") == 0
+    found = {
+        f.subject.split("/")[1]: f
+        for f in detect_hardware_faults(
+            svc, rule_id="hw", severity="critical", window_seconds=300, now=NOW
+        )
+    }
+    assert found["GPU-new"].verdict is Verdict.FIRING
+    assert found["GPU-new"].evidence["reasons"] == "GPU degraded (XID of concern or remap)"
+    assert found["GPU-calm"].verdict is Verdict.CLEAR
+    no_xids = detect_hardware_faults(
+        svc, rule_id="hw", severity="critical", window_seconds=300, now=NOW, xids=(),
+        remap_failure=False,
+    )  # fmt: skip
+    assert all(f.verdict is Verdict.CLEAR for f in no_xids)
+    svc.storage.close()

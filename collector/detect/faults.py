@@ -44,6 +44,11 @@ def detect_hardware_faults(
         seen.add(subject)
         if gpu_lost and attrs.get("hw.state") == "failed" and np.nanmax(row) >= 1:
             reasons.setdefault(subject, []).append("GPU lost (status failed)")
+        # The agent reports "degraded" for the round an XID of concern fired or a row remap
+        # failed. It also catches a GPU's first XID of a code: that counter series is new, and
+        # a new counter's first point has no increase to measure.
+        if (xids or remap_failure) and attrs.get("hw.state") == "degraded" and np.nanmax(row) >= 1:
+            reasons.setdefault(subject, []).append("GPU degraded (XID of concern or remap)")
     xid = store.increase_matrix("gpuwarden.gpu.xid.errors", start=start, end=end)
     for info, row in zip(xid.series, xid.values, strict=True):
         attrs = info.attributes
