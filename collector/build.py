@@ -71,7 +71,11 @@ def build_remediation(
         notifiers=notifiers,
         runbooks_dir=config.runbooks_dir or default_runbooks_dir(),
         environ=environ,
-        fleet_size=lambda: len(service.registry.known()) or None,
+        # what automation could act on: jobs, nodes and model deployments
+        fleet_size=lambda: (
+            (len(service.registry.jobs()) + len(service.nodes) + len(service.storage.models()))
+            or None
+        ),
         clock=clock,
     )
 

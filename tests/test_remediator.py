@@ -654,3 +654,19 @@ def test_several_actuators_of_one_kind_are_chosen_by_target(world: World) -> Non
         Remediator(
             world.storage, [make_rule()], [FakeActuator(), FakeActuator()], config=PolicyConfig()
         )
+
+
+def test_an_actuator_that_can_only_simulate_leaves_a_dry_run_not_a_verification(
+    world: World,
+) -> None:
+    """A real decision whose actuator answers DRY_RUN (a target it does not manage for real)
+    is recorded as a dry run: nothing changed, so nothing is verified or escalated."""
+    world.actuator.outcome = Outcome.DRY_RUN
+    remediator = world.remediator(dry_run=False)
+    open_incident(world.storage, world.clock)
+    for _ in range(3):
+        remediator.tick()
+        world.clock.now += 400  # past any settle time
+    (row,) = world.storage.actions()
+    assert row.state == ActionState.DRY_RUN
+    assert world.audit_results() == ["intent", "dry_run"]

@@ -417,7 +417,13 @@ class Remediator:
         if not self.config.dry_run:
             states.append(ActionState.DRY_RUN)
         rows = self._storage.actions(states=states)
-        due = [r for r in rows if r.next_attempt_at is None or r.next_attempt_at <= now]
+        due = [
+            r
+            for r in rows
+            if (r.next_attempt_at is None or r.next_attempt_at <= now)
+            # a real attempt the actuator could only simulate stays a dry run
+            and not (r.state == ActionState.DRY_RUN and r.params.get("outcome") == "dry_run")
+        ]
         return sorted(due, key=lambda r: r.action_id or 0)
 
     def _settled_actions(self) -> list[ActionRecord]:
@@ -694,7 +700,10 @@ class Remediator:
         }
         decision = Decision(Verdict.EXECUTE, f"{row.action} {row.target}: {result.detail}")
         escalate = None
-        if result.ok:
+        if result.outcome is Outcome.DRY_RUN:
+            # The actuator can only simulate this target: nothing changed, nothing to verify.
+            new = self._moved(row, ActionState.DRY_RUN, params=params, dry_run=True)
+        elif result.ok:
             new = self._moved(
                 row,
                 ActionState.VERIFYING,
