@@ -61,14 +61,27 @@ def _parser() -> argparse.ArgumentParser:
     collector.add_argument("--port", type=int, help="listen port (default 4318)")
 
     demo = sub.add_parser(
-        "demo", help="run a simulated two-node fleet into a local collector and print it"
+        "demo",
+        help="the whole loop on a simulated 4 x 8-GPU fleet: detection, remediation, report",
     )
-    demo.add_argument("--duration", type=float, default=20.0, help="seconds to run")
+    demo.add_argument(
+        "--duration", type=float, default=120.0, help="wall seconds to run (default 120)"
+    )
     demo.add_argument("--interval", type=float, default=1.0, help="agent sample interval")
     demo.add_argument(
-        "--speed", type=float, default=30.0, help="how much faster simulated workloads run"
+        "--speed",
+        type=float,
+        default=60.0,
+        help="how much faster workloads run; rule windows shrink alike (default 60)",
     )
     demo.add_argument("--db", type=Path, help="collector database (default: in the temp dir)")
+    demo.add_argument("--port", type=int, help="collector port (default: a free one)")
+    demo.add_argument(
+        "--linger",
+        type=float,
+        default=0.0,
+        help="keep serving the status page this many seconds after the report",
+    )
 
     from gpuwarden.collector.report import add_report_parser
 
@@ -132,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             interval_seconds=args.interval,
             speed=args.speed,
             db=args.db,
+            linger_seconds=args.linger,
+            port=args.port,
         )
     if args.command == "rules":
         from gpuwarden.collector.rules_cli import run_rules

@@ -1,28 +1,35 @@
-"""``gpuwarden demo``: a simulated two-node fleet through the real agent, OTLP and collector.
+"""``gpuwarden demo``: the whole loop on a laptop, with no GPU and no external service.
 
-Everything runs in one process on embedded defaults: a collector (WindowStore, SQLite, job
-registry, accounting) on a free loopback port with a fresh token, and two agents with simulated
-GPUs (workload time compressed by ``speed``) whose spools live in a temporary directory. It prints
-what the collector holds while it runs, then the per-job accounting, and leaves the database for
-``gpuwarden report costs``.
+One process runs a real collector (OTLP receiver, WindowStore, SQLite, detection, remediation,
+status page, ``/metrics``) on loopback, four real agents over simulated 8-GPU nodes
+(``demo_fleet``), a simulated vLLM server the collector scrapes, and the reference serving
+router the degrade action drives. Workloads run ``speed`` times faster than the wall clock and
+the rules' durations shrink by the same factor, so three minutes show about three hours.
+
+Remediation is live on the simulated targets (requeue frees the idle notebook's GPUs, degrade
+moves traffic to the smaller model) and a dry run elsewhere (draining a node). The demo plays
+the operator too: it approves what waits for approval through the signed links the alerts
+carry. At the end it prints the waste found, the incidents, the actions and the URLs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import secrets
+import socket
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-import numpy as np
+import aiohttp
 from aiohttp import web
 
-from gpuwarden.agent.build import AgentRuntime, build_agent
+from gpuwarden.agent.build import AgentRuntime, build_agent, job_hints
 from gpuwarden.agent.config import (
     AgentConfig,
     CollectorConfig,
@@ -30,236 +37,318 @@ from gpuwarden.agent.config import (
     ResourceConfig,
     SpoolConfig,
 )
-from gpuwarden.agent.sources.simulated import load_scenario
-from gpuwarden.collector.accounting import UNALLOCATED, totals
-from gpuwarden.collector.app import STATS, create_app
-from gpuwarden.collector.build import build_service
+from gpuwarden.agent.sources.simulated import SimulatedSource
+from gpuwarden.collector.app import create_app
+from gpuwarden.collector.build import build_remediation, build_service, load_configured_rules
 from gpuwarden.collector.config import CollectorConfig as ServerConfig
-from gpuwarden.collector.model import GpuAllocation, Job, JobState
+from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.records import Event, EventKind
+from gpuwarden.collector.remediate.actuator import Actuator
+from gpuwarden.collector.remediate.policy import SETTLE_SECONDS, PolicyConfig, RemediationSettings
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.demo_fleet import (
+    FALLBACK_MODEL,
+    NODES,
+    SERVICE_MODEL,
+    ConsoleNotifier,
+    DemoScheduler,
+    deployment,
+    jobs,
+    preempt,
+    scaled_rules,
+    scenario,
+)
+from gpuwarden.demo_report import print_report, print_status
+from gpuwarden.demo_serving import ServingProfile, SimulatedModelServer
 
-#: The demo fleet: node name → (scenario preset, price tier, team).
-FLEET = {
-    "gpu-node-a": ("mixed", "on-demand", "ml-research"),
-    "gpu-node-b": ("training", "spot", "llm"),
-}
 STEP_SECONDS = 1
+DEPLOY_AT, XID_AT, PREEMPT_AT = 0.30, 0.20, 0.45
+"""When the slow deploy, the XID and the spot preemption happen, as shares of the duration."""
 
 
-@dataclass(frozen=True)
-class NodeView:
-    """What the collector holds about one node, for printing."""
-
-    host: str
-    gpus: int
-    failed: int
-    degraded: int
-    mean_utilization: float
-    power_watts: float
-    xids: int
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
-def _latest(
-    service: CollectorService, metric: str, host: str
-) -> list[tuple[dict[str, object], float]]:
-    latest = service.store.latest(metric, {"host.name": host})
-    return [
-        (dict(info.attributes), float(value))
-        for info, value in zip(latest.series, latest.values, strict=True)
-        if not np.isnan(value)
-    ]
+def _compressed_clock(speed: float, start: float) -> Callable[[], float]:
+    return lambda: start + (time.time() - start) * speed
 
 
-def node_views(service: CollectorService) -> list[NodeView]:
-    """Summarise the latest values per node from the collector's store."""
-    views = []
-    for host in sorted(service.nodes):
-        status = _latest(service, "hw.status", host)
-        states = [str(a["hw.state"]) for a, v in status if v == 1]
-        util = [v for _, v in _latest(service, "hw.gpu.utilization", host)]
-        xids = service.store.matrix(
-            "gpuwarden.gpu.xid.errors",
-            selector={"host.name": host},
-            start=time.time() - 3600,
-            end=time.time() + 60,
-        )
-        views.append(
-            NodeView(
-                host=host,
-                gpus=len(states),
-                failed=states.count("failed"),
-                degraded=states.count("degraded"),
-                mean_utilization=sum(util) / len(util) if util else 0.0,
-                power_watts=sum(v for _, v in _latest(service, "hw.power", host)),
-                xids=len(xids.series),
-            )
-        )
-    return views
+async def _serve(app: web.Application, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
 
 
-def _print_views(views: list[NodeView], elapsed: float, speed: float) -> None:
-    print(f"\n[{elapsed:5.1f} s wall, {elapsed * speed / 60:5.1f} min of simulated workload]")
-    header = f"{'node':<12} {'GPUs':>4} {'failed':>6} {'degr.':>5} {'util':>6} {'power W':>8}"
-    print(f"{header} {'XID GPUs':>8}")
-    for v in views:
-        print(
-            f"{v.host:<12} {v.gpus:>4} {v.failed:>6} {v.degraded:>5} "
-            f"{v.mean_utilization:>6.1%} {v.power_watts:>8.0f} {v.xids:>8}"
-        )
-
-
-def _print_accounting(service: CollectorService, start: float, end: float, speed: float) -> None:
-    usage = service.usage(start, end)
-    teams = {job.key: job.team or "" for job in service.registry.known()}
-    print(f"\naccounting over the last {end - start:.0f} s of wall time, {len(usage)} GPU×job rows")
-    print(f"(the simulated energy counters run {speed:g}× faster, like the workloads)")
-    print(f"{'job':<22} {'team':<12} {'GPU-min':>8} {'idle GPU-min':>12} {'Wh':>8} {'$':>9}")
-    for row in totals(usage):
-        name = row.group or "(unallocated)"
-        team = teams.get(row.group, "") if row.group != UNALLOCATED else ""
-        print(
-            f"{name:<22} {team:<12} {row.gpu_hours_allocated * 60:>8.2f} "
-            f"{row.gpu_hours_idle * 60:>12.2f} {row.energy_kwh * 1000:>8.1f} "
-            f"{row.cost_usd:>9.4f}"
-        )
-
-
-def _agent_config(
-    node: str, preset: str, tier: str, port: int, token: str, spool: Path, interval: float
-) -> AgentConfig:
+def _agent_config(node: str, port: int, token: str, spool: Path, interval: float) -> AgentConfig:
     return AgentConfig(
         node_name=node,
         interval_seconds=interval,
         source="simulated",
-        scenario=preset,
         collector=CollectorConfig(
             endpoint=f"http://127.0.0.1:{port}/v1/metrics", token=token, timeout_seconds=5
         ),
         spool=SpoolConfig(directory=spool / node, max_bytes=64 * 1024 * 1024, fsync=False),
         http=HttpConfig(enabled=False),
         resource=ResourceConfig(
-            cluster="demo", instance_type="p5.48xlarge", price_tier=tier, region="local"
+            cluster="demo", instance_type="p5.48xlarge", price_tier="on-demand", region="local"
         ),
     )
 
 
-def demo_jobs(now: float) -> list[Job]:
-    """The scheduler's view of the simulated workloads: the jobs and the GPUs they hold."""
-    jobs: dict[str, Job] = {}
-    for node, (preset, tier, team) in FLEET.items():
-        scenario = load_scenario(preset, node_name=node)
-        for assignment in scenario.assignments:
-            ref = assignment.workload.job
-            if ref is None or ref.job_id is None:
-                continue
-            key = f"slurm:demo:{ref.job_id}"
-            alloc = GpuAllocation(node, tuple(assignment.gpus))
-            previous = jobs.get(key)
-            allocations = (*previous.allocations, alloc) if previous else (alloc,)
-            jobs[key] = Job(
-                key=key,
-                scheduler="slurm",
-                job_id=ref.job_id,
-                state=JobState.RUNNING,
-                name=f"{type(assignment.workload).__name__.lower()}-{ref.job_id}",
-                owner="demo",
-                team=team,
-                gpus=sum(len(a.indices) for a in allocations),
-                allocations=allocations,
-                start_time=now,
-                price_tier=tier,
-            )
-    return list(jobs.values())
-
-
-def _compressed_clock(speed: float) -> Callable[[], float]:
-    start = time.time()
-    return lambda: start + (time.time() - start) * speed
-
-
-async def _serve(
-    config: ServerConfig, service: CollectorService
-) -> tuple[web.AppRunner, int, web.Application]:
-    app = create_app(config, service=service, background=False)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = int(runner.addresses[0][1])
-    return runner, port, app
-
-
-async def _demo(duration_seconds: float, interval_seconds: float, speed: float, db: Path) -> int:
-    token = secrets.token_urlsafe(24)
-    db.unlink(missing_ok=True)
-    config = ServerConfig(
-        port=0,
+def _server_config(port: int, token: str, db: Path, model_port: int, speed: float) -> ServerConfig:
+    policy = PolicyConfig(
+        dry_run=False,  # live on the simulated targets; the drain actuator answers dry runs
+        settle_seconds=MappingProxyType(
+            {kind: max(5.0, seconds / speed) for kind, seconds in SETTLE_SECONDS.items()}
+        ),
+        breaker_max_actions=10,
+        breaker_window_seconds=max(60.0, 600.0 / speed),
+        breaker_max_fleet_ratio=0.5,  # five jobs: one target is already 20 % of this fleet
+        approval_ttl_seconds=3600.0,
+    )
+    return ServerConfig(
+        port=port,
         tokens=MappingProxyType({token: "demo-agents"}),
         database=db,
         step_seconds=STEP_SECONDS,
         recent_hours=1,
         accounting_period_seconds=10,
+        model_servers=(
+            MappingProxyType(
+                {
+                    "url": f"http://127.0.0.1:{model_port}/metrics",
+                    "server": "vllm",
+                    "model": SERVICE_MODEL,
+                    "node": "gpu-node-c",
+                }
+            ),
+        ),
+        scrape_seconds=1.0,
+        detection_seconds=2.0,
+        remediation=RemediationSettings(
+            policy=policy, external_url=f"http://127.0.0.1:{port}", interval_seconds=2.0
+        ),
     )
-    service = build_service(config)
-    started_wall = time.time()
-    service.registry.put(demo_jobs(started_wall))
-    runner, port, app = await _serve(config, service)
-    print(f"collector listening on http://127.0.0.1:{port}/v1/metrics (database {db})")
-    stop = threading.Event()
-    runtimes: list[AgentRuntime] = []
-    threads = []
-    with tempfile.TemporaryDirectory(prefix="gpuwarden-demo-") as tmp:
-        clock = _compressed_clock(speed)
-        for node, (preset, tier, _team) in FLEET.items():
-            agent_config = _agent_config(
-                node, preset, tier, port, token, Path(tmp), interval_seconds
+
+
+@dataclasses.dataclass
+class _Operator:
+    """Plays the human: approves what waits for approval through the links in the alerts."""
+
+    session: aiohttp.ClientSession
+    log: Callable[[str], None]
+    delay_seconds: float = 4.0
+    seen: dict[str, float] = dataclasses.field(default_factory=dict)
+    done: set[str] = dataclasses.field(default_factory=set)
+
+    def offer(self, url: str) -> None:
+        self.seen.setdefault(url, time.monotonic())
+
+    async def act(self) -> None:
+        now = time.monotonic()
+        for url, first in list(self.seen.items()):
+            if url in self.done or now - first < self.delay_seconds:
+                continue
+            self.done.add(url)
+            async with self.session.post(url, allow_redirects=False) as response:
+                self.log(f"operator: approved through the signed link -> HTTP {response.status}")
+
+
+class _Demo:
+    """One run: the collector, the model server, the agents, the timeline and the report."""
+
+    def __init__(
+        self, duration: float, interval: float, speed: float, db: Path, port: int | None
+    ) -> None:
+        self.duration, self.interval, self.speed, self.db = duration, interval, speed, db
+        self.token = secrets.token_urlsafe(24)
+        self.environ = {"GPUWARDEN_APPROVAL_SECRET": secrets.token_urlsafe(48)}
+        self.port, self.model_port = port or _free_port(), _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.config = _server_config(self.port, self.token, db, self.model_port, speed)
+        db.unlink(missing_ok=True)
+        self.service = build_service(self.config)
+        self.started = time.time()
+        self.clock = _compressed_clock(speed, self.started)
+        self.service.registry.put(jobs(self.started))
+        self.service.storage.upsert_model(deployment())
+        self.sources = {
+            node: SimulatedSource(scenario(node, XID_AT * duration * speed), clock=self.clock)
+            for node in NODES
+        }
+        self.share = {"fallback": 0.0}
+        self.serving = SimulatedModelServer(
+            ServingProfile(model=SERVICE_MODEL, fallback_model=FALLBACK_MODEL),
+            clock=self.clock,
+            fallback_share=lambda: self.share["fallback"],
+        )
+        self.scheduler = DemoScheduler(self.service, self.sources, log=_say)
+        self.notifiers = {
+            scheme: ConsoleNotifier(scheme, _say) for scheme in ("slack", "pagerduty")
+        }
+        self.stop = threading.Event()
+        self.runtimes: list[AgentRuntime] = []
+        self.threads: list[threading.Thread] = []
+        self.runners: list[web.AppRunner] = []
+        self.done = {"deploy": False, "preempt": False}
+
+    async def start(self, spool: Path) -> None:
+        """Serve the collector and the model server; start the four agents."""
+        rules = scaled_rules(load_configured_rules(self.config), self.speed)
+        actuators: list[Actuator] = [self.scheduler]
+        remediation = build_remediation(
+            self.config,
+            self.service,
+            rules,
+            actuators=actuators,
+            notifiers=self.notifiers,
+            environ=self.environ,
+        )
+        app = create_app(
+            self.config,
+            service=self.service,
+            detection=DetectionEngine(self.service, rules),
+            remediation=remediation,
+        )
+        self.runners.append(await _serve(app, self.port))
+        self.runners.append(await _serve(self.serving.app(), self.model_port))
+        _say(
+            f"collector on {self.base}  ·  status page {self.base}/status  ·  "
+            f"metrics {self.base}/metrics"
+        )
+        _say(
+            f"fleet: {len(NODES)} nodes x 8 GPUs, workloads at {self.speed:g}x; "
+            f"{self.duration:.0f} s of demo"
+        )
+        for node, sim in self.sources.items():
+            runtime = build_agent(
+                _agent_config(node, self.port, self.token, spool, self.interval),
+                source=(sim, job_hints(sim.jobs), sim.events),
+                clock=self.clock,
             )
-            runtime = build_agent(agent_config, clock=clock)
-            runtimes.append(runtime)
-            thread = threading.Thread(
-                target=runtime.agent.run, args=(stop,), name=node, daemon=True
-            )
-            threads.append(thread)
+            self.runtimes.append(runtime)
+            thread = threading.Thread(target=runtime.agent.run, args=(self.stop,), name=node)
+            self.threads.append(thread)
             thread.start()
-            print(f"agent {node}: scenario {preset!r}, {tier}, every {interval_seconds} s")
-        started = time.monotonic()
-        try:
-            while (elapsed := time.monotonic() - started) < duration_seconds:
-                await asyncio.sleep(min(5.0, duration_seconds - elapsed))
-                _print_views(node_views(service), time.monotonic() - started, speed)
-        finally:
-            stop.set()
 
-            def stop_agents() -> None:
-                for thread in threads:
-                    thread.join(timeout=10)
-                for runtime in runtimes:
-                    runtime.agent.shutdown(flush_timeout_seconds=5)
+    def timeline(self, elapsed: float) -> None:
+        """The scripted events: the slow deploy and the spot preemption."""
+        if not self.done["deploy"] and elapsed >= DEPLOY_AT * self.duration:
+            self.done["deploy"] = True
+            self.serving.deploy("v2")
+            self.service.storage.upsert_model(deployment("v2"))
+            change = {"from": "v1", "to": "v2"}
+            self.service.storage.record_event(
+                Event(time.time(), EventKind.DEPLOY, SERVICE_MODEL, change)
+            )
+            _say(f"deploy: {SERVICE_MODEL} v1 -> v2 (the new version is slower)")
+        if not self.done["preempt"] and elapsed >= PREEMPT_AT * self.duration:
+            self.done["preempt"] = True
+            key = preempt(self.service, self.sources["gpu-node-b"], time.time())
+            _say(f"spot: {key} preempted (capacity reclaimed)")
 
-            # the agents flush to this loop's server: stop them off the loop
-            await asyncio.to_thread(stop_agents)
-            stats = app[STATS]
+    async def run(self) -> None:
+        """Tick the model server, play the timeline and the operator, print a summary."""
+        async with aiohttp.ClientSession() as session:
+            operator = _Operator(session, _say)
+            began = last_status = time.monotonic()
+            while (elapsed := time.monotonic() - began) < self.duration:
+                self.serving.tick(0.5)
+                await asyncio.sleep(0.5)
+                self.timeline(elapsed)
+                for notifier in self.notifiers.values():
+                    for alert in notifier.sent:
+                        for action in alert.actions:
+                            if action.approval_url:
+                                operator.offer(action.approval_url)
+                await operator.act()
+                self.share["fallback"] = _fallback_share(self.service)
+                if time.monotonic() - last_status >= 15:
+                    last_status = time.monotonic()
+                    await asyncio.to_thread(print_status, self.service, elapsed, self.speed)
+
+    async def finish(self, linger: float) -> None:
+        """Stop the agents (they flush to the collector), account, report, stop serving."""
+        self.stop.set()
+
+        def stop_agents() -> None:
+            for thread in self.threads:
+                thread.join(timeout=10)
+            for runtime in self.runtimes:
+                runtime.agent.shutdown(flush_timeout_seconds=5)
+
+        await asyncio.to_thread(stop_agents)
+        service = self.service
+        service.run_accounting(now=time.time() + service.period_seconds)
+        await asyncio.to_thread(
+            print_report,
+            service,
+            self.started,
+            time.time(),
+            self.speed,
+            self.base,
+            self.scheduler.requeued,
+        )
+        if linger > 0:
+            print(f"serving {self.base}/status for {linger:.0f} more seconds (Ctrl-C stops)")
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(linger)
+        for runner in reversed(self.runners):
             await runner.cleanup()
-    end = time.time()
-    _print_accounting(service, started_wall, end, speed)
-    service.recompute_periods = int((end - started_wall) // service.period_seconds) + 2
-    service.run_accounting(now=end + service.period_seconds)
-    service.storage.close()
-    print(
-        f"\ncollector: {sum(stats.responses.values())} requests ({dict(stats.responses)}), "
-        f"{stats.points_accepted} points accepted, {stats.points_rejected} rejected, "
-        f"{service.store.series_count()} series"
-    )
-    print(f"costs by team: gpuwarden report costs --db {db} --since 1h --by team")
+        service.storage.close()
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+async def _demo(
+    duration: float, interval: float, speed: float, db: Path, linger: float, port: int | None
+) -> int:
+    demo = _Demo(duration, interval, speed, db, port)
+    with tempfile.TemporaryDirectory(prefix="gpuwarden-demo-") as spool:
+        await demo.start(Path(spool))
+        try:
+            await demo.run()
+        except asyncio.CancelledError:
+            _say("interrupted: finishing with the report")
+        finally:
+            await demo.finish(linger)
+    print(f"database kept at {db}: gpuwarden report costs --db {db} --since 1h --by team")
     return 0
 
 
+def _fallback_share(service: CollectorService) -> float:
+    """The share of traffic on the fallback model: the degrade action's effect, while it lasts.
+
+    Until the reference router is wired in, the live degrade action of the remediator is read
+    from storage: an executed degrade that is not restored sends its ``traffic_ratio``.
+    """
+    for row in service.storage.actions():
+        if row.action == "degrade" and row.state in ("verifying", "verified") and not row.dry_run:
+            ratio = row.params.get("traffic_ratio", 0.5)
+            return float(ratio) if isinstance(ratio, int | float) else 0.5
+    return 0.0
+
+
 def run_demo(
-    *, duration_seconds: float, interval_seconds: float, speed: float = 30.0, db: Path | None = None
+    *,
+    duration_seconds: float,
+    interval_seconds: float,
+    speed: float = 60.0,
+    db: Path | None = None,
+    linger_seconds: float = 0.0,
+    port: int | None = None,
 ) -> int:
-    """Run the demo; Ctrl-C ends it early with the summary."""
+    """Run the demo; Ctrl-C ends it early with the report."""
     path = db if db is not None else Path(tempfile.gettempdir()) / "gpuwarden-demo.db"
     try:
-        return asyncio.run(_demo(duration_seconds, interval_seconds, speed, path))
+        return asyncio.run(
+            _demo(duration_seconds, interval_seconds, speed, path, linger_seconds, port)
+        )
     except KeyboardInterrupt:
         return 130
