@@ -367,3 +367,27 @@ def test_sweep_agrees_with_direct_scoring(corpus):
         corpus["outputs"]["null"], windows=corpus["windows"], profile=profile
     )
     assert null_sweep.best() == (np.inf, -116.0)
+
+
+# ------------------------------------------------------------- ours: the project's detector
+
+
+@needs_nab
+@pytest.mark.slow
+def test_our_detector_on_nab_with_the_fixed_threshold(corpus):
+    from gpuwarden.collector.detect import anomaly
+
+    outputs = {}
+    for name in sorted(corpus["windows"]):
+        stamps, values = nab.load_data_file(NAB_DIR / "data" / name)
+        scores = anomaly.score_series(stamps, values)
+        outputs[name] = DetectorOutput(stamps, np.nan_to_num(scores, nan=0.0))
+    result = nab.score_detector(
+        outputs,
+        windows=corpus["windows"],
+        profile=corpus["profiles"]["standard"],
+        threshold=anomaly.DEFAULT_THRESHOLD,
+    )
+    # Measured 47.44 (bench/nab_score.py); the target of 58 is not reached yet.
+    assert result.normalized >= 46.0
+    assert result.tp + result.fn == 116

@@ -1,0 +1,76 @@
+"""Confirm stage: statsmodels on candidates only; synthetic series with known truth."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuwarden.collector.detect.confirm import FitCache, confirm_shift
+
+N, SPLIT, PERIOD = 400, 360, 48
+
+
+def ar1(rng: np.random.Generator, phi: float) -> np.ndarray:
+    eps = rng.normal(size=N)
+    x = np.zeros(N)
+    for t in range(1, N):
+        x[t] = phi * x[t - 1] + eps[t]
+    return x
+
+
+def seasonal(rng: np.random.Generator, shift: float) -> np.ndarray:
+    t = np.arange(N)
+    x = 10 * np.sin(2 * np.pi * t / PERIOD) + 0.5 * rng.normal(size=N)
+    x[SPLIT:] += shift
+    return x
+
+
+def step(rng: np.random.Generator, shift: float) -> np.ndarray:
+    x = rng.normal(size=N)
+    x[SPLIT:] += shift
+    return x
+
+
+@pytest.mark.parametrize(
+    ("make", "period", "expected"),
+    [
+        pytest.param(lambda r: step(r, 3.0), None, True, id="step-confirmed"),
+        pytest.param(lambda r: seasonal(r, 4.0), PERIOD, True, id="seasonal-step-confirmed"),
+        pytest.param(lambda r: seasonal(r, 0.0), PERIOD, False, id="seasonal-only-not"),
+        pytest.param(lambda r: ar1(r, 0.8), None, False, id="ar1-noise-not"),
+        pytest.param(lambda r: step(r, 0.0), None, False, id="white-noise-not"),
+    ],
+)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_confirm_shift(make, period, expected, seed):
+    x = make(np.random.default_rng(seed))
+    result = confirm_shift(x[:SPLIT], x[SPLIT:], period)
+    assert result.confirmed is expected
+    assert 0.0 <= result.p_value <= 1.0
+
+
+def test_gaps_are_dropped_and_short_history_is_not_confirmed():
+    x = step(np.random.default_rng(4), 3.0)
+    x[::9] = np.nan
+    assert confirm_shift(x[:SPLIT], x[SPLIT:], None).confirmed
+    short = confirm_shift(x[:5], x[SPLIT:], None)
+    assert not short.confirmed
+    assert np.isnan(short.p_value)
+
+
+def test_fit_is_cached_and_reused_per_key():
+    rng = np.random.default_rng(5)
+    cache = FitCache(capacity=2)
+    first = step(rng, 3.0)
+    a = confirm_shift(first[:SPLIT], first[SPLIT:], None, key="gpu-0", cache=cache)
+    # Same key, new data: the cached parameters are applied, not refitted.
+    again = confirm_shift(first[:SPLIT], first[SPLIT:] + 1.0, None, key="gpu-0", cache=cache)
+    assert len(cache) == 1
+    assert again.detail["sigma"] == a.detail["sigma"]
+    assert again.score > a.score
+    for key in ("gpu-1", "gpu-2"):
+        confirm_shift(first[:SPLIT], first[SPLIT:], None, key=key, cache=cache)
+    assert len(cache) == 2
+    assert cache.get("gpu-0") is None  # least recently used, evicted
+    with pytest.raises(ValueError, match="capacity"):
+        FitCache(0)

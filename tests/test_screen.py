@@ -1,0 +1,207 @@
+"""Screen primitives: table-driven, with gaps (NaN) that never count as normal nor anomalous."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuwarden.collector.detect import screen
+
+N = np.nan
+PEERS = [[1.0, 1.0], [1.1, 1.1], [1.2, 1.2], [1.3, 1.3], [1.4, 1.4]]
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        pytest.param([[3.0, 1.0, 2.0]], [2.0], id="odd"),
+        pytest.param([[4.0, 1.0, 2.0, 3.0]], [2.5], id="even"),
+        pytest.param([[N, 1.0, N, 3.0]], [2.0], id="gaps-ignored"),
+        pytest.param([[N, N]], [N], id="all-missing-is-nan"),
+        pytest.param([[1.0, 2.0, 9.0], [N, 5.0, N]], [2.0, 5.0], id="per-row"),
+    ],
+)
+def test_nanmedian(rows, expected):
+    got = screen.nanmedian(np.array(rows), axis=1)
+    np.testing.assert_array_equal(got, np.array(expected))
+    finite = [r for r in rows if not np.all(np.isnan(r))]
+    if finite:
+        np.testing.assert_allclose(
+            screen.nanmedian(np.array(finite), axis=1), np.nanmedian(np.array(finite), axis=1)
+        )
+
+
+@pytest.mark.parametrize(
+    ("row", "baseline", "expected"),
+    [
+        # median 3, |dev| = 2,1,0,1,2 -> MAD 1 -> scale 1.4826
+        pytest.param(
+            [1.0, 2.0, 3.0, 4.0, 5.0],
+            None,
+            [-2 / 1.4826, -1 / 1.4826, 0.0, 1 / 1.4826, 2 / 1.4826],
+            id="mad",
+        ),
+        pytest.param([1.0, N, 3.0], None, [-1 / 1.4826, N, 1 / 1.4826], id="gap-stays-nan"),
+        # Flat baseline but one value: MAD 0 -> mean |dev| (= 1/5) * 1.2533
+        pytest.param(
+            [5.0, 5.0, 5.0, 5.0, 6.0], None, [0, 0, 0, 0, 1 / (0.2 * 1.2533)], id="mad-zero"
+        ),
+        pytest.param([7.0, 7.0], [[7.0, 7.0, 7.0]], [0.0, 0.0], id="flat-floor-no-div0"),
+        pytest.param([10.0], [[0.0, 1.0, 2.0]], [(10 - 1) / 1.4826], id="baseline-given"),
+        pytest.param([1.0, 2.0], [[N, N]], [N, N], id="no-baseline-data"),
+    ],
+)
+def test_robust_z(row, baseline, expected):
+    got = screen.robust_z(np.array([row]), None if baseline is None else np.array(baseline))
+    np.testing.assert_allclose(got[0], np.array(expected, dtype=float), rtol=1e-4, atol=1e-9)
+
+
+def test_robust_z_flat_row_jump_is_huge_not_inf():
+    z = screen.robust_z(np.array([[3.0, 4.0]]), np.array([[3.0] * 10]))
+    assert z[0, 0] == 0.0
+    assert np.isfinite(z[0, 1])
+    assert z[0, 1] > 1e6
+
+
+def test_ar1_prewhiten_recovers_phi_and_whitens():
+    rng = np.random.default_rng(1)
+    rows, cols = 4, 4000
+    x = np.zeros((rows, cols))
+    phis = np.array([0.0, 0.5, 0.9, -0.4])
+    eps = rng.normal(size=(rows, cols))
+    for t in range(1, cols):
+        x[:, t] = phis * x[:, t - 1] + eps[:, t]
+    resid, phi = screen.ar1_prewhiten(x)
+    np.testing.assert_allclose(phi, phis, atol=0.05)
+    assert np.isnan(resid[:, 0]).all()
+    lag1 = screen.ar1_phi(resid[:, 1:])
+    assert np.all(np.abs(lag1) < 0.05)
+
+
+def test_ar1_prewhiten_gaps_and_given_phi():
+    x = np.array([[1.0, 2.0, N, 4.0, 5.0]])
+    resid, phi = screen.ar1_prewhiten(x, phi=0.5)
+    c = x - 3.0  # the mean of the known values
+    expected = [N, c[0, 1] - 0.5 * c[0, 0], N, N, c[0, 4] - 0.5 * c[0, 3]]
+    np.testing.assert_allclose(resid[0], expected)
+    assert phi.tolist() == [0.5]
+    _, flat_phi = screen.ar1_prewhiten(np.array([[2.0, 2.0, 2.0]]))
+    assert flat_phi.tolist() == [0.0]
+
+
+@pytest.mark.parametrize(
+    ("row", "alpha", "expected"),
+    [
+        pytest.param([1.0, 3.0, 3.0], 0.5, [1.0, 2.0, 2.5], id="basic"),
+        pytest.param([N, 4.0, 0.0], 0.5, [N, 4.0, 2.0], id="starts-at-first-known"),
+        pytest.param([4.0, N, N, 0.0], 0.5, [4.0, N, N, 2.0], id="gap-holds-state"),
+        pytest.param([1.0, 5.0], 1.0, [1.0, 5.0], id="alpha-one-is-identity"),
+    ],
+)
+def test_ewma(row, alpha, expected):
+    np.testing.assert_allclose(screen.ewma(np.array([row]), alpha)[0], expected)
+
+
+def test_ewma_rejects_bad_alpha():
+    with pytest.raises(ValueError, match="alpha"):
+        screen.ewma(np.zeros((1, 3)), 0.0)
+
+
+@pytest.mark.parametrize(
+    ("row", "drift", "threshold", "upper", "lower", "alarms"),
+    [
+        pytest.param(
+            [1.0, 1.0, 1.0, 1.0],
+            0.5,
+            1.2,
+            [0.5, 1.0, 1.5, 0.5],
+            [0, 0, 0, 0],
+            [2],
+            id="up-alarm-then-restart",
+        ),
+        pytest.param([-2.0, -2.0, 0.0], 0.5, 2.0, [0, 0, 0], [1.5, 3.0, 0.0], [1], id="down-alarm"),
+        pytest.param(
+            [1.0, N, 1.0, N, 1.0], 0.5, 1.2, [0.5, N, 1.0, N, 1.5], [0, N, 0, N, 0], [4], id="gaps"
+        ),
+        pytest.param([0.4, -0.4, 0.4], 0.5, 1.0, [0, 0, 0], [0, 0, 0], [], id="within-drift"),
+        pytest.param([N, N], 0.5, 1.0, [N, N], [N, N], [], id="all-missing-never-alarms"),
+    ],
+)
+def test_cusum(row, drift, threshold, upper, lower, alarms):
+    result = screen.cusum(np.array([row]), drift, threshold)
+    np.testing.assert_allclose(result.upper[0], upper)
+    np.testing.assert_allclose(result.lower[0], lower)
+    assert np.flatnonzero(result.alarm[0]).tolist() == alarms
+
+
+@pytest.mark.parametrize(
+    ("mask", "known", "slots", "expected"),
+    [
+        pytest.param([1, 1, 1, 0, 1], None, 2, [0, 1, 1, 0, 0], id="basic"),
+        pytest.param(
+            [1, 1, 1, 1], [1, 0, 0, 1], 2, [0, 0, 0, 1], id="gap-neither-counts-nor-resets"
+        ),
+        pytest.param(
+            [1, 0, 1, 1], [1, 0, 1, 1], 3, [0, 0, 0, 1], id="missing-false-is-not-a-reset"
+        ),
+        pytest.param([1, 1, 0, 1], [1, 1, 1, 1], 1, [1, 1, 0, 1], id="one-slot"),
+        pytest.param([1, 1], [0, 0], 1, [0, 0], id="missing-never-held"),
+    ],
+)
+def test_held_for(mask, known, slots, expected):
+    got = screen.held_for(np.array([mask], bool), slots, known=None if known is None else [known])
+    assert got[0].astype(int).tolist() == expected
+
+
+def test_peer_outliers_one_member_unlike_its_peers():
+    rng = np.random.default_rng(2)
+    group = 0.8 + 0.02 * rng.normal(size=(8, 60))
+    group[3, 20:] = 0.1  # one worker stalls for two thirds of the window
+    group[5, ::7] = N  # another has gaps: not an outlier for that
+    result = screen.peer_outliers(group, tolerance=3.0, outside_fraction=0.3)
+    assert np.flatnonzero(result.outlier).tolist() == [3]
+    assert result.fraction_outside[3] == pytest.approx(40 / 60, abs=0.05)
+
+
+@pytest.mark.parametrize(
+    ("rows", "min_peers", "outlier", "fraction"),
+    [
+        # Members 1.0..1.4 around a median of 1.2 (MAD 0.1): 9.0 is far outside the band.
+        pytest.param([*PEERS, [9.0, 9.0]], 3, [0] * 5 + [1], [0] * 5 + [1], id="basic"),
+        pytest.param([*PEERS, [9.0, N]], 3, [0] * 5 + [1], [0] * 5 + [1], id="gap-not-normal"),
+        pytest.param(
+            [*PEERS[:2], [N, N], [N, N], [N, N], [9.0, 9.0]],
+            4,
+            [0] * 6,
+            [N] * 6,
+            id="thin-group-unjudged",
+        ),
+        pytest.param([[1.0, N], [1.0, N], [N, N]], 2, [0, 0, 0], [0, 0, N], id="absent-member"),
+        pytest.param([[1.0], [9.0]], 3, [0, 0], [N, N], id="too-few-peers-unjudged"),
+    ],
+)
+def test_peer_outliers_table(rows, min_peers, outlier, fraction):
+    result = screen.peer_outliers(np.array(rows), 3.0, 0.5, min_peers=min_peers)
+    assert result.outlier.astype(int).tolist() == outlier
+    np.testing.assert_allclose(result.fraction_outside, np.array(fraction, dtype=float))
+
+
+def test_peer_outliers_many_groups_match_one_at_a_time():
+    rng = np.random.default_rng(3)
+    groups = rng.normal(size=(5, 8, 30))
+    groups[2, 6] += 10.0
+    batched = screen.peer_outliers(groups, 3.0, 0.2)
+    for g in range(5):
+        single = screen.peer_outliers(groups[g], 3.0, 0.2)
+        np.testing.assert_array_equal(batched.outlier[g], single.outlier)
+    assert batched.outlier[2, 6]
+    assert batched.outlier.sum() == 1
+
+
+def test_shapes_rejected():
+    with pytest.raises(ValueError, match="2-D"):
+        screen.robust_z(np.zeros((2, 2, 2)))
+    with pytest.raises(ValueError, match="rows"):
+        screen.robust_z(np.zeros((2, 3)), np.zeros((3, 3)))
+    with pytest.raises(ValueError, match="slots"):
+        screen.held_for(np.zeros((1, 3), bool), 0)
