@@ -1,0 +1,234 @@
+"""Slurm actuator: requeue (or requeue and hold) a job, drain and resume a node, via ``scontrol``.
+
+Argument lists only (never a shell), a timeout on every call, and targets checked before anything
+runs: a job key ``slurm:<cluster>:<id>`` of this actuator's cluster with a numeric id (an array
+task ``<id>_<n>`` too), a node name that is one plain hostname (no lists, ranges or globs).
+``scontrol``'s answers map to outcomes as measured on Slurm 22.05 (see the reference notes):
+a job already pending after a requeue is the wanted state (ALREADY_DONE), an unknown id is
+NOT_FOUND, a job that cannot be requeued (not a batch job, ``--no-requeue``) is REFUSED, and
+anything else, including a timeout, is FAILED (the remediator may retry).
+
+Dry runs read ``scontrol show`` and say what would happen; nothing changes.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gpuwarden.collector.remediate.actuator import ActionRequest, ActionResult, Outcome
+
+Runner = Callable[[list[str]], subprocess.CompletedProcess[str]]
+_JOB_ID = re.compile(r"\d{1,10}(_\d{1,10})?")
+_HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_FIELD = re.compile(r"(\w+)=(\S*)")
+_REASON = re.compile(r"[^\x00-\x1f\"'`\\]{1,200}")
+REQUEUE_KINDS = frozenset({"requeue"})
+NODE_KINDS = frozenset({"drain", "resume"})
+DEFAULT_DRAIN_REASON = "gpuwarden: GPU hardware fault"
+_REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+"""States a requeued job passes through (REQUEUED briefly, then PENDING)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    kind: str  # "job" | "node"
+    name: str  # job id or node name
+
+
+class SlurmActuator:
+    """Requeue jobs and drain/resume nodes of one Slurm cluster.
+
+    Args:
+        cluster: the cluster name in job keys (``slurm:<cluster>:<id>``).
+        environ: environment of ``scontrol`` (``SLURM_CONF``, ``PATH``); ``None`` inherits ours.
+        scontrol: the program to run.
+        hold: requeue with ``requeuehold`` (the job waits for ``scontrol release``).
+        timeout_seconds: per ``scontrol`` call.
+        runner: runs an argument list (tests inject one; default ``subprocess.run``).
+    """
+
+    kinds = REQUEUE_KINDS | NODE_KINDS
+
+    def __init__(
+        self,
+        cluster: str,
+        *,
+        environ: Mapping[str, str] | None = None,
+        scontrol: str = "scontrol",
+        hold: bool = False,
+        timeout_seconds: float = 30.0,
+        runner: Runner | None = None,
+    ) -> None:
+        if not _HOSTNAME.fullmatch(cluster):
+            raise ValueError(f"cluster name {cluster!r} is not a plain name")
+        self.cluster = cluster
+        self._env = dict(environ) if environ is not None else None
+        self._scontrol = scontrol
+        self._hold = hold
+        self._timeout = timeout_seconds
+        self._runner = runner or self._run
+
+    # --- targets ----------------------------------------------------------------------------
+
+    def accepts(self, target: str) -> bool:
+        """Job keys of this cluster, and plain node names."""
+        return self._target(target) is not None
+
+    def _target(self, target: str) -> _Target | None:
+        prefix = f"slurm:{self.cluster}:"
+        if target.startswith(prefix):
+            job_id = target.removeprefix(prefix)
+            return _Target("job", job_id) if _JOB_ID.fullmatch(job_id) else None
+        if _HOSTNAME.fullmatch(target) and target.lower() not in {"all", "none"}:
+            return _Target("node", target)
+        return None
+
+    # --- the protocol -----------------------------------------------------------------------
+
+    def execute(self, request: ActionRequest) -> ActionResult:
+        """Requeue, drain or resume; with ``dry_run`` only read and say what would happen."""
+        target = self._target(request.target)
+        wanted = "job" if request.kind in REQUEUE_KINDS else "node"
+        if request.kind not in self.kinds:
+            return ActionResult(Outcome.REFUSED, f"slurm does not do {request.kind!r}")
+        if target is None or target.kind != wanted:
+            return ActionResult(
+                Outcome.REFUSED, f"{request.target!r} is not a {wanted} of cluster {self.cluster}"
+            )
+        if request.kind in REQUEUE_KINDS:
+            return self._requeue(target.name, dry_run=request.dry_run)
+        reason = str(request.parameters.get("reason", DEFAULT_DRAIN_REASON))
+        if not _REASON.fullmatch(reason):
+            return ActionResult(Outcome.REFUSED, "drain reason must be 1-200 printable characters")
+        return self._node(target.name, request.kind, reason, dry_run=request.dry_run)
+
+    def rollback(self, request: ActionRequest, result: ActionResult) -> ActionResult:
+        """Resume a drained node; a requeue has nothing to undo (the job restarts)."""
+        del result
+        if request.kind == "drain":
+            undo = ActionRequest("resume", request.target, request.idempotency_key, request.dry_run)
+            return self.execute(undo)
+        return ActionResult(Outcome.REFUSED, f"nothing to undo for {request.kind}")
+
+    def probe(self, request: ActionRequest) -> ActionResult | None:
+        """After a crash, whether the requeue or drain is already in place (None: not known)."""
+        target = self._target(request.target)
+        if target is None:
+            return None
+        if target.kind == "job":
+            fields = self._show("job", target.name)
+            if fields is None:
+                return None
+            state = fields.get("JobState")
+            if state in _REQUEUED_STATES and int(fields.get("Restarts", "0") or 0) > 0:
+                return ActionResult(Outcome.ALREADY_DONE, f"job {target.name} already requeued")
+            return None
+        fields = self._show("node", target.name)
+        if fields is not None and "DRAIN" in fields.get("State", "") and request.kind == "drain":
+            return ActionResult(Outcome.ALREADY_DONE, f"node {target.name} already draining")
+        return None
+
+    # --- calls ------------------------------------------------------------------------------
+
+    def _requeue_answer(self, job_id: str, verb: str, *, dry_run: bool) -> ActionResult | None:
+        """The answer without acting (not found, dry run, already pending), else None."""
+        fields = self._show("job", job_id)
+        if fields is None:
+            return ActionResult(Outcome.NOT_FOUND, f"no job {job_id} in cluster {self.cluster}")
+        state = fields.get("JobState", "?")
+        if dry_run:
+            pending = state in _REQUEUED_STATES
+            would = f"is already {state}" if pending else f"would be {verb}d ({state})"
+            return ActionResult(Outcome.DRY_RUN, f"would {verb}: job {job_id} {would}")
+        if state in _REQUEUED_STATES:
+            return ActionResult(Outcome.ALREADY_DONE, f"job {job_id} is already {state}")
+        return None
+
+    def _requeue(self, job_id: str, *, dry_run: bool) -> ActionResult:
+        verb = "requeuehold" if self._hold else "requeue"
+        answer = self._requeue_answer(job_id, verb, dry_run=dry_run)
+        if answer is not None:
+            return answer
+        result = self._call([verb, job_id])
+        if result is None:
+            return ActionResult(Outcome.FAILED, f"scontrol {verb} {job_id} timed out")
+        if result.returncode == 0:
+            after = self._show("job", job_id) or {}
+            restarts = after.get("Restarts", "?")
+            return ActionResult(
+                Outcome.DONE,
+                f"{verb} job {job_id}: {after.get('JobState', '?')} "
+                f"({after.get('Reason', '?')}), restarts={restarts}",
+                {"job_id": job_id, "restarts": restarts},
+            )
+        return _requeue_failure(job_id, verb, result.stderr)
+
+    def _node_answer(self, node: str, kind: str, *, dry_run: bool) -> ActionResult | None:
+        """The answer without acting (not found, already so, dry run), else None."""
+        fields = self._show("node", node)
+        if fields is None:
+            return ActionResult(Outcome.NOT_FOUND, f"no node {node} in cluster {self.cluster}")
+        state = fields.get("State", "?")
+        draining = "DRAIN" in state
+        if (kind == "drain") == draining:
+            return ActionResult(Outcome.ALREADY_DONE, f"node {node} is {state}")
+        if dry_run:
+            return ActionResult(Outcome.DRY_RUN, f"would {kind} node {node} (now {state})")
+        return None
+
+    def _node(self, node: str, kind: str, reason: str, *, dry_run: bool) -> ActionResult:
+        answer = self._node_answer(node, kind, dry_run=dry_run)
+        if answer is not None:
+            return answer
+        args = ["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
+        if kind == "resume":
+            args = ["update", f"NodeName={node}", "State=RESUME"]
+        result = self._call(args)
+        if result is None:
+            return ActionResult(Outcome.FAILED, f"scontrol {kind} {node} timed out")
+        if result.returncode != 0:
+            return ActionResult(Outcome.FAILED, f"scontrol {kind} {node}: {_tail(result.stderr)}")
+        after = (self._show("node", node) or {}).get("State", "?")
+        return ActionResult(Outcome.DONE, f"{kind} node {node}: now {after}", {"node": node})
+
+    def _show(self, what: str, name: str) -> dict[str, str] | None:
+        result = self._call(["show", what, "-o", name])
+        if result is None or result.returncode != 0 or not result.stdout.strip():
+            return None
+        return dict(_FIELD.findall(result.stdout))
+
+    def _call(self, args: list[str]) -> subprocess.CompletedProcess[str] | None:
+        try:
+            return self._runner([self._scontrol, *args])
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _run(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            args,
+            env=self._env,
+            capture_output=True,
+            text=True,
+            timeout=self._timeout,
+            check=False,
+        )
+
+
+def _tail(stderr: str) -> str:
+    return " ".join(stderr.split())[-300:] or "no message"
+
+
+def _requeue_failure(job_id: str, verb: str, stderr: str) -> ActionResult:
+    """Map ``scontrol requeue``'s refusals (Slurm 22.05) to outcomes."""
+    text = stderr.lower()
+    detail = f"scontrol {verb} {job_id}: {_tail(stderr)}"
+    if "job is pending execution" in text:
+        return ActionResult(Outcome.ALREADY_DONE, detail)
+    if "invalid job id" in text:
+        return ActionResult(Outcome.NOT_FOUND, detail)
+    if "presently disabled" in text or "only batch jobs" in text or "access/permission" in text:
+        return ActionResult(Outcome.REFUSED, detail)
+    return ActionResult(Outcome.FAILED, detail)
