@@ -57,7 +57,9 @@ def test_requeue_once_then_already_done_and_dry_run_changes_nothing(
         assert dry.outcome is Outcome.DRY_RUN
         assert "would be requeued (RUNNING)" in dry.detail
         assert slurm_cluster.job_state(job_id) == "RUNNING"
-        assert actuator.probe(request("requeue", target)) is None
+        never = actuator.probe(request("requeue", target))
+        assert never is not None
+        assert never.outcome is Outcome.FAILED  # running, no restart: never requeued
         done = actuator.execute(request("requeue", target))
         assert done.outcome is Outcome.DONE, done.detail
         # Slurm shows REQUEUED for a moment, then PENDING until the job may start again

@@ -16,7 +16,7 @@ import pytest
 
 from gpuwarden.collector.notify.alert import Alert
 from gpuwarden.collector.records import Incident, IncidentState
-from gpuwarden.collector.remediate.actuator import ActionRequest, ActionResult, Outcome
+from gpuwarden.collector.remediate.actuator import ActionRequest, ActionResult, Actuator, Outcome
 from gpuwarden.collector.remediate.approvals import Approvals, TokenSigner
 from gpuwarden.collector.remediate.policy import (
     PolicyConfig,
@@ -154,7 +154,7 @@ class World:
     def remediator(
         self,
         rules: list[Rule] | None = None,
-        actuator: FakeActuator | None = None,
+        actuator: Actuator | None = None,
         storage: SqliteStorage | None = None,
         **config: Any,
     ) -> Remediator:

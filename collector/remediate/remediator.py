@@ -137,7 +137,8 @@ class Probe(Protocol):
     """
 
     def probe(self, request: ActionRequest) -> ActionResult | None:
-        """``DONE``/``ALREADY_DONE`` when the action's effect is in place."""
+        """``DONE``/``ALREADY_DONE`` when the action's effect is in place; ``FAILED`` when the
+        probe is sure it is not (the call never took effect): the action then runs again."""
         ...
 
 
@@ -746,6 +747,14 @@ class Remediator:
                 return False
             return self._record_result(row, probed, incident, {"reconciled": True})
         now = self._clock()
+        if probed is not None and probed is not _NONE and probed.outcome is Outcome.FAILED:
+            # The target shows the action never happened (the collector died before the call
+            # took effect): run it again, once more, through the normal path.
+            reason = f"collector stopped before the call took effect: {probed.detail}"
+            retry = self._moved(row, ActionState.DEFERRED, next_attempt_at=now, last_error=reason)
+            entry = _audit(now, row, verdict="reconcile", result="retry", reason=reason)
+            log.warning("action %s: %s; running it again", row.action_id, reason)
+            return self._storage.update_action(retry, expect_state=row.state, audit=entry)
         reason = "collector stopped during the call; result unknown; not executed again"
         new = self._moved(row, ActionState.UNKNOWN, last_error=reason)
         entry = _audit(now, row, verdict="reconcile", result=ActionState.UNKNOWN, reason=reason)

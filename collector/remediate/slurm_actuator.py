@@ -114,21 +114,25 @@ class SlurmActuator:
         return ActionResult(Outcome.REFUSED, f"nothing to undo for {request.kind}")
 
     def probe(self, request: ActionRequest) -> ActionResult | None:
-        """After a crash, whether the requeue or drain is already in place (None: not known)."""
+        """After a crash, whether the requeue or drain is already in place (None: not known).
+
+        ``FAILED`` means "surely not done": a running job with no restart was never requeued.
+        """
         target = self._target(request.target)
-        if target is None:
+        fields = self._show(target.kind, target.name) if target is not None else None
+        if target is None or fields is None:
             return None
-        if target.kind == "job":
-            fields = self._show("job", target.name)
-            if fields is None:
-                return None
-            state = fields.get("JobState")
-            if state in _REQUEUED_STATES and int(fields.get("Restarts", "0") or 0) > 0:
-                return ActionResult(Outcome.ALREADY_DONE, f"job {target.name} already requeued")
+        if target.kind == "node":
+            draining = "DRAIN" in fields.get("State", "")
+            if request.kind == "drain" and draining:
+                return ActionResult(Outcome.ALREADY_DONE, f"node {target.name} already draining")
             return None
-        fields = self._show("node", target.name)
-        if fields is not None and "DRAIN" in fields.get("State", "") and request.kind == "drain":
-            return ActionResult(Outcome.ALREADY_DONE, f"node {target.name} already draining")
+        state = fields.get("JobState")
+        restarts = int(fields.get("Restarts", "0") or 0)
+        if state in _REQUEUED_STATES and restarts > 0:
+            return ActionResult(Outcome.ALREADY_DONE, f"job {target.name} already requeued")
+        if state == "RUNNING" and restarts == 0:  # every requeue counts a restart
+            return ActionResult(Outcome.FAILED, f"job {target.name} was never requeued")
         return None
 
     # --- calls ------------------------------------------------------------------------------
