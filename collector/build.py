@@ -35,9 +35,17 @@ def load_configured_rules(config: CollectorConfig) -> RuleSet:
 
 
 def build_actuators(config: CollectorConfig, environ: Mapping[str, str]) -> list[Actuator]:
-    """The actuators the config enables (none yet: every action is proposed, not executed)."""
-    del config, environ
-    return []
+    """The actuators the config enables: Slurm (requeue, drain, resume) with ``slurm_cluster``.
+
+    Kinds without an actuator (scale-up, degrade without a configured router) are proposed in
+    alerts, never executed.
+    """
+    actuators: list[Actuator] = []
+    if config.slurm_cluster:
+        from gpuwarden.collector.remediate.slurm_actuator import SlurmActuator
+
+        actuators.append(SlurmActuator(config.slurm_cluster, environ=environ))
+    return actuators
 
 
 def build_notifiers(config: CollectorConfig, environ: Mapping[str, str]) -> dict[str, Notifier]:
