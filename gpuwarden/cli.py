@@ -10,7 +10,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuwarden import __version__
@@ -89,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     from gpuwarden.collector.rules_cli import add_rules_parser
 
     add_rules_parser(sub)
+    from gpuwarden.collector.remediate.cli import add_actions_parser, add_incidents_parser
+
+    add_incidents_parser(sub)
+    add_actions_parser(sub)
 
     catalog = sub.add_parser("catalog", help="print the telemetry catalog")
     catalog.add_argument("--format", choices=["markdown", "names"], default="markdown")
@@ -124,38 +128,50 @@ def _run_agent(args: argparse.Namespace) -> int:
     return run_agent(config, once=args.once)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``gpuwarden`` console script."""
-    args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+def _run_collector(args: argparse.Namespace) -> int:
+    from gpuwarden.collector.main import run_collector
+
+    return run_collector(args.config, host=args.host, port=args.port, environ=os.environ)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from gpuwarden.demo import run_demo
+
+    return run_demo(
+        duration_seconds=args.duration,
+        interval_seconds=args.interval,
+        speed=args.speed,
+        db=args.db,
+        linger_seconds=args.linger,
+        port=args.port,
     )
-    if args.command == "agent":
-        return _run_agent(args)
-    if args.command == "collector":
-        from gpuwarden.collector.main import run_collector
 
-        return run_collector(args.config, host=args.host, port=args.port)
-    if args.command == "demo":
-        from gpuwarden.demo import run_demo
 
-        return run_demo(
-            duration_seconds=args.duration,
-            interval_seconds=args.interval,
-            speed=args.speed,
-            db=args.db,
-            linger_seconds=args.linger,
-            port=args.port,
-        )
-    if args.command == "rules":
-        from gpuwarden.collector.rules_cli import run_rules
+def _run_rules(args: argparse.Namespace) -> int:
+    from gpuwarden.collector.rules_cli import run_rules
 
-        return run_rules(args)
-    if args.command == "report":
-        from gpuwarden.collector.report import run_report
+    return run_rules(args)
 
-        return run_report(args)
+
+def _run_incidents(args: argparse.Namespace) -> int:
+    from gpuwarden.collector.remediate.cli import run_incidents
+
+    return run_incidents(args, os.environ)
+
+
+def _run_actions(args: argparse.Namespace) -> int:
+    from gpuwarden.collector.remediate.cli import run_actions
+
+    return run_actions(args, os.environ)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from gpuwarden.collector.report import run_report
+
+    return run_report(args)
+
+
+def _run_catalog(args: argparse.Namespace) -> int:
     from gpuwarden.agent.catalog import metric_names, render_markdown
 
     if args.format == "names":
@@ -163,6 +179,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(render_markdown(), end="")
     return EXIT_OK
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "agent": _run_agent,
+    "collector": _run_collector,
+    "demo": _run_demo,
+    "rules": _run_rules,
+    "incidents": _run_incidents,
+    "actions": _run_actions,
+    "report": _run_report,
+    "catalog": _run_catalog,
+}
+"""Each subcommand's runner; each imports what it needs (the agent must stay light)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``gpuwarden`` console script."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return _COMMANDS[args.command](args)
 
 
 if __name__ == "__main__":  # pragma: no cover

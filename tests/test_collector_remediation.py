@@ -79,3 +79,34 @@ def test_a_bad_remediation_section_stops_the_start_with_the_key(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert "remediation.dry_runn: unknown key" in err
+
+
+def test_incidents_and_actions_commands_read_the_database(tmp_path):
+    from gpuwarden.collector.records import Incident
+    from gpuwarden.collector.storage_sqlite import SqliteStorage
+
+    db = tmp_path / "c.db"
+    with SqliteStorage(db) as storage:
+        storage.open_incident(
+            Incident(fingerprint="fp", rule_id="idle-gpu", severity="warning",
+                     first_seen=1.0, last_seen=2.0, evidence={"summary": "GPU 3 idle"})
+        )  # fmt: skip
+
+    def gw(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gpuwarden", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    listed = gw("incidents", "list", "--db", str(db))
+    assert listed.returncode == 0, listed.stderr
+    assert "idle-gpu" in listed.stdout
+    assert "GPU 3 idle" in listed.stdout
+    actions = gw("actions", "list", "--db", str(db))
+    assert actions.returncode == 0, actions.stderr
+    missing = gw("actions", "approve", "42", "--db", str(db))
+    assert missing.returncode != 0
+    assert "42" in missing.stderr
