@@ -45,7 +45,8 @@ from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.records import Event, EventKind
 from gpuwarden.collector.remediate.actuator import Actuator
 from gpuwarden.collector.remediate.policy import SETTLE_SECONDS, PolicyConfig, RemediationSettings
-from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.remediate.routing_actuator import HttpRouterActuator, RouteSpec
+from gpuwarden.collector.remediate.serving_router import RouterState, create_router_app
 from gpuwarden.demo_fleet import (
     FALLBACK_MODEL,
     NODES,
@@ -64,6 +65,8 @@ from gpuwarden.demo_serving import ServingProfile, SimulatedModelServer
 STEP_SECONDS = 1
 DEPLOY_AT, XID_AT, PREEMPT_AT = 0.30, 0.20, 0.45
 """When the slow deploy, the XID and the spot preemption happen, as shares of the duration."""
+ROLLBACK_AFTER_SECONDS = 12.0
+"""How long after the degrade the paged on-call rolls the slow version back."""
 
 
 def _free_port() -> int:
@@ -103,7 +106,7 @@ def _server_config(port: int, token: str, db: Path, model_port: int, speed: floa
     policy = PolicyConfig(
         dry_run=False,  # live on the simulated targets; the drain actuator answers dry runs
         settle_seconds=MappingProxyType(
-            {kind: max(5.0, seconds / speed) for kind, seconds in SETTLE_SECONDS.items()}
+            {kind: max(40.0, seconds / speed) for kind, seconds in SETTLE_SECONDS.items()}
         ),
         breaker_max_actions=10,
         breaker_window_seconds=max(60.0, 600.0 / speed),
@@ -180,11 +183,12 @@ class _Demo:
             node: SimulatedSource(scenario(node, XID_AT * duration * speed), clock=self.clock)
             for node in NODES
         }
-        self.share = {"fallback": 0.0}
+        self.router = RouterState({SERVICE_MODEL: {SERVICE_MODEL: 100.0, FALLBACK_MODEL: 0.0}})
+        self.router_port = _free_port()
         self.serving = SimulatedModelServer(
             ServingProfile(model=SERVICE_MODEL, fallback_model=FALLBACK_MODEL),
             clock=self.clock,
-            fallback_share=lambda: self.share["fallback"],
+            fallback_share=lambda: self.router.share(SERVICE_MODEL, FALLBACK_MODEL),
         )
         self.scheduler = DemoScheduler(self.service, self.sources, log=_say)
         self.notifiers = {
@@ -194,12 +198,17 @@ class _Demo:
         self.runtimes: list[AgentRuntime] = []
         self.threads: list[threading.Thread] = []
         self.runners: list[web.AppRunner] = []
-        self.done = {"deploy": False, "preempt": False}
+        self.done = {"deploy": False, "preempt": False, "rollback": False, "restored": False}
+        self.degraded_at: float | None = None
 
     async def start(self, spool: Path) -> None:
         """Serve the collector and the model server; start the four agents."""
         rules = scaled_rules(load_configured_rules(self.config), self.speed)
-        actuators: list[Actuator] = [self.scheduler]
+        router = HttpRouterActuator(
+            f"http://127.0.0.1:{self.router_port}",
+            {SERVICE_MODEL: RouteSpec(SERVICE_MODEL, SERVICE_MODEL, FALLBACK_MODEL)},
+        )
+        actuators: list[Actuator] = [self.scheduler, router]
         remediation = build_remediation(
             self.config,
             self.service,
@@ -216,6 +225,7 @@ class _Demo:
         )
         self.runners.append(await _serve(app, self.port))
         self.runners.append(await _serve(self.serving.app(), self.model_port))
+        self.runners.append(await _serve(create_router_app(self.router), self.router_port))
         _say(
             f"collector on {self.base}  ·  status page {self.base}/status  ·  "
             f"metrics {self.base}/metrics"
@@ -246,6 +256,26 @@ class _Demo:
                 Event(time.time(), EventKind.DEPLOY, SERVICE_MODEL, change)
             )
             _say(f"deploy: {SERVICE_MODEL} v1 -> v2 (the new version is slower)")
+        share = self.router.share(SERVICE_MODEL, FALLBACK_MODEL)
+        if share > 0 and self.degraded_at is None:
+            self.degraded_at = elapsed
+            _say(f"router: {share:.0%} of {SERVICE_MODEL} traffic now goes to {FALLBACK_MODEL}")
+        if share == 0 and self.degraded_at is not None and not self.done["restored"]:
+            self.done["restored"] = True
+            _say(f"router: all {SERVICE_MODEL} traffic is back on {SERVICE_MODEL}")
+        if (
+            self.degraded_at is not None
+            and not self.done["rollback"]
+            and elapsed >= self.degraded_at + ROLLBACK_AFTER_SECONDS
+        ):
+            # the paged on-call rolls the slow version back; the degrade is then undone
+            self.done["rollback"] = True
+            self.serving.deploy("v1")
+            self.service.storage.upsert_model(deployment("v1"))
+            self.service.storage.record_event(
+                Event(time.time(), EventKind.ROLLBACK, SERVICE_MODEL, {"from": "v2", "to": "v1"})
+            )
+            _say(f"on-call: rolled {SERVICE_MODEL} back to v1")
         if not self.done["preempt"] and elapsed >= PREEMPT_AT * self.duration:
             self.done["preempt"] = True
             key = preempt(self.service, self.sources["gpu-node-b"], time.time())
@@ -266,7 +296,6 @@ class _Demo:
                             if action.approval_url:
                                 operator.offer(action.approval_url)
                 await operator.act()
-                self.share["fallback"] = _fallback_share(self.service)
                 if time.monotonic() - last_status >= 15:
                     last_status = time.monotonic()
                     await asyncio.to_thread(print_status, self.service, elapsed, self.speed)
@@ -320,19 +349,6 @@ async def _demo(
             await demo.finish(linger)
     print(f"database kept at {db}: gpuwarden report costs --db {db} --since 1h --by team")
     return 0
-
-
-def _fallback_share(service: CollectorService) -> float:
-    """The share of traffic on the fallback model: the degrade action's effect, while it lasts.
-
-    Until the reference router is wired in, the live degrade action of the remediator is read
-    from storage: an executed degrade that is not restored sends its ``traffic_ratio``.
-    """
-    for row in service.storage.actions():
-        if row.action == "degrade" and row.state in ("verifying", "verified") and not row.dry_run:
-            ratio = row.params.get("traffic_ratio", 0.5)
-            return float(ratio) if isinstance(ratio, int | float) else 0.5
-    return 0.0
 
 
 def run_demo(

@@ -25,7 +25,7 @@ from tests.prometheus_server import PrometheusServer, prometheus_binary
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 RULES = ROOT / "rules" / "prometheus" / "gpuwarden.rules.yml"
-DURATION = 75
+DURATION = 100
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,12 @@ def test_the_report_has_waste_detections_and_actions(demo):
     assert "operator: approved through the signed link -> HTTP 200" in out
     assert "requeued for real on the simulated scheduler: slurm:demo:102" in out
     assert re.search(r"requeue\s+slurm:demo:102\s+approve\s+verified", out)
-    # scaling the service had no room: escalated to a human
+    # the slow deploy burned the SLO: scaling had no room (escalated), so traffic moved to the
+    # smaller model; once the incident resolved and the settle time passed, it was restored
     assert re.search(r"scale_up\s+llama-70b\s+auto\s+escalated", out)
+    assert "router: 50% of llama-70b traffic now goes to llama-8b" in out
+    assert re.search(r"degrade\s+llama-70b\s+approve\s+restored", out)
+    assert "router: all llama-70b traffic is back on llama-70b" in out
     assert "status page: http://127.0.0.1:" in out
     assert "metrics:     http://127.0.0.1:" in out
 
