@@ -1,0 +1,183 @@
+"""PagerDuty Events API v2: trigger, and resolve with the same ``dedup_key``.
+
+The ``dedup_key`` is ``gpuwarden-<fingerprint>`` (stable across restarts, at most 255
+characters), so every update of an incident lands on the same PagerDuty alert and its resolve
+closes it. Routing keys come per service (``pagerduty:<service>``) from the config or the
+environment and are never logged. 429 and 5xx (and network errors) are retried with
+exponential backoff; 400 is not (the event is invalid and would stay so). ``change_event``
+sends the audit breadcrumbs PagerDuty shows next to incidents.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuwarden.collector.notify.alert import Alert, AlertStatus
+
+log = logging.getLogger(__name__)
+
+EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+CHANGE_URL = "https://events.pagerduty.com/v2/change/enqueue"
+SUMMARY_CHARS = 1024
+DEDUP_CHARS = 255
+_SEVERITY = {"page": "critical", "critical": "critical", "warning": "warning", "info": "info"}
+
+
+def dedup_key(alert: Alert) -> str:
+    """The stable PagerDuty key of the incident behind ``alert``."""
+    return f"gpuwarden-{alert.fingerprint}"[:DEDUP_CHARS]
+
+
+def _iso(unix_seconds: float) -> str:
+    return datetime.fromtimestamp(unix_seconds, UTC).isoformat()
+
+
+def pagerduty_event(alert: Alert, routing_key: str, source: str) -> dict[str, Any]:
+    """The Events v2 body: a trigger while firing, a resolve (key only) once resolved."""
+    if alert.status is AlertStatus.RESOLVED:
+        return {
+            "routing_key": routing_key,
+            "event_action": "resolve",
+            "dedup_key": dedup_key(alert),
+        }
+    summary = f"[{alert.rule_id}] {alert.summary}"
+    links = [{"href": alert.runbook_url, "text": "Runbook"}]
+    links += [
+        {"href": url, "text": text}
+        for url, text in ((alert.incident_url, "Incident"), (alert.dashboard_url, "Dashboard"))
+        if url
+    ]
+    links += [
+        {"href": a.approval_url, "text": f"Approve {a.kind} {a.target}"}
+        for a in alert.actions
+        if a.approval_url
+    ]
+    return {
+        "routing_key": routing_key,
+        "event_action": "trigger",
+        "dedup_key": dedup_key(alert),
+        "payload": {
+            "summary": summary[: SUMMARY_CHARS - 1] + "…"
+            if len(summary) > SUMMARY_CHARS
+            else summary,
+            "source": source,
+            "severity": _SEVERITY.get(alert.severity, "error"),
+            "timestamp": _iso(alert.starts_at),
+            "component": alert.labels.get("node") or alert.labels.get("model") or alert.rule_id,
+            "group": alert.team or "",
+            "class": alert.rule_id,
+            "custom_details": {
+                **dict(alert.facts),
+                "actions": [f"{a.kind} {a.target} ({a.mode}): {a.state}" for a in alert.actions],
+            },
+        },
+        "links": links,
+        "client": "gpuwarden",
+        "client_url": alert.incident_url or alert.runbook_url,
+    }
+
+
+class PagerDutyNotifier:
+    """Sends alerts to PagerDuty services.
+
+    Args:
+        routing_keys: service (as in the route, ``pagerduty:<service>``) → integration key.
+        events_url: the Events v2 endpoint (tests point it at a local server).
+        change_url: the change-events endpoint.
+        source: ``payload.source`` (this collector).
+        max_attempts: tries per event on 429, 5xx and network errors.
+        backoff_seconds: the first wait; doubled each retry.
+        sleep: waits (tests make it instant).
+    """
+
+    def __init__(
+        self,
+        routing_keys: Mapping[str, str],
+        *,
+        events_url: str = EVENTS_URL,
+        change_url: str = CHANGE_URL,
+        source: str = "gpuwarden-collector",
+        max_attempts: int = 4,
+        backoff_seconds: float = 2.0,
+        timeout_seconds: float = 10.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        for url in (events_url, change_url):
+            if not url.startswith(("https://", "http://")):
+                raise ValueError("PagerDuty URLs must be http(s)")
+        self._keys = dict(routing_keys)
+        self._events_url = events_url
+        self._change_url = change_url
+        self._source = source
+        self._attempts = max(1, max_attempts)
+        self._backoff = backoff_seconds
+        self._timeout = timeout_seconds
+        self._sleep = sleep
+
+    @property
+    def name(self) -> str:
+        """The route scheme."""
+        return "pagerduty"
+
+    def send(self, alert: Alert, route: str) -> bool:
+        """Trigger or resolve on the service ``route``; True when PagerDuty accepted it."""
+        key = self._keys.get(route)
+        if not key:
+            log.warning(
+                "pagerduty: no routing key for service %s; %s not sent", route, alert.rule_id
+            )
+            return False
+        return self._post(self._events_url, pagerduty_event(alert, key, self._source), route)
+
+    def change_event(self, route: str, summary: str, details: Mapping[str, Any]) -> bool:
+        """A change event (the remediation audit's breadcrumb) on the service ``route``."""
+        key = self._keys.get(route)
+        if not key:
+            return False
+        body = {
+            "routing_key": key,
+            "payload": {
+                "summary": summary[:SUMMARY_CHARS],
+                "source": self._source,
+                "timestamp": _iso(time.time()),
+                "custom_details": dict(details),
+            },
+        }
+        return self._post(self._change_url, body, route)
+
+    def _post(self, url: str, body: Mapping[str, Any], route: str) -> bool:
+        data = json.dumps(body).encode()
+        wait = self._backoff
+        for attempt in range(1, self._attempts + 1):
+            status = self._once(url, data)
+            if status == 202:
+                return True
+            if status is not None and status != 429 and status < 500:
+                log.warning("pagerduty: service %s refused the event (HTTP %s)", route, status)
+                return False  # 400: invalid, retrying cannot help
+            if attempt < self._attempts:
+                log.info("pagerduty: HTTP %s for service %s; retry in %.1f s", status, route, wait)
+                self._sleep(wait)
+                wait *= 2
+        log.warning("pagerduty: service %s: giving up after %d attempts", route, self._attempts)
+        return False
+
+    def _once(self, url: str, data: bytes) -> int | None:
+        request = urllib.request.Request(  # noqa: S310 - http(s) checked in __init__
+            url, data=data, method="POST", headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout) as response:  # noqa: S310
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            with error:
+                return int(error.code)
+        except OSError:
+            return None

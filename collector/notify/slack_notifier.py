@@ -1,0 +1,171 @@
+"""Slack through incoming webhooks (``slack_sdk``): Block Kit messages that carry the runbook.
+
+One webhook URL per channel route (``slack:#gpu-waste``), read from the collector's config or
+the environment and never logged. A message has a header, the summary, the facts as fields,
+the actions taken or proposed, and buttons: runbook, incident, dashboard, and the signed
+approval link of an action that waits for one. Texts are cut to Slack's limits. A 429 is
+retried after its ``Retry-After`` (slack_sdk's rate-limit handler), connection errors and 5xx
+a few times; other refusals are logged (without the URL) and reported as not delivered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from slack_sdk.http_retry.builtin_handlers import (
+    ConnectionErrorRetryHandler,
+    RateLimitErrorRetryHandler,
+    ServerErrorRetryHandler,
+)
+from slack_sdk.webhook import WebhookClient
+
+from gpuwarden.collector.notify.alert import Alert, AlertStatus
+
+log = logging.getLogger(__name__)
+_SDK_LOG = logging.getLogger(f"{__name__}.sdk")
+"""slack_sdk logs the webhook URL (a secret) at DEBUG: its logger never goes below WARNING."""
+
+HEADER_CHARS = 150
+SECTION_CHARS = 3000
+FIELD_CHARS = 2000
+MAX_FIELDS = 10
+BUTTON_TEXT_CHARS = 75
+URL_CHARS = 3000
+FALLBACK_TEXT_CHARS = 4000
+_EMOJI = {"page": ":rotating_light:", "critical": ":red_circle:", "warning": ":warning:"}
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _button(text: str, url: str, action_id: str) -> dict[str, Any] | None:
+    if not url or len(url) > URL_CHARS:
+        return None  # a cut URL would be a broken link
+    return {
+        "type": "button",
+        "text": {"type": "plain_text", "text": _cut(text, BUTTON_TEXT_CHARS)},
+        "url": url,
+        "action_id": action_id,
+    }
+
+
+def slack_message(alert: Alert) -> dict[str, Any]:
+    """The webhook body (``text`` fallback plus ``blocks``) for one alert."""
+    resolved = alert.status is AlertStatus.RESOLVED
+    mark = ":white_check_mark:" if resolved else _EMOJI.get(alert.severity, ":information_source:")
+    state = "RESOLVED" if resolved else alert.severity.upper()
+    header = _cut(f"{state}: {alert.rule_id} — {alert.summary}", HEADER_CHARS)
+    fields = [
+        {"type": "mrkdwn", "text": _cut(f"*{key}*\n{value}", FIELD_CHARS)}
+        for key, value in list(alert.facts.items())[:MAX_FIELDS]
+    ]
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": header}},
+        {
+            "type": "section",
+            "text": {"type": "mrkdwn", "text": _cut(f"{mark} {alert.summary}", SECTION_CHARS)},
+            **({"fields": fields} if fields else {}),
+        },
+    ]
+    if alert.actions:
+        lines = [f"• {a.kind} `{a.target}` ({a.mode}): {a.state}" for a in alert.actions]
+        blocks.append(
+            {
+                "type": "section",
+                "text": {"type": "mrkdwn", "text": _cut("\n".join(lines), SECTION_CHARS)},
+            }
+        )
+    buttons = [
+        _button("Runbook", alert.runbook_url, "runbook"),
+        _button("Incident", alert.incident_url or "", "incident"),
+        _button("Dashboard", alert.dashboard_url or "", "dashboard"),
+    ]
+    for i, action in enumerate(alert.actions):
+        if action.approval_url and not resolved:
+            buttons.append(_button(f"Approve {action.kind}", action.approval_url, f"approve-{i}"))
+    elements = [b for b in buttons if b is not None][:25]
+    if elements:
+        blocks.append({"type": "actions", "elements": elements})
+    blocks.append(
+        {
+            "type": "context",
+            "elements": [
+                {"type": "mrkdwn", "text": f"gpuwarden · fingerprint `{alert.fingerprint}`"}
+            ],
+        }
+    )
+    text = _cut(f"{state}: {alert.rule_id}: {alert.summary} (runbook: {alert.runbook_url})",
+                FALLBACK_TEXT_CHARS)  # fmt: skip
+    return {"text": text, "blocks": blocks}
+
+
+class SlackNotifier:
+    """Posts alerts to Slack incoming webhooks, one URL per channel.
+
+    Args:
+        webhooks: channel (as in the route, e.g. ``#gpu-waste``) → incoming-webhook URL.
+        default_webhook: used for channels without their own URL (optional).
+        timeout_seconds: per request.
+        max_retries: retries on 429 (after ``Retry-After``), 5xx and connection errors.
+        client_factory: builds the ``WebhookClient`` (tests may shorten waits).
+    """
+
+    def __init__(
+        self,
+        webhooks: Mapping[str, str],
+        *,
+        default_webhook: str | None = None,
+        timeout_seconds: float = 10.0,
+        max_retries: int = 2,
+        client_factory: Callable[[str], WebhookClient] | None = None,
+    ) -> None:
+        self._webhooks = dict(webhooks)
+        self._default = default_webhook
+        self._timeout = timeout_seconds
+        self._retries = max_retries
+        self._factory = client_factory or self._client
+
+    @property
+    def name(self) -> str:
+        """The route scheme."""
+        return "slack"
+
+    def _client(self, url: str) -> WebhookClient:
+        _SDK_LOG.setLevel(logging.WARNING)
+        return WebhookClient(
+            url,
+            timeout=int(self._timeout),
+            logger=_SDK_LOG,
+            retry_handlers=[
+                RateLimitErrorRetryHandler(max_retry_count=self._retries),
+                ServerErrorRetryHandler(max_retry_count=self._retries),
+                ConnectionErrorRetryHandler(max_retry_count=self._retries),
+            ],
+        )
+
+    def send(self, alert: Alert, route: str) -> bool:
+        """Post ``alert`` to the channel ``route``; True when Slack answered 200."""
+        url = self._webhooks.get(route, self._default)
+        if not url:
+            log.warning(
+                "slack: no webhook configured for %s; alert %s not sent", route, alert.rule_id
+            )
+            return False
+        try:
+            response = self._factory(url).send_dict(slack_message(alert))
+        except Exception as exc:  # noqa: BLE001 - a notifier must never take the remediator down
+            log.warning("slack: %s for %s: %s", type(exc).__name__, route, alert.rule_id)
+            return False
+        if response.status_code == 200:
+            return True
+        log.warning(
+            "slack: %s answered %s (%s) for %s",
+            route,
+            response.status_code,
+            str(response.body)[:100],
+            alert.rule_id,
+        )
+        return False

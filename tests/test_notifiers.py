@@ -1,0 +1,178 @@
+"""Slack and PagerDuty notifiers against local servers that check requests like the services."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpuwarden.collector.notify.alert import Alert, AlertStatus, ProposedAction
+from gpuwarden.collector.notify.pagerduty_notifier import PagerDutyNotifier, dedup_key
+from gpuwarden.collector.notify.slack_notifier import SlackNotifier, slack_message
+from tests.capture_servers import Capture, ServedApp, pagerduty_app, slack_app
+
+ROUTING_KEY = "R0123456789abcdef0123456789abcd"[:31] + "x"
+SECRET_HOOK_PATH = "/services/T000/B000/secret-token-do-not-log"
+
+
+def alert(
+    status: AlertStatus = AlertStatus.FIRING, summary: str = "GPU 3 idle for 30 min"
+) -> Alert:
+    return Alert(
+        fingerprint="a1b2c3d4e5f6",
+        rule_id="idle-gpu",
+        status=status,
+        severity="warning",
+        summary=summary,
+        starts_at=1_795_000_000.0,
+        runbook_url="http://127.0.0.1:4318/incidents/7/runbook",
+        ends_at=1_795_000_600.0 if status is AlertStatus.RESOLVED else None,
+        team="research",
+        incident_url="http://127.0.0.1:4318/status/incidents/7",
+        labels={"node": "gpu-node-b"},
+        facts={"job": "slurm:c:102", "idle GPU-h": "0.50", "wasted $": "2.00"},
+        actions=(
+            ProposedAction(
+                "requeue",
+                "slurm:c:102",
+                "approve",
+                "awaiting_approval",
+                "http://127.0.0.1:4318/approve/v1.7.abc",
+            ),
+        ),
+    )
+
+
+@pytest.fixture
+def slack() -> Iterator[tuple[Capture, ServedApp]]:
+    capture = Capture()
+    served = ServedApp(slack_app(capture))
+    yield capture, served
+    served.stop()
+
+
+@pytest.fixture
+def pagerduty() -> Iterator[tuple[Capture, ServedApp]]:
+    capture = Capture()
+    served = ServedApp(pagerduty_app(capture))
+    yield capture, served
+    served.stop()
+
+
+def test_slack_block_kit_message_carries_facts_runbook_and_approval(slack, caplog):
+    capture, served = slack
+    notifier = SlackNotifier({"#gpu-waste": served.url + SECRET_HOOK_PATH})
+    with caplog.at_level(logging.DEBUG):
+        assert notifier.send(alert(), "#gpu-waste")
+    (request,) = capture.requests
+    assert request["problems"] == []
+    body = request["body"]
+    blocks: dict[str, Any] = {}
+    for block in body["blocks"]:
+        blocks.setdefault(block["type"], block)  # the first of each type
+    assert blocks["header"]["text"]["text"].startswith("WARNING: idle-gpu")
+    fields = [f["text"] for f in blocks["section"]["fields"]]
+    assert any("requeue `slurm:c:102` (approve): awaiting_approval" in b["text"]["text"]
+               for b in body["blocks"] if b["type"] == "section")  # fmt: skip
+    assert "*job*\nslurm:c:102" in fields
+    buttons = {e["action_id"]: e["url"] for e in blocks["actions"]["elements"]}
+    assert buttons["runbook"] == "http://127.0.0.1:4318/incidents/7/runbook"
+    assert buttons["approve-0"] == "http://127.0.0.1:4318/approve/v1.7.abc"
+    assert "runbook: http://127.0.0.1:4318/incidents/7/runbook" in body["text"]
+    assert "secret-token" not in caplog.text
+
+
+def test_slack_texts_are_cut_to_the_limits_and_a_resolve_has_no_approve_button(slack):
+    capture, served = slack
+    notifier = SlackNotifier({}, default_webhook=served.url + SECRET_HOOK_PATH)
+    long = alert(AlertStatus.RESOLVED, summary="x" * 5000)
+    assert notifier.send(long, "#anywhere")
+    body = capture.requests[0]["body"]
+    assert capture.requests[0]["problems"] == []
+    assert all(e["action_id"] != "approve-0" for b in body["blocks"] if b["type"] == "actions"
+               for e in b["elements"])  # fmt: skip
+    assert slack_message(long)["blocks"][0]["text"]["text"].startswith("RESOLVED")
+
+
+def test_slack_429_is_retried_after_retry_after(slack):
+    capture, served = slack
+    capture.script = [429]
+    assert SlackNotifier({"#c": served.url + SECRET_HOOK_PATH}).send(alert(), "#c")
+    assert capture.attempts == 2
+    assert len(capture.requests) == 1
+
+
+def test_slack_without_a_webhook_or_refused_is_not_delivered_and_never_raises(slack, caplog):
+    capture, served = slack
+    assert not SlackNotifier({}).send(alert(), "#none")
+    capture.script = [400]
+    with caplog.at_level(logging.WARNING):
+        assert not SlackNotifier({"#c": served.url + SECRET_HOOK_PATH}).send(alert(), "#c")
+    assert "secret-token" not in caplog.text
+    dead = SlackNotifier({"#c": "http://127.0.0.1:9/services/x"}, max_retries=0)
+    assert not dead.send(alert(), "#c")
+
+
+def notifier(url: str, **kw: object) -> PagerDutyNotifier:
+    sleeps: list[float] = []
+    return PagerDutyNotifier(
+        {"gpu-oncall": ROUTING_KEY},
+        events_url=url + "/v2/enqueue",
+        change_url=url + "/v2/change/enqueue",
+        sleep=sleeps.append,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_pagerduty_trigger_then_resolve_with_the_same_dedup_key(pagerduty, caplog):
+    capture, served = pagerduty
+    pd = notifier(served.url)
+    with caplog.at_level(logging.DEBUG):
+        assert pd.send(alert(), "gpu-oncall")
+        assert pd.send(alert(AlertStatus.RESOLVED), "gpu-oncall")
+    trigger, resolve = (r["body"] for r in capture.requests)
+    assert all(r["problems"] == [] for r in capture.requests)
+    assert trigger["event_action"] == "trigger"
+    assert resolve == {
+        "routing_key": ROUTING_KEY,
+        "event_action": "resolve",
+        "dedup_key": trigger["dedup_key"],
+    }
+    assert trigger["dedup_key"] == dedup_key(alert()) == "gpuwarden-a1b2c3d4e5f6"
+    payload = trigger["payload"]
+    assert payload["severity"] == "warning"
+    assert payload["summary"] == "[idle-gpu] GPU 3 idle for 30 min"
+    assert payload["custom_details"]["wasted $"] == "2.00"
+    assert {"href": "http://127.0.0.1:4318/incidents/7/runbook", "text": "Runbook"} in trigger[
+        "links"
+    ]
+    assert ROUTING_KEY not in caplog.text
+
+
+def test_pagerduty_retries_429_and_500_with_backoff_but_never_400(pagerduty):
+    capture, served = pagerduty
+    sleeps: list[float] = []
+    pd = PagerDutyNotifier({"s": ROUTING_KEY}, events_url=served.url + "/v2/enqueue",
+                           sleep=sleeps.append, backoff_seconds=0.5)  # fmt: skip
+    capture.script = [429, 500]
+    assert pd.send(alert(), "s")
+    assert capture.attempts == 3
+    assert sleeps == [0.5, 1.0]
+    bad = PagerDutyNotifier({"s": "short-key"}, events_url=served.url + "/v2/enqueue",
+                            sleep=sleeps.append)  # fmt: skip
+    before = capture.attempts
+    assert not bad.send(alert(), "s")  # 400: invalid, not retried
+    assert capture.attempts == before + 1
+    capture.script = [500] * 10
+    assert not pd.send(alert(), "s")  # gives up after max_attempts
+    assert not pd.send(alert(), "unknown-service")
+
+
+def test_pagerduty_change_event_for_the_audit(pagerduty):
+    capture, served = pagerduty
+    assert notifier(served.url).change_event("gpu-oncall", "requeued slurm:c:102", {"by": "auto"})
+    (request,) = capture.requests
+    assert request["path"] == "/v2/change/enqueue"
+    assert request["body"]["payload"]["summary"] == "requeued slurm:c:102"
