@@ -49,9 +49,31 @@ def build_actuators(config: CollectorConfig, environ: Mapping[str, str]) -> list
 
 
 def build_notifiers(config: CollectorConfig, environ: Mapping[str, str]) -> dict[str, Notifier]:
-    """The notifiers the config enables, by route scheme (none yet)."""
-    del config, environ
-    return {}
+    """The notifiers the config enables, by route scheme.
+
+    Slack: ``slack_webhooks_file`` (``<#channel> <URL>`` lines) and/or the environment's
+    ``GPUWARDEN_SLACK_WEBHOOK_URL`` for every other channel. PagerDuty: ``pagerduty_keys_file``
+    (``<service> <integration key>`` lines). Secrets stay out of logs and error messages.
+    """
+    from gpuwarden.collector.config import parse_secrets
+
+    notifiers: dict[str, Notifier] = {}
+    hooks = (
+        parse_secrets(config.slack_webhooks_file, "webhook URL")
+        if config.slack_webhooks_file
+        else {}
+    )
+    default_hook = environ.get("GPUWARDEN_SLACK_WEBHOOK_URL")
+    if hooks or default_hook:
+        from gpuwarden.collector.notify.slack_notifier import SlackNotifier
+
+        notifiers["slack"] = SlackNotifier(hooks, default_webhook=default_hook)
+    if config.pagerduty_keys_file:
+        from gpuwarden.collector.notify.pagerduty_notifier import PagerDutyNotifier
+
+        keys = parse_secrets(config.pagerduty_keys_file, "integration key")
+        notifiers["pagerduty"] = PagerDutyNotifier(keys, events_url=config.pagerduty_events_url)
+    return notifiers
 
 
 def build_remediation(

@@ -53,6 +53,10 @@ class CollectorConfig:
     runbooks_dir: Path | None = None
     skip_bad_rules: bool = False
     detection_seconds: float = 60.0
+    #: "<#channel> <incoming-webhook URL>" per line; "<service> <integration key>" per line
+    slack_webhooks_file: Path | None = None
+    pagerduty_keys_file: Path | None = None
+    pagerduty_events_url: str = "https://events.pagerduty.com/v2/enqueue"
     #: remediation policy (dry-run by default), links, approval secret, escalation routes
     remediation: RemediationSettings = field(default_factory=RemediationSettings)
 
@@ -63,6 +67,29 @@ class CollectorConfig:
             raise ConfigError("tls_cert_file and tls_key_file go together")
         if self.kubernetes_in_cluster and self.kubernetes_kubeconfig is not None:
             raise ConfigError("kubernetes_in_cluster and kubernetes_kubeconfig exclude each other")
+
+
+def parse_secrets(path: Path, what: str) -> dict[str, str]:
+    """A secrets file: one ``<name> <secret>`` per line; ``# `` (a hash and a space) starts a
+    comment, so Slack channel names such as ``#gpu-waste`` can begin a line.
+
+    Errors name the file and line, never the secret.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror}") from None
+    out: dict[str, str] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line == "#" or line.startswith("# "):
+            continue
+        line = line.split(" # ", 1)[0].strip()
+        parts = line.split()
+        if len(parts) != 2:
+            raise ConfigError(f"{path}:{lineno}: expected '<name> <{what}>'")
+        out[parts[0]] = parts[1]
+    return out
 
 
 def parse_tokens(text: str, where: str) -> dict[str, str]:
@@ -112,6 +139,9 @@ _KEYS = {
     "skip_bad_rules": bool,
     "detection_seconds": float,
     "remediation": dict,
+    "slack_webhooks_file": Path,
+    "pagerduty_keys_file": Path,
+    "pagerduty_events_url": str,
 }
 
 

@@ -176,3 +176,24 @@ def test_pagerduty_change_event_for_the_audit(pagerduty):
     (request,) = capture.requests
     assert request["path"] == "/v2/change/enqueue"
     assert request["body"]["payload"]["summary"] == "requeued slurm:c:102"
+
+
+def test_the_collector_builds_notifiers_from_secret_files(tmp_path):
+    from gpuwarden.agent.config import ConfigError
+    from gpuwarden.collector.build import build_notifiers
+    from gpuwarden.collector.config import CollectorConfig
+
+    hooks = tmp_path / "slack"
+    hooks.write_text("# channel url\n#gpu-waste http://127.0.0.1:1/services/secret-a\n")
+    keys = tmp_path / "pd"
+    keys.write_text(f"gpu-oncall {ROUTING_KEY}\n")
+    config = CollectorConfig(slack_webhooks_file=hooks, pagerduty_keys_file=keys)
+    built = build_notifiers(config, {})
+    assert sorted(built) == ["pagerduty", "slack"]
+    assert build_notifiers(CollectorConfig(), {}) == {}
+    assert list(build_notifiers(CollectorConfig(), {"GPUWARDEN_SLACK_WEBHOOK_URL": "http://x"}))
+    keys.write_text(f"gpu-oncall {ROUTING_KEY} extra\n")
+    with pytest.raises(ConfigError) as info:
+        build_notifiers(config, {})
+    assert ROUTING_KEY not in str(info.value)
+    assert "pd:1" in str(info.value)
