@@ -55,6 +55,9 @@ def add_rules_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "detectors",
         help="print the detectors, their parameters, and the action kinds (Markdown)",
     )
+    from gpuwarden.collector.backtest_cli import add_rules_test_parser
+
+    add_rules_test_parser(kinds)
 
 
 def run_rules(
@@ -66,6 +69,10 @@ def run_rules(
     if args.rules_command == "detectors":
         out.write(render_vocabulary())
         return EXIT_OK
+    if args.rules_command == "test":
+        from gpuwarden.collector.backtest_cli import run_backtest_command
+
+        return run_backtest_command(args, out=out, err=err)
     paths: list[Path] = list(args.paths) or [default_rules_dir()]
     runbooks: Path = args.runbooks_dir or default_runbooks_dir()
     if not runbooks.is_dir():

@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
 
     add_incidents_parser(sub)
     add_actions_parser(sub)
+    from gpuwarden.collector.backtest_cli import add_backtest_parser
+
+    add_backtest_parser(sub)
 
     catalog = sub.add_parser("catalog", help="print the telemetry catalog")
     catalog.add_argument("--format", choices=["markdown", "names"], default="markdown")
@@ -165,6 +168,12 @@ def _run_actions(args: argparse.Namespace) -> int:
     return run_actions(args, os.environ)
 
 
+def _run_backtest(args: argparse.Namespace) -> int:
+    from gpuwarden.collector.backtest_cli import run_backtest_command
+
+    return run_backtest_command(args)
+
+
 def _run_report(args: argparse.Namespace) -> int:
     from gpuwarden.collector.report import run_report
 
@@ -189,6 +198,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "incidents": _run_incidents,
     "actions": _run_actions,
     "report": _run_report,
+    "backtest": _run_backtest,
     "catalog": _run_catalog,
 }
 """Each subcommand's runner; each imports what it needs (the agent must stay light)."""

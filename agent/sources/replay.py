@@ -169,6 +169,12 @@ class ReplaySource:
             samples.append(dataclasses.replace(base, **values))
         return samples
 
+    @property
+    def duration_seconds(self) -> float:
+        """Trace seconds from the first row to one typical interval after the last (loads)."""
+        self._load()
+        return self._period_seconds
+
     def close(self) -> None:
         """Drop the loaded rows (a later sample loads them again)."""
         self._gpus = None
