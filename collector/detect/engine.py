@@ -11,7 +11,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gpuwarden.collector.detect.deploy import run_deploy_regression
 from gpuwarden.collector.detect.distribution import run_distribution_drift
+from gpuwarden.collector.detect.drift import run_model_drift
 from gpuwarden.collector.detect.faults import detect_hardware_faults
 from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.forecast import run_demand_forecast
@@ -77,6 +79,8 @@ RUNNERS: Mapping[str, Runner] = {
     "overprovisioned_inference": run_overprovisioned_inference,
     "straggler": run_straggler,
     "preemption": run_preemption,
+    "model_drift": run_model_drift,
+    "deploy_regression": run_deploy_regression,
 }
 
 

@@ -1,0 +1,314 @@
+"""Model-drift detector on real backgrounds: detection delay of injected steps/ramps, A/A alerts.
+
+Run: ``.venv/bin/python bench/drift_eval.py [--seeds 25] [--injections 40]`` (a few minutes).
+
+Backgrounds (``../shared/data``):
+
+* **GenTD26 latency** (``alibaba_gentd26/pipeline_inference_data_anon.csv.gz``: 34,421 end-to-end
+  latencies of a production Stable-Diffusion cluster, 57 s ticks, 22.8 h). Resampled to 15 s bins
+  as a request stream: bin ``t`` gets ``Poisson(rate(t)·15 s)`` requests whose latencies are drawn
+  (smoothed bootstrap: times ``exp(0.05·N(0,1))``) from the real latencies within ±15 min of
+  ``t``, so the latency distribution follows the real one through the day. ``rate(t)`` either
+  follows the real density of latency records (scaled to a mean of 10 req/s: busy hours ~27
+  req/s, quiet ones ~0.5 req/s; ``traffic=real``) or is a flat 10 req/s (``traffic=flat``). Each
+  bin's latencies are bucketed as vLLM's ``e2e_request_latency_seconds`` histogram does (its
+  default bounds, 0.3 s … 7680 s), the detector reads p99 of the merged buckets of each window.
+* **PAI throughput** (``alibaba_pai_minibatch/job_4_norm.csv``: 10 workers × 2,183 mini-batch
+  records). Each record becomes one 15 s bin of a throughput counter (increase =
+  15 s × 1000 / ``batch_time_norm``): real values, no resampling noise; ~9.1 h per worker. Jobs
+  1-3 hold ~1 h per worker, shorter than the history the detector needs, and are not used.
+
+Injections: a 20 % step (latency × 1.2; throughput × 0.8) or a ramp to 20 % over 30 min, at a
+random bin with at least the detector's history before it; the delay is from the change to the
+end of the first bin whose cycle fires (cycles every 15 s). A/A: no injection, every 15 s cycle
+from the first judgeable one to the end; an alert is a rising edge of FIRING. The rate per series
+per week is ``alerts / series-hours × 168``; with no alert the 95 % upper bound (rule of three)
+``3 / series-hours × 168`` is printed too. GenTD26 A/A repeats the resampling with ``--seeds``
+seeds: they share the one real day, so they are not independent weeks of real traffic.
+
+Every cycle runs the detector's own code (``drift.window_statistic`` and ``drift.evaluate``: the
+vectorised screen over all cycles at once, statsmodels confirmation of the candidates) on arrays,
+without going through the store (``tests/test_detect_drift.py`` checks that path end to end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gpuwarden.collector.detect.drift import DriftParams, evaluate, window_statistic
+from gpuwarden.collector.detect.findings import Verdict
+from gpuwarden.collector.detect.model_series import Binned
+from gpuwarden.collector.store_types import Kind
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+BIN = 15.0
+VLLM_E2E_BOUNDS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+FINE_BOUNDS = tuple(float(b) for b in np.geomspace(0.5, 500.0, 73))  # ~10 % buckets
+POOL_SECONDS = 900.0
+MEAN_RATE = 10.0
+JITTER = 0.05
+CHUNK = 400
+
+LATENCY = DriftParams(
+    statistic="p99",
+    direction="increase",
+    window_seconds=300.0,
+    history_seconds=6 * 3600.0,
+    season_seconds=0.0,
+    threshold=4.0,
+    min_relative_change=0.1,
+    bin_seconds=BIN,
+)
+THROUGHPUT = replace(LATENCY, statistic="rate", direction="decrease", history_seconds=2 * 3600.0)
+
+
+@dataclass(frozen=True)
+class Latencies:
+    """The real latency records, sorted by time, and the 15 s grid over them."""
+
+    times: np.ndarray
+    seconds: np.ndarray
+    grid: np.ndarray
+
+
+def load_gentd26() -> Latencies:
+    df = pd.read_csv(DATA / "alibaba_gentd26" / "pipeline_inference_data_anon.csv.gz")
+    df = df.sort_values("timestamp_anon")
+    t = df["timestamp_anon"].to_numpy(dtype=np.float64)
+    t = t - math.floor(t[0] / BIN) * BIN
+    grid = np.arange(0.0, t[-1] + BIN, BIN)
+    return Latencies(times=t, seconds=df["value"].to_numpy(dtype=np.float64) / 1e3, grid=grid)
+
+
+def latency_parts(
+    lat: Latencies,
+    rng: np.random.Generator,
+    *,
+    traffic: str,
+    bounds: tuple[float, ...],
+    factor: np.ndarray,
+) -> np.ndarray:
+    """Bins × (buckets + sum) of a resampled request stream; ``factor`` scales each bin."""
+    centers = lat.grid + BIN / 2
+    lo = np.searchsorted(lat.times, centers - POOL_SECONDS)
+    hi = np.searchsorted(lat.times, centers + POOL_SECONDS)
+    if traffic == "real":
+        density = (hi - lo) / (2 * POOL_SECONDS)
+        rate = density * MEAN_RATE / density.mean()
+    else:
+        rate = np.full(centers.size, MEAN_RATE)
+    n = rng.poisson(rate * BIN)
+    n[hi <= lo] = 0
+    which = np.repeat(np.arange(centers.size), n)
+    pick = lo[which] + (rng.random(which.size) * (hi - lo)[which]).astype(np.int64)
+    values = lat.seconds[pick] * np.exp(JITTER * rng.standard_normal(which.size)) * factor[which]
+    b = np.searchsorted(np.asarray(bounds), values, side="left")
+    nb = len(bounds) + 1
+    counts = np.bincount(which * nb + b, minlength=centers.size * nb).reshape(centers.size, nb)
+    sums = np.bincount(which, weights=values, minlength=centers.size)
+    return np.column_stack([counts.astype(np.float64), sums])
+
+
+def load_pai() -> dict[str, np.ndarray]:
+    df = pd.read_csv(DATA / "alibaba_pai_minibatch" / "job_4_norm.csv")
+    out = {}
+    for worker, rows in df.sort_values("time").groupby("worker"):
+        out[f"job4/worker{worker}"] = rows["batch_time_norm"].to_numpy(dtype=np.float64)
+    return out
+
+
+def throughput_parts(batch_time: np.ndarray, factor: np.ndarray) -> np.ndarray:
+    inc = BIN * 1000.0 / batch_time * factor
+    return np.column_stack([inc, np.zeros_like(inc)])
+
+
+def replay(
+    binned: Binned, params: DriftParams, cycles: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Verdict at each cycle (bin index: the cycle runs once that bin is complete)."""
+    window_bins = round(params.window_seconds / BIN)
+    history_bins = round(params.history_seconds / BIN)
+    y = window_statistic(binned, params, window_bins)
+    verdicts = np.full(cycles.size, int(Verdict.UNKNOWN), dtype=np.int8)
+    confirm_seconds = 0.0
+    for start in range(0, cycles.size, CHUNK):
+        chunk = cycles[start : start + CHUNK]
+        rows = np.stack([y[c - history_bins + 1 : c + 1] for c in chunk])
+        t0 = time.perf_counter()
+        verdicts[start : start + chunk.size] = evaluate(
+            rows, params, window_bins=window_bins, bin_seconds=BIN
+        ).verdicts
+        confirm_seconds += time.perf_counter() - t0
+    return verdicts, np.array([confirm_seconds])
+
+
+def alerts(verdicts: np.ndarray) -> int:
+    firing = verdicts == int(Verdict.FIRING)
+    return int(firing[0]) + int(np.count_nonzero(firing[1:] & ~firing[:-1]))
+
+
+def first_cycles(n_bins: int, params: DriftParams) -> int:
+    return round(params.history_seconds / BIN) - 1
+
+
+def delay_of(verdicts: np.ndarray, cycles: np.ndarray, onset: int) -> float:
+    after = np.flatnonzero((cycles >= onset) & (verdicts == int(Verdict.FIRING)))
+    if after.size == 0:
+        return math.inf
+    return float((cycles[after[0]] + 1 - onset) * BIN)
+
+
+def summarize(name: str, delays: list[float], limit: float = 300.0) -> None:
+    d = np.array(delays)
+    found = d[np.isfinite(d)]
+    within = np.count_nonzero(d <= limit)
+    q = np.percentile(found, [0, 25, 50, 75, 90, 100]) if found.size else [math.nan] * 6
+    print(
+        f"  {name:<34} n={d.size:3d}  within {limit / 60:.0f} min: {within}/{d.size} "
+        f"({100 * within / d.size:.0f} %)  found at all: {found.size}/{d.size}  "
+        f"delay s min/p25/p50/p75/p90/max = " + "/".join(f"{v:.0f}" for v in q)
+    )
+
+
+def rate_line(name: str, n_alerts: int, series_hours: float, unknown: float) -> None:
+    per_week = n_alerts / series_hours * 168
+    bound = max(n_alerts, 3) / series_hours * 168 if n_alerts == 0 else math.nan
+    extra = f"  (0 alerts: 95 % upper bound {bound:.2f}/week)" if n_alerts == 0 else ""
+    print(
+        f"  {name:<34} alerts={n_alerts:3d} over {series_hours:7.1f} series-h "
+        f"= {per_week:.2f} per series-week{extra}; UNKNOWN cycles {100 * unknown:.1f} %"
+    )
+
+
+def gentd26(args: argparse.Namespace) -> None:
+    lat = load_gentd26()
+    n = lat.grid.size
+    params = replace(LATENCY)
+    first = first_cycles(n, params)
+    cycles = np.arange(first, n)
+    print(
+        f"GenTD26 p99 latency, 15 s bins: {n} bins = {n * BIN / 3600:.1f} h; window "
+        f"{params.window_seconds:.0f} s, history {params.history_seconds / 3600:.0f} h, "
+        f"threshold {params.threshold}, min change {params.min_relative_change}, "
+        f"hold {params.hold_bins} bins"
+    )
+    ones = np.ones(n)
+    for bounds_name, bounds in (("vllm", VLLM_E2E_BOUNDS), ("fine", FINE_BOUNDS)):
+        for traffic in ("flat", "real"):
+            label = f"{traffic} traffic, {bounds_name} buckets"
+            t0 = time.perf_counter()
+            total = unknown = 0
+            n_alerts = 0
+            for seed in range(args.seeds):
+                rng = np.random.default_rng(seed)
+                parts = latency_parts(lat, rng, traffic=traffic, bounds=bounds, factor=ones)
+                binned = Binned("gentd26", "latency", Kind.HISTOGRAM, lat.grid, parts, BIN, bounds)
+                verdicts, _ = replay(binned, params, cycles)
+                n_alerts += alerts(verdicts)
+                unknown += int(np.count_nonzero(verdicts == int(Verdict.UNKNOWN)))
+                total += verdicts.size
+            hours = total * BIN / 3600
+            rate_line(f"A/A {label}", n_alerts, hours, unknown / total)
+            for kind in ("step", "ramp"):
+                delays = []
+                rng = np.random.default_rng(1000)
+                for k in range(args.injections):
+                    onset = int(rng.integers(first + 40, n - 120))
+                    factor = ones.copy()
+                    if kind == "step":
+                        factor[onset:] = 1.2
+                    else:
+                        ramp = np.clip((np.arange(n) - onset) / (1800 / BIN), 0.0, 1.0)
+                        factor = 1.0 + 0.2 * ramp
+                    parts = latency_parts(
+                        lat,
+                        np.random.default_rng(5000 + k),
+                        traffic=traffic,
+                        bounds=bounds,
+                        factor=factor,
+                    )
+                    binned = Binned(
+                        "gentd26", "latency", Kind.HISTOGRAM, lat.grid, parts, BIN, bounds
+                    )
+                    window = np.arange(onset - 20, min(n, onset + 240))
+                    verdicts, _ = replay(binned, params, window)
+                    delays.append(delay_of(verdicts, window, onset))
+                summarize(f"20 % {kind} {label}", delays, 300.0 if kind == "step" else 1800.0)
+            print(f"    ({time.perf_counter() - t0:.1f} s)")
+
+
+def pai(args: argparse.Namespace) -> None:
+    series = load_pai()
+    params = THROUGHPUT
+    print(
+        f"PAI job 4 throughput (rate of a counter), one record per 15 s bin: {len(series)} "
+        f"workers; window {params.window_seconds:.0f} s, history "
+        f"{params.history_seconds / 3600:.0f} h, direction {params.direction}"
+    )
+    total = unknown = n_alerts = 0
+    per_worker = []
+    step_delays: list[float] = []
+    ramp_delays: list[float] = []
+    rng = np.random.default_rng(7)
+    for name, batch in series.items():
+        n = batch.size
+        times = np.arange(n, dtype=np.float64) * BIN
+        first = first_cycles(n, params)
+        cycles = np.arange(first, n)
+        parts = np.asarray(throughput_parts(batch, np.ones(n)), dtype=np.float64)
+        binned = Binned(name, "throughput", Kind.COUNTER, times, parts, BIN)
+        verdicts, _ = replay(binned, params, cycles)
+        a = alerts(verdicts)
+        n_alerts += a
+        per_worker.append(f"{name.split('/')[1]}:{a}")
+        unknown += int(np.count_nonzero(verdicts == int(Verdict.UNKNOWN)))
+        total += verdicts.size
+        for k in range(max(1, args.injections // len(series))):
+            onset = int(rng.integers(first + 40, n - 120))
+            for kind, out in (("step", step_delays), ("ramp", ramp_delays)):
+                factor = np.ones(n)
+                if kind == "step":
+                    factor[onset:] = 0.8
+                else:
+                    factor = 1.0 - 0.2 * np.clip((np.arange(n) - onset) / (1800 / BIN), 0, 1)
+                b2 = replace(binned, parts=throughput_parts(batch, factor))
+                window = np.arange(onset - 20, min(n, onset + 240))
+                verdicts, _ = replay(b2, params, window)
+                out.append(delay_of(verdicts, window, onset))
+            del k
+    rate_line("A/A job 4 (all workers)", n_alerts, total * BIN / 3600, unknown / total)
+    print(f"    alerts per worker: {' '.join(per_worker)}")
+    summarize("20 % step (throughput x 0.8)", step_delays, 300.0)
+    summarize("20 % ramp over 30 min", ramp_delays, 1800.0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=25, help="GenTD26 A/A resamplings")
+    parser.add_argument("--injections", type=int, default=40, help="injections per setting")
+    parser.add_argument("--only", choices=("gentd26", "pai"), default=None)
+    args = parser.parse_args()
+    if not (DATA / "alibaba_gentd26").is_dir():
+        print(f"data not found under {DATA}")
+        return 1
+    t0 = time.perf_counter()
+    if args.only in (None, "gentd26"):
+        gentd26(args)
+    if args.only in (None, "pai"):
+        pai(args)
+    print(f"total {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,391 @@
+"""Model drift: a model's latency, throughput or errors moved away from its (seasonal) baseline.
+
+Two stages, as everywhere in detection:
+
+1. **Screen** every selected subject at once. Per bin ``t``, ``y[t]`` is the statistic over the
+   window ending there (merged histogram buckets, summed counters). The baseline is the median of
+   the same phase of the previous seasons when the store holds at least two of them, else none
+   (the residual is ``y`` itself). A subject is a candidate when the robust z of its residual
+   against the history (median/MAD, the current window excluded) passes ``threshold`` in the bad
+   direction *and* the change is at least ``min_relative_change`` of the baseline, for each of the
+   last ``hold_bins`` bins.
+2. **Confirm** only the candidates with statsmodels: an AR(1)+constant SARIMAX fitted on the
+   residuals of non-overlapping history windows gives a one-step-ahead prediction interval for
+   the current window (the autocorrelation of telemetry is in the model, not ignored); the
+   candidate fires when the current residual is outside it (``confirm_alpha``). With fewer than
+   ``MIN_CONFIRM_POINTS`` history windows the screen decides alone, and the evidence says so.
+
+Missing data is never healthy: a subject whose current window is under-covered, or whose history
+is too short to judge, is UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from scipy import stats
+
+from gpuwarden.collector.detect.findings import Finding, JsonScalar, Verdict
+from gpuwarden.collector.detect.model_series import (
+    Binned,
+    read_model_metric,
+    statistic_of,
+    supports,
+    window_sums,
+)
+from gpuwarden.collector.detect.screen import held_for, nanmedian, robust_scale
+from gpuwarden.collector.rules import Rule
+from gpuwarden.collector.service import CollectorService
+
+FloatArray = npt.NDArray[np.float64]
+
+DETECTOR = "model_drift"
+HOLD_BINS = 3
+"""Bins in a row the screen must flag (persistence against one-bin blips)."""
+MIN_COVERAGE = 0.5
+"""Share of a window's bins that must hold data for its statistic to count."""
+MIN_HISTORY_WINDOWS = 3
+"""History must hold at least this many windows' worth of known bins (and 30 bins)."""
+MIN_CONFIRM_POINTS = 8
+CONFIRM_ALPHA = 1e-3
+MAX_POINTS = 240
+RELATIVE_SCALE_FLOOR = 1e-3
+"""The robust scale is at least this share of the baseline (a flat history is not infinitely
+sure of itself)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DriftParams:
+    """A ``model_drift`` rule's parameters, plus the knobs it does not expose."""
+
+    statistic: str = "p95"
+    direction: str = "increase"
+    window_seconds: float = 3600.0
+    history_seconds: float = 14 * 86400.0
+    season_seconds: float = 86400.0
+    threshold: float = 4.0
+    min_relative_change: float = 0.2
+    hold_bins: int = HOLD_BINS
+    min_coverage: float = MIN_COVERAGE
+    confirm_alpha: float = CONFIRM_ALPHA
+    bin_seconds: float | None = None
+    """Resolution of ``y``; default the store's step."""
+
+    @classmethod
+    def from_rule(cls, rule: Rule) -> DriftParams:
+        """The parameters of a validated rule."""
+        p = rule.parameters
+        return cls(
+            statistic=str(p["statistic"]),
+            direction=str(p["direction"]),
+            window_seconds=_num(p["window_seconds"]),
+            history_seconds=_num(p["history_seconds"]),
+            season_seconds=_num(p["season_seconds"]),
+            threshold=_num(p["threshold"]),
+            min_relative_change=_num(p["min_relative_change"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Screen:
+    """The screen's numbers for every subject (rows), at the newest bin."""
+
+    value: FloatArray
+    baseline: FloatArray
+    z: FloatArray
+    relative_change: FloatArray
+    candidate: npt.NDArray[np.bool_]
+    judged: npt.NDArray[np.bool_]
+    seasonal: npt.NDArray[np.bool_]
+    residuals: FloatArray
+    """Subjects × bins: the residual each z was computed from."""
+    y: FloatArray
+
+
+def run_model_drift(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
+    """Engine runner: one finding per selected model × metric."""
+    params = DriftParams.from_rule(rule)
+    bin_seconds = params.bin_seconds or float(service.store.step_seconds)
+    end = math.floor(now / bin_seconds) * bin_seconds
+    start = end - params.history_seconds
+    labels = dict(rule.selector.labels) or None
+    subjects: list[Binned] = []
+    for metric in rule.selector.metrics:
+        found = read_model_metric(
+            service.store, metric, selector=labels, start=start, end=end, bin_seconds=bin_seconds
+        )
+        subjects.extend(
+            b
+            for b in found
+            if not rule.selector.models
+            or any(fnmatch.fnmatchcase(b.model, m) for m in rule.selector.models)
+        )
+    return detect_drift(subjects, params, rule_id=rule.id, severity=str(rule.severity))
+
+
+def detect_drift(
+    subjects: Sequence[Binned], params: DriftParams, *, rule_id: str, severity: str
+) -> list[Finding]:
+    """Judge each subject's newest window; all subjects must share one bin grid."""
+    ok = [supports(s.kind, params.statistic) and s.times.size > 0 for s in subjects]
+    usable = [s for s, good in zip(subjects, ok, strict=True) if good]
+    findings = [
+        _finding(s, params, rule_id, severity, Verdict.UNKNOWN, {}, "statistic not available")
+        for s, good in zip(subjects, ok, strict=True)
+        if not good
+    ]
+    if not usable:
+        return findings
+    bin_seconds = usable[0].bin_seconds
+    window_bins = max(1, round(params.window_seconds / bin_seconds))
+    y = np.vstack([window_statistic(s, params, window_bins) for s in usable])
+    judged = evaluate(y, params, window_bins=window_bins, bin_seconds=bin_seconds)
+    for i, subject in enumerate(usable):
+        findings.append(_judge(subject, i, judged, params, window_bins, rule_id, severity))
+    return findings
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """Both stages for every row: the screen's numbers, then verdicts and confirm p-values."""
+
+    screen: Screen
+    verdicts: npt.NDArray[np.int8]
+    p_values: FloatArray
+    """NaN where not confirmed by a model (not a candidate, or history too short to fit)."""
+
+
+def evaluate(
+    y: FloatArray, params: DriftParams, *, window_bins: int, bin_seconds: float
+) -> Evaluation:
+    """Screen all rows of ``y`` (window statistics, subjects × bins), confirm the candidates."""
+    screen = screen_drift(y, params, window_bins=window_bins, bin_seconds=bin_seconds)
+    verdicts = np.where(screen.judged, int(Verdict.CLEAR), int(Verdict.UNKNOWN)).astype(np.int8)
+    p_values = np.full(y.shape[0], np.nan)
+    last = y.shape[1] - 1
+    idx = np.arange(last - window_bins, -1, -window_bins)[::-1]
+    for i in np.flatnonzero(screen.candidate).tolist():
+        residuals = screen.residuals[i]
+        confirmed, p = confirm_shift(
+            residuals[idx], float(residuals[last]), params.direction, params.confirm_alpha
+        )
+        if p is not None:
+            p_values[i] = p
+        if confirmed:
+            verdicts[i] = int(Verdict.FIRING)
+    return Evaluation(screen=screen, verdicts=verdicts, p_values=p_values)
+
+
+def window_statistic(subject: Binned, params: DriftParams, window_bins: int) -> FloatArray:
+    """The statistic over the window ending at each bin (NaN where under-covered)."""
+    sums, known = window_sums(subject.parts, window_bins)
+    y = statistic_of(subject, sums, params.statistic, window_bins * subject.bin_seconds)
+    y[known < params.min_coverage * window_bins] = np.nan
+    return y
+
+
+def screen_drift(
+    y: FloatArray, params: DriftParams, *, window_bins: int, bin_seconds: float
+) -> Screen:
+    """Stage one over ``subjects × bins`` window statistics (NaN = not enough data)."""
+    n, bins = y.shape
+    hold = params.hold_bins
+    seasonal_base = seasonal_baseline(y, params.season_seconds, bin_seconds)
+    seasonal: npt.NDArray[np.bool_] = np.asarray(
+        ~np.isnan(seasonal_base[:, -hold:]).any(axis=1), dtype=bool
+    )
+    residuals = np.where(seasonal[:, None], y - seasonal_base, y)
+    history_end = max(0, bins - window_bins - hold)
+    hist = residuals[:, :history_end]
+    known_hist = np.sum(~np.isnan(hist), axis=1)
+    min_known = max(MIN_HISTORY_WINDOWS * window_bins, 30)
+    center = nanmedian(hist, axis=1) if history_end else np.full(n, np.nan)
+    level = np.where(seasonal, seasonal_base[:, -1] + center, nanmedian(y[:, :history_end], axis=1))
+    scale = robust_scale(hist, center, axis=1) if history_end else np.full(n, np.nan)
+    with np.errstate(invalid="ignore"):
+        scale = np.maximum(scale, RELATIVE_SCALE_FLOOR * np.abs(level))
+    current = residuals[:, -hold:]
+    base_now = np.where(
+        seasonal[:, None], seasonal_base[:, -hold:] + center[:, None], level[:, None]
+    )
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = (current - center[:, None]) / scale[:, None]
+        rel = (y[:, -hold:] - base_now) / np.abs(base_now)
+    bad_z, bad_rel = _bad(z, params.direction), _bad(rel, params.direction)
+    with np.errstate(invalid="ignore"):
+        flags = (bad_z >= params.threshold) & (bad_rel >= params.min_relative_change)
+    known_now = ~np.isnan(current)
+    held = held_for(flags, hold, known=known_now)[:, -1] & known_now.all(axis=1)
+    judged = (known_hist >= min_known) & ~np.isnan(y[:, -1])
+    return Screen(
+        value=y[:, -1],
+        baseline=base_now[:, -1],
+        z=z[:, -1],
+        relative_change=rel[:, -1],
+        candidate=held & judged,
+        judged=judged,
+        seasonal=seasonal,
+        residuals=residuals,
+        y=y,
+    )
+
+
+def seasonal_baseline(y: FloatArray, season_seconds: float, bin_seconds: float) -> FloatArray:
+    """Median of the same phase of the previous seasons (NaN with fewer than two of them)."""
+    out = np.full_like(y, np.nan)
+    lag = round(season_seconds / bin_seconds) if season_seconds > 0 else 0
+    if lag < 1 or y.shape[1] <= 2 * lag:
+        return out
+    seasons = (y.shape[1] - 1) // lag
+    stack = np.full((seasons, *y.shape), np.nan)
+    for k in range(1, seasons + 1):
+        stack[k - 1, :, k * lag :] = y[:, : y.shape[1] - k * lag]
+    enough = np.sum(~np.isnan(stack), axis=0) >= 2
+    return np.where(enough, nanmedian(np.moveaxis(stack, 0, -1), axis=-1), np.nan)
+
+
+def confirm_shift(
+    history: FloatArray, current: float, direction: str, alpha: float
+) -> tuple[bool, float | None]:
+    """Stage two: is ``current`` outside an AR(1) one-step prediction interval of ``history``.
+
+    ``history`` is the residual of non-overlapping windows, oldest first (NaN allowed: the state
+    space model skips them). Returns ``(confirmed, p_value)``; ``p_value`` is None when the
+    history is too short to fit (then the screen's word stands).
+    """
+    known = history[~np.isnan(history)]
+    if known.size < MIN_CONFIRM_POINTS:
+        return True, None
+    if np.ptp(known) == 0:
+        return bool(current != known[0]), None
+    from statsmodels.tsa.statespace.sarimax import SARIMAX
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # convergence chatter on short, flat histories
+        fitted = SARIMAX(history, order=(1, 0, 0), trend="c").fit(disp=False)
+        forecast = fitted.get_forecast(steps=1)
+        mean = float(np.asarray(forecast.predicted_mean)[0])
+        se = float(np.asarray(forecast.se_mean)[0])
+    if not (math.isfinite(se) and se > 0):
+        return True, None
+    z = (current - mean) / se
+    if direction == "increase":
+        p = float(stats.norm.sf(z))
+    elif direction == "decrease":
+        p = float(stats.norm.cdf(z))
+    else:
+        p = float(2 * stats.norm.sf(abs(z)))
+    return p < alpha, p
+
+
+def _judge(
+    subject: Binned,
+    i: int,
+    judged: Evaluation,
+    params: DriftParams,
+    window_bins: int,
+    rule_id: str,
+    severity: str,
+) -> Finding:
+    screen = judged.screen
+    evidence: dict[str, JsonScalar] = {
+        "value": _f(screen.value[i]),
+        "baseline": _f(screen.baseline[i]),
+        "score": _f(screen.z[i]),
+        "threshold": params.threshold,
+        "relative_change": _f(screen.relative_change[i]),
+        "min_relative_change": params.min_relative_change,
+        "baseline_kind": "seasonal" if screen.seasonal[i] else "plain",
+    }
+    verdict = Verdict(int(judged.verdicts[i]))
+    if verdict is Verdict.UNKNOWN:
+        why = "no data in the current window" if math.isnan(screen.value[i]) else "short history"
+        return _finding(subject, params, rule_id, severity, verdict, evidence, why)
+    if screen.candidate[i]:
+        p = judged.p_values[i]
+        evidence["p_value"] = _f(p)
+        evidence["confirm"] = "screen_only" if math.isnan(p) else "ar1_interval"
+    summary = (
+        f"{subject.model} {params.statistic} of {subject.metric}: "
+        f"{_fmt(screen.value[i])} vs baseline {_fmt(screen.baseline[i])} "
+        f"(z {_fmt(screen.z[i])}, {_fmt(100 * screen.relative_change[i])} %)"
+    )
+    return _finding(
+        subject, params, rule_id, severity, verdict, evidence, summary, screen.y[i], window_bins
+    )
+
+
+def _finding(
+    subject: Binned,
+    params: DriftParams,
+    rule_id: str,
+    severity: str,
+    verdict: Verdict,
+    evidence: dict[str, JsonScalar],
+    summary: str,
+    y: FloatArray | None = None,
+    window_bins: int = 1,
+) -> Finding:
+    end = float(subject.times[-1] + subject.bin_seconds) if subject.times.size else 0.0
+    points: tuple[tuple[float, float], ...] = ()
+    if y is not None:
+        ends = subject.times + subject.bin_seconds
+        keep = np.flatnonzero(~np.isnan(y))
+        stride = max(1, math.ceil(keep.size / MAX_POINTS))
+        keep = keep[::-1][::stride][::-1]
+        points = tuple((float(ends[k]), float(y[k])) for k in keep)
+    full: dict[str, JsonScalar] = {
+        "model": subject.model,
+        "metric": subject.metric,
+        "statistic": params.statistic,
+        "direction": params.direction,
+        "window_seconds": window_bins * subject.bin_seconds
+        if y is not None
+        else params.window_seconds,
+        "history_seconds": params.history_seconds,
+        "season_seconds": params.season_seconds,
+        "bin_seconds": subject.bin_seconds,
+        "series": subject.series,
+        **evidence,
+    }
+    return Finding(
+        rule_id=rule_id,
+        detector=DETECTOR,
+        subject=f"{subject.model}/{subject.metric}/{params.statistic}",
+        verdict=verdict,
+        severity=severity,
+        window_start=end - params.window_seconds,
+        window_end=end,
+        summary=summary,
+        evidence=full,
+        points=points,
+    )
+
+
+def _bad(x: FloatArray, direction: str) -> FloatArray:
+    """The part of a signed change that is bad: positive = worse."""
+    if direction == "increase":
+        return x
+    if direction == "decrease":
+        return -x
+    return np.abs(x)
+
+
+def _num(value: object) -> float:
+    if isinstance(value, int | float):
+        return float(value)
+    raise TypeError(f"expected a number, got {value!r}")
+
+
+def _f(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}" if math.isfinite(x) else "n/a"
