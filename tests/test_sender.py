@@ -408,15 +408,23 @@ def test_flush_drains_and_reports_failure_without_waiting(
 
 
 class ObservedEvent(threading.Event):
-    """An event that tells when someone starts waiting on it."""
+    """An event that counts the times someone started waiting on it."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.waiting = threading.Event()
+        self.waits = 0
+        self._changed = threading.Condition()
 
     def wait(self, timeout: float | None = None) -> bool:
-        self.waiting.set()
+        with self._changed:
+            self.waits += 1
+            self._changed.notify_all()
         return super().wait(timeout)
+
+    def wait_for_waits(self, count: int, timeout: float) -> bool:
+        """Until someone has started waiting ``count`` times in all (False on timeout)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.waits >= count, timeout)
 
 
 def test_run_sends_on_wake_and_stops_promptly_when_idle(
@@ -428,14 +436,12 @@ def test_run_sends_on_wake_and_stops_promptly_when_idle(
     thread = threading.Thread(target=sender.run, args=(stop,), daemon=True)
     fill(spool, range(1, 3))
     thread.start()
-    assert wake.waiting.wait(10)  # sent what there was, now idle
+    assert wake.wait_for_waits(1, 30)  # sent what there was, now idle
     assert collector.accepted == [1, 2]
-    collector.received.clear()
+    idle_waits = wake.waits
     spool.append(record(3))
     wake.set()
-    assert collector.received.wait(10)
-    wake.waiting.clear()  # the sender thread is busy with this request right now
-    assert wake.waiting.wait(10)  # idle again
+    assert wake.wait_for_waits(idle_waits + 1, 30)  # woke, sent, and is idle again
     assert collector.accepted == [1, 2, 3]
     stop.set()
     wake.set()  # the documented way to stop: stop, then wake
@@ -452,7 +458,7 @@ def test_run_stops_promptly_during_backoff(
     collector.fail_next(1, Reply(503, headers=(("Retry-After", "900"),)))
     spool.append(record(1))
     thread.start()
-    assert stop.waiting.wait(10)  # parked in a 900 s backoff
+    assert stop.wait_for_waits(1, 30)  # parked in a 900 s backoff
     spool.append(record(2))
     sender.wake.set()  # new data must not cut the backoff short
     stop.set()
