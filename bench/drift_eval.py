@@ -55,9 +55,10 @@ VLLM_E2E_BOUNDS = (
 )  # fmt: skip
 FINE_BOUNDS = tuple(float(b) for b in np.geomspace(0.5, 500.0, 73))  # ~10 % buckets
 POOL_SECONDS = 900.0
+POOL_RECORDS = 400
 MEAN_RATE = 10.0
 JITTER = 0.05
-CHUNK = 400
+CHUNK = 200
 
 LATENCY = DriftParams(
     statistic="p99",
@@ -66,7 +67,7 @@ LATENCY = DriftParams(
     history_seconds=6 * 3600.0,
     season_seconds=0.0,
     threshold=4.0,
-    min_relative_change=0.1,
+    min_relative_change=0.15,
     bin_seconds=BIN,
 )
 THROUGHPUT = replace(LATENCY, statistic="rate", direction="decrease", history_seconds=2 * 3600.0)
@@ -100,15 +101,17 @@ def latency_parts(
 ) -> np.ndarray:
     """Bins × (buckets + sum) of a resampled request stream; ``factor`` scales each bin."""
     centers = lat.grid + BIN / 2
-    lo = np.searchsorted(lat.times, centers - POOL_SECONDS)
-    hi = np.searchsorted(lat.times, centers + POOL_SECONDS)
     if traffic == "real":
+        lo = np.searchsorted(lat.times, centers - POOL_SECONDS)
+        hi = np.searchsorted(lat.times, centers + POOL_SECONDS)
         density = (hi - lo) / (2 * POOL_SECONDS)
         rate = density * MEAN_RATE / density.mean()
     else:
         rate = np.full(centers.size, MEAN_RATE)
+    mid = np.searchsorted(lat.times, centers)
+    lo = np.clip(mid - POOL_RECORDS // 2, 0, lat.times.size - POOL_RECORDS)
+    hi = lo + POOL_RECORDS
     n = rng.poisson(rate * BIN)
-    n[hi <= lo] = 0
     which = np.repeat(np.arange(centers.size), n)
     pick = lo[which] + (rng.random(which.size) * (hi - lo)[which]).astype(np.int64)
     values = lat.seconds[pick] * np.exp(JITTER * rng.standard_normal(which.size)) * factor[which]
@@ -152,9 +155,21 @@ def replay(
     return verdicts, np.array([confirm_seconds])
 
 
-def alerts(verdicts: np.ndarray) -> int:
+MERGE_BINS = 120
+"""Alerts closer than 30 min to the end of the previous one are one episode (one incident)."""
+
+
+def alerts(verdicts: np.ndarray) -> tuple[int, int]:
+    """(rising edges of FIRING, episodes: edges more than ``MERGE_BINS`` after the last FIRING)."""
     firing = verdicts == int(Verdict.FIRING)
-    return int(firing[0]) + int(np.count_nonzero(firing[1:] & ~firing[:-1]))
+    on = np.flatnonzero(firing)
+    edges = np.flatnonzero(firing & ~np.concatenate([[False], firing[:-1]]))
+    episodes = 0
+    for e in edges.tolist():
+        before = on[on < e]
+        if before.size == 0 or e - int(before[-1]) > MERGE_BINS:
+            episodes += 1
+    return int(edges.size), episodes
 
 
 def first_cycles(n_bins: int, params: DriftParams) -> int:
@@ -180,13 +195,15 @@ def summarize(name: str, delays: list[float], limit: float = 300.0) -> None:
     )
 
 
-def rate_line(name: str, n_alerts: int, series_hours: float, unknown: float) -> None:
+def rate_line(name: str, n_alerts: int, series_hours: float, unknown: float, episodes: int) -> None:
     per_week = n_alerts / series_hours * 168
     bound = max(n_alerts, 3) / series_hours * 168 if n_alerts == 0 else math.nan
     extra = f"  (0 alerts: 95 % upper bound {bound:.2f}/week)" if n_alerts == 0 else ""
     print(
         f"  {name:<34} alerts={n_alerts:3d} over {series_hours:7.1f} series-h "
-        f"= {per_week:.2f} per series-week{extra}; UNKNOWN cycles {100 * unknown:.1f} %"
+        f"= {per_week:.2f} per series-week{extra}; episodes (30 min merge) {episodes} "
+        f"= {episodes / series_hours * 168:.2f} per series-week; "
+        f"UNKNOWN cycles {100 * unknown:.1f} %"
     )
 
 
@@ -203,22 +220,29 @@ def gentd26(args: argparse.Namespace) -> None:
         f"hold {params.hold_bins} bins"
     )
     ones = np.ones(n)
-    for bounds_name, bounds in (("vllm", VLLM_E2E_BOUNDS), ("fine", FINE_BOUNDS)):
-        for traffic in ("flat", "real"):
+    layouts = {"fine": FINE_BOUNDS, "vllm": VLLM_E2E_BOUNDS}
+    for bounds_name in args.buckets:
+        bounds = layouts[bounds_name]
+        for traffic in args.traffic:
             label = f"{traffic} traffic, {bounds_name} buckets"
             t0 = time.perf_counter()
             total = unknown = 0
-            n_alerts = 0
+            n_alerts = n_episodes = 0
+            when: list[str] = []
             for seed in range(args.seeds):
                 rng = np.random.default_rng(seed)
                 parts = latency_parts(lat, rng, traffic=traffic, bounds=bounds, factor=ones)
                 binned = Binned("gentd26", "latency", Kind.HISTOGRAM, lat.grid, parts, BIN, bounds)
                 verdicts, _ = replay(binned, params, cycles)
-                n_alerts += alerts(verdicts)
+                a, e = alerts(verdicts)
+                n_alerts, n_episodes = n_alerts + a, n_episodes + e
+                fired = cycles[verdicts == int(Verdict.FIRING)]
+                when.append(",".join(sorted({f"{h:.0f}" for h in fired * BIN / 3600})))
                 unknown += int(np.count_nonzero(verdicts == int(Verdict.UNKNOWN)))
                 total += verdicts.size
             hours = total * BIN / 3600
-            rate_line(f"A/A {label}", n_alerts, hours, unknown / total)
+            rate_line(f"A/A {label}", n_alerts, hours, unknown / total, n_episodes)
+            print(f"    hours of the day with FIRING cycles, per seed: {' | '.join(when)}")
             for kind in ("step", "ramp"):
                 delays = []
                 rng = np.random.default_rng(1000)
@@ -240,7 +264,7 @@ def gentd26(args: argparse.Namespace) -> None:
                     binned = Binned(
                         "gentd26", "latency", Kind.HISTOGRAM, lat.grid, parts, BIN, bounds
                     )
-                    window = np.arange(onset - 20, min(n, onset + 240))
+                    window = np.arange(onset - 20, min(n, onset + (80 if kind == "step" else 160)))
                     verdicts, _ = replay(binned, params, window)
                     delays.append(delay_of(verdicts, window, onset))
                 summarize(f"20 % {kind} {label}", delays, 300.0 if kind == "step" else 1800.0)
@@ -255,7 +279,7 @@ def pai(args: argparse.Namespace) -> None:
         f"workers; window {params.window_seconds:.0f} s, history "
         f"{params.history_seconds / 3600:.0f} h, direction {params.direction}"
     )
-    total = unknown = n_alerts = 0
+    total = unknown = n_alerts = n_episodes = 0
     per_worker = []
     step_delays: list[float] = []
     ramp_delays: list[float] = []
@@ -268,8 +292,9 @@ def pai(args: argparse.Namespace) -> None:
         parts = np.asarray(throughput_parts(batch, np.ones(n)), dtype=np.float64)
         binned = Binned(name, "throughput", Kind.COUNTER, times, parts, BIN)
         verdicts, _ = replay(binned, params, cycles)
-        a = alerts(verdicts)
+        a, e = alerts(verdicts)
         n_alerts += a
+        n_episodes += e
         per_worker.append(f"{name.split('/')[1]}:{a}")
         unknown += int(np.count_nonzero(verdicts == int(Verdict.UNKNOWN)))
         total += verdicts.size
@@ -282,11 +307,11 @@ def pai(args: argparse.Namespace) -> None:
                 else:
                     factor = 1.0 - 0.2 * np.clip((np.arange(n) - onset) / (1800 / BIN), 0, 1)
                 b2 = replace(binned, parts=throughput_parts(batch, factor))
-                window = np.arange(onset - 20, min(n, onset + 240))
+                window = np.arange(onset - 20, min(n, onset + (80 if kind == "step" else 160)))
                 verdicts, _ = replay(b2, params, window)
                 out.append(delay_of(verdicts, window, onset))
             del k
-    rate_line("A/A job 4 (all workers)", n_alerts, total * BIN / 3600, unknown / total)
+    rate_line("A/A job 4 (all workers)", n_alerts, total * BIN / 3600, unknown / total, n_episodes)
     print(f"    alerts per worker: {' '.join(per_worker)}")
     summarize("20 % step (throughput x 0.8)", step_delays, 300.0)
     summarize("20 % ramp over 30 min", ramp_delays, 1800.0)
@@ -297,6 +322,8 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=25, help="GenTD26 A/A resamplings")
     parser.add_argument("--injections", type=int, default=40, help="injections per setting")
     parser.add_argument("--only", choices=("gentd26", "pai"), default=None)
+    parser.add_argument("--buckets", nargs="+", choices=("fine", "vllm"), default=["fine", "vllm"])
+    parser.add_argument("--traffic", nargs="+", choices=("flat", "real"), default=["flat", "real"])
     args = parser.parse_args()
     if not (DATA / "alibaba_gentd26").is_dir():
         print(f"data not found under {DATA}")

@@ -124,7 +124,7 @@ def test_no_deploy_no_finding(tmp_path, rules, services):
 @pytest.mark.parametrize(
     ("steps", "expected"),
     [
-        ([(0, 0.3), (4 * 3600, 0.6)], Verdict.FIRING),  # a step doubles the p95
+        ([(0, 0.3), (5 * 3600, 0.6)], Verdict.FIRING),  # a recent step doubles the p95
         ([(0, 0.3)], Verdict.CLEAR),  # nothing changes
     ],
     ids=["step", "steady"],

@@ -3,16 +3,16 @@
 Two stages, as everywhere in detection:
 
 1. **Screen** every selected subject at once. Per bin ``t``, ``y[t]`` is the statistic over the
-   window ending there (merged histogram buckets, summed counters). The baseline is the median of
-   the same phase of the previous seasons when the store holds at least two of them, else none
-   (the residual is ``y`` itself). A subject is a candidate when the robust z of its residual
-   against the history (median/MAD, the current window excluded) passes ``threshold`` in the bad
-   direction *and* the change is at least ``min_relative_change`` of the baseline, for each of the
-   last ``hold_bins`` bins.
+   window ending there (merged histogram buckets, summed counters). The residual is ``y`` minus
+   the median of the same phase of the previous seasons (when the store holds at least two of
+   them) minus the local level (median of the ``LOCAL_WINDOWS`` windows before the judged one).
+   A subject is a candidate when the robust z of its residual against the history (median/MAD,
+   the current window excluded) passes ``threshold`` in the bad direction *and* the change is at
+   least ``min_relative_change`` of the baseline, for each of the last ``hold_bins`` bins.
 2. **Confirm** only the candidates with statsmodels: an AR(1)+constant SARIMAX fitted on the
-   residuals of non-overlapping history windows gives a one-step-ahead prediction interval for
-   the current window (the autocorrelation of telemetry is in the model, not ignored); the
-   candidate fires when the current residual is outside it (``confirm_alpha``). With fewer than
+   (winsorised) residuals of non-overlapping history windows gives a prediction interval for the
+   current window (the autocorrelation of telemetry is in the model, not ignored); the candidate
+   fires when the current residual is outside it (``confirm_alpha``). With fewer than
    ``MIN_CONFIRM_POINTS`` history windows the screen decides alone, and the evidence says so.
 
 Missing data is never healthy: a subject whose current window is under-covered, or whose history
@@ -52,8 +52,12 @@ MIN_COVERAGE = 0.5
 """Share of a window's bins that must hold data for its statistic to count."""
 MIN_HISTORY_WINDOWS = 3
 """History must hold at least this many windows' worth of known bins (and 30 bins)."""
+LOCAL_WINDOWS = 12
+"""Windows before the judged one whose median is the local level."""
 MIN_CONFIRM_POINTS = 8
 CONFIRM_ALPHA = 1e-3
+WINSOR_SIGMAS = 5.0
+"""History residuals are clipped this many robust sigmas from their median before the fit."""
 MAX_POINTS = 240
 RELATIVE_SCALE_FLOOR = 1e-3
 """The robust scale is at least this share of the baseline (a flat history is not infinitely
@@ -106,6 +110,8 @@ class Screen:
     residuals: FloatArray
     """Subjects × bins: the residual each z was computed from."""
     y: FloatArray
+    history_end: int
+    """Bins before this index are the history (the current window and hold excluded)."""
 
 
 def run_model_drift(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
@@ -169,11 +175,16 @@ def evaluate(
     verdicts = np.where(screen.judged, int(Verdict.CLEAR), int(Verdict.UNKNOWN)).astype(np.int8)
     p_values = np.full(y.shape[0], np.nan)
     last = y.shape[1] - 1
-    idx = np.arange(last - window_bins, -1, -window_bins)[::-1]
+    idx = np.arange(screen.history_end - 1, -1, -window_bins)[::-1]
+    steps = max(1, math.ceil((last - int(idx[-1])) / window_bins)) if idx.size else 1
     for i in np.flatnonzero(screen.candidate).tolist():
         residuals = screen.residuals[i]
         confirmed, p = confirm_shift(
-            residuals[idx], float(residuals[last]), params.direction, params.confirm_alpha
+            residuals[idx],
+            float(residuals[last]),
+            params.direction,
+            params.confirm_alpha,
+            steps=steps,
         )
         if p is not None:
             p_values[i] = p
@@ -193,27 +204,34 @@ def window_statistic(subject: Binned, params: DriftParams, window_bins: int) -> 
 def screen_drift(
     y: FloatArray, params: DriftParams, *, window_bins: int, bin_seconds: float
 ) -> Screen:
-    """Stage one over ``subjects × bins`` window statistics (NaN = not enough data)."""
+    """Stage one over ``subjects × bins`` window statistics (NaN = not enough data).
+
+    The residual is ``y`` minus its seasonal baseline (when there is one) minus its local level:
+    the median of the ``LOCAL_WINDOWS`` non-overlapping windows before the one judged. The
+    local level takes out what a season cannot (a slow drift through a day without a previous
+    day to compare with), and makes a change "new" for ``LOCAL_WINDOWS`` windows, after which it
+    is the new normal.
+    """
     n, bins = y.shape
     hold = params.hold_bins
     seasonal_base = seasonal_baseline(y, params.season_seconds, bin_seconds)
     seasonal: npt.NDArray[np.bool_] = np.asarray(
         ~np.isnan(seasonal_base[:, -hold:]).any(axis=1), dtype=bool
     )
-    residuals = np.where(seasonal[:, None], y - seasonal_base, y)
+    deseasonal = np.where(seasonal[:, None], y - seasonal_base, y)
+    local = local_level(deseasonal, window_bins)
+    residuals = deseasonal - local
     history_end = max(0, bins - window_bins - hold)
     hist = residuals[:, :history_end]
     known_hist = np.sum(~np.isnan(hist), axis=1)
     min_known = max(MIN_HISTORY_WINDOWS * window_bins, 30)
     center = nanmedian(hist, axis=1) if history_end else np.full(n, np.nan)
-    level = np.where(seasonal, seasonal_base[:, -1] + center, nanmedian(y[:, :history_end], axis=1))
+    base_now = local[:, -hold:] + center[:, None]
+    base_now = np.where(seasonal[:, None], seasonal_base[:, -hold:] + base_now, base_now)
     scale = robust_scale(hist, center, axis=1) if history_end else np.full(n, np.nan)
     with np.errstate(invalid="ignore"):
-        scale = np.maximum(scale, RELATIVE_SCALE_FLOOR * np.abs(level))
+        scale = np.maximum(scale, RELATIVE_SCALE_FLOOR * np.abs(base_now[:, -1]))
     current = residuals[:, -hold:]
-    base_now = np.where(
-        seasonal[:, None], seasonal_base[:, -hold:] + center[:, None], level[:, None]
-    )
     with np.errstate(invalid="ignore", divide="ignore"):
         z = (current - center[:, None]) / scale[:, None]
         rel = (y[:, -hold:] - base_now) / np.abs(base_now)
@@ -222,7 +240,7 @@ def screen_drift(
         flags = (bad_z >= params.threshold) & (bad_rel >= params.min_relative_change)
     known_now = ~np.isnan(current)
     held = held_for(flags, hold, known=known_now)[:, -1] & known_now.all(axis=1)
-    judged = (known_hist >= min_known) & ~np.isnan(y[:, -1])
+    judged = (known_hist >= min_known) & ~np.isnan(current[:, -1])
     return Screen(
         value=y[:, -1],
         baseline=base_now[:, -1],
@@ -233,7 +251,22 @@ def screen_drift(
         seasonal=seasonal,
         residuals=residuals,
         y=y,
+        history_end=history_end,
     )
+
+
+def local_level(x: FloatArray, window_bins: int, windows: int = LOCAL_WINDOWS) -> FloatArray:
+    """Per bin, the median of ``x`` one, two, ... ``windows`` windows earlier.
+
+    NaN where fewer than half of them are known.
+    """
+    stack = np.full((windows, *x.shape), np.nan)
+    for j in range(1, windows + 1):
+        lag = j * window_bins
+        if lag < x.shape[1]:
+            stack[j - 1, :, lag:] = x[:, : x.shape[1] - lag]
+    enough = np.sum(~np.isnan(stack), axis=0) * 2 >= windows
+    return np.where(enough, nanmedian(np.moveaxis(stack, 0, -1), axis=-1), np.nan)
 
 
 def seasonal_baseline(y: FloatArray, season_seconds: float, bin_seconds: float) -> FloatArray:
@@ -251,9 +284,9 @@ def seasonal_baseline(y: FloatArray, season_seconds: float, bin_seconds: float) 
 
 
 def confirm_shift(
-    history: FloatArray, current: float, direction: str, alpha: float
+    history: FloatArray, current: float, direction: str, alpha: float, *, steps: int = 1
 ) -> tuple[bool, float | None]:
-    """Stage two: is ``current`` outside an AR(1) one-step prediction interval of ``history``.
+    """Stage two: is ``current`` outside an AR(1) prediction interval ``steps`` after ``history``.
 
     ``history`` is the residual of non-overlapping windows, oldest first (NaN allowed: the state
     space model skips them). Returns ``(confirmed, p_value)``; ``p_value`` is None when the
@@ -264,14 +297,20 @@ def confirm_shift(
         return True, None
     if np.ptp(known) == 0:
         return bool(current != known[0]), None
+    # Winsorise: one past outlier must not widen the interval of every later window.
+    center = float(np.median(known))
+    spread = WINSOR_SIGMAS * float(
+        robust_scale(known[np.newaxis, :], np.array([center]), axis=1)[0]
+    )
+    history = np.clip(history, center - spread, center + spread)
     from statsmodels.tsa.statespace.sarimax import SARIMAX
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # convergence chatter on short, flat histories
         fitted = SARIMAX(history, order=(1, 0, 0), trend="c").fit(disp=False)
-        forecast = fitted.get_forecast(steps=1)
-        mean = float(np.asarray(forecast.predicted_mean)[0])
-        se = float(np.asarray(forecast.se_mean)[0])
+        forecast = fitted.get_forecast(steps=steps)
+        mean = float(np.asarray(forecast.predicted_mean)[-1])
+        se = float(np.asarray(forecast.se_mean)[-1])
     if not (math.isfinite(se) and se > 0):
         return True, None
     z = (current - mean) / se

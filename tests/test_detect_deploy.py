@@ -1,0 +1,157 @@
+"""Deploy regression: before/after around a deploy event, through the real store and storage."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuwarden.collector.build import build_service
+from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.detect.deploy import run_deploy_regression, two_sample_p
+from gpuwarden.collector.detect.findings import Verdict
+from gpuwarden.collector.otlp import HistogramPoint, NumberPoint
+from gpuwarden.collector.records import Event, EventKind
+from gpuwarden.collector.rules import Rule, default_rules_dir, load_rules
+
+T0 = 1_767_225_600.0
+STEP = 10
+N = 2 * 360  # 2 h of 10 s points
+DEPLOY = T0 + 3600.0
+END = T0 + N * STEP
+BOUNDS = tuple(float(b) for b in np.geomspace(0.05, 50.0, 61))
+
+
+def latency_points(factor: np.ndarray, model: str, seed: int = 5) -> list[HistogramPoint]:
+    rng = np.random.default_rng(seed)
+    nb = len(BOUNDS) + 1
+    cumulative = np.zeros(nb)
+    total = 0.0
+    out = []
+    for i in range(factor.size):
+        values = rng.lognormal(0.0, 0.4, 60) * factor[i]
+        cumulative += np.bincount(np.searchsorted(BOUNDS, values), minlength=nb)
+        total += float(values.sum())
+        out.append(
+            HistogramPoint(
+                resource={"host.name": "gpu-1"},
+                metric="gpuwarden.model.request.latency",
+                unit="s",
+                attributes={"model": model},
+                time_unix_nano=int((T0 + (i + 1) * STEP) * 1e9),
+                bounds=BOUNDS,
+                bucket_counts=tuple(int(c) for c in cumulative),
+                sum_value=total,
+            )
+        )
+    return out
+
+
+def request_points(fail_ratio: np.ndarray, model: str) -> list[NumberPoint]:
+    rng = np.random.default_rng(9)
+    ok = failed = 0.0
+    out = []
+    for i in range(fail_ratio.size):
+        n = rng.poisson(50)
+        bad = rng.binomial(n, fail_ratio[i])
+        ok, failed = ok + n - bad, failed + bad
+        ns = int((T0 + (i + 1) * STEP) * 1e9)
+        for outcome, value in (("success", ok), ("failure", failed)):
+            out.append(
+                NumberPoint(
+                    {"host.name": "gpu-1"}, "gpuwarden.model.requests", "{request}", "sum", True,
+                    {"model": model, "outcome": outcome}, ns, value,
+                )
+            )  # fmt: skip
+    return out
+
+
+@pytest.fixture
+def service(tmp_path: Path):
+    svc = build_service(
+        CollectorConfig(database=tmp_path / "c.db", recent_hours=6), clock=lambda: END + STEP
+    )
+    after = (T0 + (np.arange(N) + 1) * STEP) > DEPLOY
+    for model, size in (("slower", 1.3), ("same", 1.0)):
+        factor = np.where(after, size, 1.0)
+        assert svc.accept_histograms(latency_points(factor, model), "test") == 0
+        svc.storage.record_event(
+            Event(time=DEPLOY, kind=EventKind.DEPLOY, subject=model, attributes={"version": "v2"})
+        )
+    svc.accept(request_points(np.where(after, 0.05, 0.01), "slower"), "test")
+    svc.accept(request_points(np.full(N, 0.01), "same"), "test")
+    return svc
+
+
+def rule_with(**params: float | str) -> Rule:
+    rules = load_rules([default_rules_dir()], runbooks_dir=None)
+    base = rules.get("deploy-regression")
+    assert base is not None
+    return replace(base, parameters={**base.parameters, **params})
+
+
+@pytest.mark.parametrize("test", ["mann_whitney", "ks", "welch"])
+def test_a_slower_deploy_fires_and_an_unchanged_one_does_not(service, test):
+    rule = rule_with(test=test)
+    found = {f.evidence["model"]: f for f in run_deploy_regression(service, rule, END)}
+    assert set(found) == {"slower", "same"}
+    slow = found["slower"]
+    assert slow.verdict is Verdict.FIRING, slow.summary
+    p = slow.evidence["p_value"]
+    assert isinstance(p, float)
+    assert p < 0.01
+    assert slow.evidence["relative_change"] == pytest.approx(0.3, abs=0.12)
+    assert slow.evidence["version"] == "v2"
+    assert slow.subject.startswith("slower/gpuwarden.model.request.latency/p95@deploy:")
+    assert slow.points
+    assert found["same"].verdict is Verdict.CLEAR, found["same"].summary
+
+
+def test_error_ratio_after_a_deploy(service):
+    rule = rule_with(statistic="error_ratio", min_relative_change=0.5)
+    rule = replace(rule, selector=replace(rule.selector, metrics=("gpuwarden.model.requests",)))
+    found = {f.evidence["model"]: f for f in run_deploy_regression(service, rule, END)}
+    assert found["slower"].verdict is Verdict.FIRING, found["slower"].summary
+    assert found["same"].verdict is Verdict.CLEAR, found["same"].summary
+
+
+def test_direction_decrease_ignores_a_slowdown(service):
+    found = run_deploy_regression(service, rule_with(direction="decrease"), END)
+    assert all(f.verdict is Verdict.CLEAR for f in found)
+
+
+def test_a_deploy_is_not_judged_before_its_after_window_is_complete(service):
+    assert run_deploy_regression(service, rule_with(), DEPLOY + 1200) == []
+
+
+def test_a_deploy_without_data_after_it_is_unknown(tmp_path: Path):
+    svc = build_service(
+        CollectorConfig(database=tmp_path / "c.db", recent_hours=6), clock=lambda: END
+    )
+    before_only = latency_points(np.ones(N // 2), "m")  # points stop at the deploy
+    svc.accept_histograms(before_only, "test")
+    svc.storage.record_event(Event(time=DEPLOY, kind=EventKind.DEPLOY, subject="m"))
+    (finding,) = run_deploy_regression(svc, rule_with(), END)
+    assert finding.verdict is Verdict.UNKNOWN
+
+
+@pytest.mark.parametrize(
+    ("test", "direction", "shift", "small"),
+    [
+        ("mann_whitney", "increase", 1.0, True),
+        ("mann_whitney", "increase", -1.0, False),
+        ("mann_whitney", "decrease", -1.0, True),
+        ("ks", "increase", 1.0, True),
+        ("ks", "increase", -1.0, False),
+        ("welch", "both", -1.0, True),
+        ("welch", "increase", 0.0, False),
+    ],
+)
+def test_two_sample_p_directions(test, direction, shift, small):
+    rng = np.random.default_rng(0)
+    x = rng.normal(0.0, 1.0, 40)
+    y = rng.normal(shift, 1.0, 40)
+    p = two_sample_p(x, y, test, direction)
+    assert (p < 0.01) is small, p

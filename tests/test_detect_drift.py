@@ -1,0 +1,207 @@
+"""Model drift: table-driven verdicts on synthetic histograms, gaps, and the store path."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuwarden.collector.build import build_service
+from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.detect.drift import DriftParams, detect_drift, run_model_drift
+from gpuwarden.collector.detect.findings import Verdict
+from gpuwarden.collector.detect.model_series import Binned, quantiles
+from gpuwarden.collector.otlp import HistogramPoint
+from gpuwarden.collector.rules import default_rules_dir, load_rules
+from gpuwarden.collector.store_histograms import histogram_quantile
+from gpuwarden.collector.store_types import Kind
+
+BIN = 15.0
+BOUNDS = tuple(float(b) for b in np.geomspace(0.05, 50.0, 61))
+HOURS = 4
+N = int(HOURS * 3600 / BIN)
+PARAMS = DriftParams(
+    statistic="p99",
+    direction="increase",
+    window_seconds=300.0,
+    history_seconds=HOURS * 3600.0,
+    season_seconds=0.0,
+    threshold=4.0,
+    min_relative_change=0.1,
+    bin_seconds=BIN,
+)
+
+
+def histogram_bins(factor: np.ndarray, seed: int = 0, per_bin: int = 150) -> np.ndarray:
+    """Bins × (buckets + sum) of lognormal latencies (median 1 s) times ``factor`` per bin."""
+    rng = np.random.default_rng(seed)
+    which = np.repeat(np.arange(factor.size), per_bin)
+    values = rng.lognormal(0.0, 0.4, which.size) * factor[which]
+    nb = len(BOUNDS) + 1
+    b = np.searchsorted(BOUNDS, values, side="left")
+    counts = np.bincount(which * nb + b, minlength=factor.size * nb).reshape(factor.size, nb)
+    sums = np.bincount(which, weights=values, minlength=factor.size)
+    return np.column_stack([counts.astype(np.float64), sums])
+
+
+def times() -> np.ndarray:
+    return np.asarray(np.arange(N) * BIN, dtype=np.float64)
+
+
+def step(at: int, size: float) -> np.ndarray:
+    f = np.ones(N)
+    f[N - at :] = size
+    return f
+
+
+def gap(parts: np.ndarray, first: int, last: int) -> np.ndarray:
+    out = parts.copy()
+    out[first:last] = np.nan
+    return out
+
+
+# (name, factor per bin, gap [first, last) as bins from the end or None, params, expected)
+CASES = [
+    ("flat", np.ones(N), None, PARAMS, Verdict.CLEAR),
+    ("30 % step 4 min ago", step(16, 1.3), None, PARAMS, Verdict.FIRING),
+    ("30 % step 30 s ago: not held long enough", step(2, 1.3), None, PARAMS, Verdict.CLEAR),
+    ("30 % drop, direction increase", step(16, 0.7), None, PARAMS, Verdict.CLEAR),
+    ("30 % drop 6 min ago, direction decrease", step(24, 0.7), None,
+     replace(PARAMS, direction="decrease"), Verdict.FIRING),
+    ("30 % drop 6 min ago, direction both", step(24, 0.7), None, replace(PARAMS, direction="both"),
+     Verdict.FIRING),
+    ("5 % step: below min_relative_change", step(16, 1.05), None, PARAMS, Verdict.CLEAR),
+    ("30 % step but threshold 50", step(16, 1.3), None, replace(PARAMS, threshold=50.0),
+     Verdict.CLEAR),
+    ("current window missing", step(16, 1.3), (20, 0), PARAMS, Verdict.UNKNOWN),
+    ("current window half missing, rest flat", np.ones(N), (10, 0), PARAMS, Verdict.CLEAR),
+    ("current window mostly missing", step(16, 1.3), (16, 0), PARAMS, Verdict.UNKNOWN),
+    ("history missing", step(16, 1.3), (N, 30), PARAMS, Verdict.UNKNOWN),
+    ("gap in the middle of history, then a step", step(16, 1.3), (N // 2, N // 4), PARAMS,
+     Verdict.FIRING),
+    ("p50 statistic, 30 % step", step(16, 1.3), None, replace(PARAMS, statistic="p50"),
+     Verdict.FIRING),
+    ("mean statistic, 30 % step", step(16, 1.3), None, replace(PARAMS, statistic="mean"),
+     Verdict.FIRING),
+    ("rate is not a histogram statistic", step(16, 1.3), None, replace(PARAMS, statistic="rate"),
+     Verdict.UNKNOWN),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "factor", "missing", "params", "expected"), CASES, ids=[c[0] for c in CASES]
+)
+def test_drift_verdicts(name, factor, missing, params, expected):
+    parts = histogram_bins(factor)
+    if missing is not None:
+        parts = gap(parts, N - missing[0], N - missing[1])
+    subject = Binned("m", "lat", Kind.HISTOGRAM, times(), parts, BIN, BOUNDS)
+    (finding,) = detect_drift([subject], params, rule_id="r", severity="warning")
+    assert finding.verdict is expected, (name, dict(finding.evidence), finding.summary)
+    if expected is Verdict.FIRING:
+        ev = finding.evidence
+        for key in ("window_seconds", "baseline", "threshold", "score", "relative_change"):
+            assert isinstance(ev[key], float), key
+        assert finding.points
+        assert finding.subject == f"m/lat/{params.statistic}"
+
+
+def test_missing_data_is_never_clear_nor_firing():
+    parts = np.full((N, len(BOUNDS) + 2), np.nan)
+    subject = Binned("m", "lat", Kind.HISTOGRAM, times(), parts, BIN, BOUNDS)
+    (finding,) = detect_drift([subject], PARAMS, rule_id="r", severity="warning")
+    assert finding.verdict is Verdict.UNKNOWN
+
+
+def test_seasonal_baseline_absorbs_a_daily_pattern_and_still_finds_a_step():
+    season = 3600.0  # a 1 h "day" so the test stays small: 4 h of history hold 3 seasons
+    t = times()
+    daily = 1.0 + 0.5 * (np.sin(2 * np.pi * t / season) > 0.95)  # a sharp 50 % peak each season
+    params = replace(PARAMS, season_seconds=season)
+    # judge right after a peak starts: a plain baseline would call the peak itself a drift
+    start = int(np.flatnonzero(np.diff((daily > 1).astype(int)) == 1)[-1]) + 17
+    stepped = daily.copy()
+    stepped[start - 16 :] *= 1.3
+    for factor, expected in ((daily, Verdict.CLEAR), (stepped, Verdict.FIRING)):
+        sub = Binned(
+            "m", "lat", Kind.HISTOGRAM, t[:start], histogram_bins(factor)[:start], BIN, BOUNDS
+        )
+        (found,) = detect_drift([sub], params, rule_id="r", severity="warning")
+        assert found.evidence["baseline_kind"] == "seasonal"
+        if expected is Verdict.CLEAR:
+            plain = detect_drift([sub], PARAMS, rule_id="r", severity="warning")[0]
+            assert plain.verdict is Verdict.FIRING  # what the season is there to prevent
+        assert found.verdict is expected, dict(found.evidence)
+
+
+def test_vectorised_quantiles_match_the_store():
+    rng = np.random.default_rng(3)
+    counts = rng.integers(0, 20, size=(50, len(BOUNDS) + 1)).astype(np.float64)
+    counts[3] = 0
+    for q in (0.5, 0.95, 0.99):
+        got = quantiles(q, BOUNDS, counts)
+        want = [histogram_quantile(q, BOUNDS, row) for row in counts]
+        np.testing.assert_allclose(got, want, equal_nan=True)
+
+
+# --- through the store -----------------------------------------------------------------------
+
+T0 = 1_767_225_600.0
+STEP = 10
+
+
+def feed(svc, factor: np.ndarray, model: str = "llama") -> None:
+    parts = histogram_bins(factor, seed=11, per_bin=100)
+    cumulative = np.cumsum(np.nan_to_num(parts), axis=0)
+    for i in range(factor.size):
+        svc.accept_histograms(
+            [
+                HistogramPoint(
+                    resource={"host.name": "gpu-1"},
+                    metric="gpuwarden.model.request.latency",
+                    unit="s",
+                    attributes={"model": model},
+                    time_unix_nano=int((T0 + (i + 1) * STEP) * 1e9),
+                    bounds=BOUNDS,
+                    bucket_counts=tuple(int(c) for c in cumulative[i, :-1]),
+                    sum_value=float(cumulative[i, -1]),
+                )
+            ],
+            "test",
+        )
+
+
+@pytest.fixture
+def rule():
+    rules = load_rules([default_rules_dir()], runbooks_dir=None)
+    base = rules.get("model-latency-drift")
+    assert base is not None
+    params = dict(base.parameters)
+    params.update(
+        window_seconds=300.0,
+        history_seconds=3 * 3600.0,
+        season_seconds=0.0,
+        statistic="p99",
+        min_relative_change=0.1,
+    )
+    return replace(base, parameters=params)
+
+
+@pytest.mark.parametrize(("size", "expected"), [(1.0, Verdict.CLEAR), (1.3, Verdict.FIRING)])
+def test_runner_reads_histograms_from_the_store(tmp_path: Path, rule, size, expected):
+    n = 3 * 360  # 3 h of 10 s points
+    end = T0 + (n + 1) * STEP
+    svc = build_service(
+        CollectorConfig(database=tmp_path / "c.db", recent_hours=6), clock=lambda: end
+    )
+    factor = np.ones(n)
+    factor[-24:] = size  # the last 4 min
+    feed(svc, factor)
+    found = run_model_drift(svc, rule, end)
+    assert [f.subject for f in found] == ["llama/gpuwarden.model.request.latency/p99"]
+    assert found[0].verdict is expected, dict(found[0].evidence)
+    # an hour later with no new points: the window is empty, so UNKNOWN (never healthy)
+    later = run_model_drift(svc, rule, end + 3600)
+    assert later[0].verdict is Verdict.UNKNOWN
