@@ -8,13 +8,14 @@ import pytest
 
 from gpuwarden.collector.remediate.actuator import ActionRequest, Outcome
 from gpuwarden.collector.remediate.slurm_actuator import SlurmActuator
+from tests.collector_server import free_port
 from tests.slurm.cluster import SlurmCluster
 
 TIMEOUT_SECONDS = 60.0
 SCRIPT = "#!/bin/sh\nsleep 600\n"
 
 
-def request(kind: str, target: str, *, dry_run: bool = False, **params: str) -> ActionRequest:
+def request(kind: str, target: str, *, dry_run: bool = False, **params: object) -> ActionRequest:
     return ActionRequest(kind, target, f"key-{kind}-{target}", dry_run, params)
 
 
@@ -87,10 +88,16 @@ def test_drain_and_resume_a_node(slurm_cluster: SlurmCluster) -> None:
     dry = actuator.execute(request("drain", node, dry_run=True))
     assert dry.outcome is Outcome.DRY_RUN
     assert "drain" not in slurm_cluster.node_state()
+    before = actuator.probe(request("drain", node))
+    assert before is not None
+    assert before.outcome is Outcome.FAILED  # not drained: a crash before the call
     try:
         drained = actuator.execute(request("drain", node, reason="gpuwarden test: XID 79"))
         assert drained.outcome is Outcome.DONE, drained.detail
         assert slurm_cluster.node_state().startswith("drain")
+        after = actuator.probe(request("drain", node))
+        assert after is not None
+        assert after.outcome is Outcome.ALREADY_DONE
         assert actuator.execute(request("drain", node)).outcome is Outcome.ALREADY_DONE
         reason = slurm_cluster.run(["scontrol", "show", "node", node]).stdout
         assert "gpuwarden test: XID 79" in reason
@@ -99,3 +106,96 @@ def test_drain_and_resume_a_node(slurm_cluster: SlurmCluster) -> None:
     assert undone.outcome is Outcome.DONE, undone.detail
     assert "drain" not in slurm_cluster.node_state()
     assert actuator.execute(request("drain", "no-such-node")).outcome is Outcome.NOT_FOUND
+
+
+@pytest.mark.slurm
+def test_requeuehold_holds_and_unrequeueable_or_finished_jobs_are_refused(
+    slurm_cluster: SlurmCluster,
+) -> None:
+    actuator = SlurmActuator("gwtest", environ=slurm_cluster.env())
+    held = slurm_cluster.sbatch(SCRIPT, "--job-name=gw-hold")
+    pinned = slurm_cluster.sbatch(SCRIPT, "--job-name=gw-pinned", "--no-requeue")
+    try:
+        slurm_cluster.wait_for_state(held, {"RUNNING"}, TIMEOUT_SECONDS)
+        slurm_cluster.wait_for_state(pinned, {"RUNNING"}, TIMEOUT_SECONDS)
+        done = actuator.execute(request("requeue", f"slurm:gwtest:{held}", hold=True))
+        assert done.outcome is Outcome.DONE, done.detail
+        assert done.detail.startswith(f"requeuehold job {held}")
+        slurm_cluster.wait_for_state(held, {"PENDING"}, TIMEOUT_SECONDS)
+        shown = slurm_cluster.run(["scontrol", "show", "job", "-o", held]).stdout
+        assert "Priority=0" in shown
+        assert "Restarts=1" in shown
+        refused = actuator.execute(request("requeue", f"slurm:gwtest:{pinned}"))
+        assert refused.outcome is Outcome.REFUSED, refused.detail
+        assert "presently disabled" in refused.detail
+        assert slurm_cluster.job_state(pinned) == "RUNNING"
+    finally:
+        slurm_cluster.run(["scancel", held, pinned], check=False)
+    finished = slurm_cluster.sbatch("#!/bin/sh\ntrue\n", "--job-name=gw-done")
+    slurm_cluster.wait_for_state(finished, {"COMPLETED"}, TIMEOUT_SECONDS)
+    again = actuator.execute(request("requeue", f"slurm:gwtest:{finished}"))
+    assert again.outcome is Outcome.REFUSED  # a requeue would run a finished job again
+    assert slurm_cluster.job_state(finished) == "COMPLETED"
+
+
+@pytest.mark.slurm
+def test_an_unreachable_controller_is_failed_not_not_found(
+    slurm_cluster: SlurmCluster, tmp_path
+) -> None:
+    conf = tmp_path / "slurm.conf"
+    text = slurm_cluster.conf_path.read_text()
+    port = free_port()
+    conf.write_text(
+        "\n".join(
+            f"SlurmctldPort={port}" if line.startswith("SlurmctldPort=") else line
+            for line in text.splitlines()
+        )
+        + "\n"
+    )
+    environ = {**slurm_cluster.env(), "SLURM_CONF": str(conf)}
+    # scontrol keeps retrying the connection for ~13 s; the actuator's timeout ends it first
+    actuator = SlurmActuator("gwtest", environ=environ, timeout_seconds=2)
+    result = actuator.execute(request("requeue", "slurm:gwtest:1"))
+    assert result.outcome is Outcome.FAILED, result.detail
+    assert "timed out" in result.detail
+    assert actuator.execute(request("drain", slurm_cluster.hostname)).outcome is Outcome.FAILED
+
+
+class Answers:
+    """A fake ``scontrol``: answers each call with the next scripted (rc, stdout, stderr)."""
+
+    def __init__(self, *answers: tuple[int, str, str]) -> None:
+        self.answers = list(answers)
+        self.calls: list[list[str]] = []
+
+    def __call__(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        self.calls.append(args)
+        rc, out, err = self.answers.pop(0)
+        return subprocess.CompletedProcess(args, rc, out, err)
+
+
+RUNNING = (0, "JobId=7 JobState=RUNNING Reason=None Restarts=0\n", "")
+
+
+@pytest.mark.parametrize(
+    ("stderr", "outcome"),
+    [
+        ("scontrol: error: Job is pending execution for job 7", Outcome.ALREADY_DONE),
+        ("scontrol: error: Invalid job id specified for job 7", Outcome.NOT_FOUND),
+        ("Requested operation is presently disabled for job 7", Outcome.REFUSED),
+        ("Only batch jobs are accepted or processed for job 7", Outcome.REFUSED),
+        ("Access/permission denied for job 7", Outcome.REFUSED),
+        ("Unable to contact slurm controller (connect failure)", Outcome.FAILED),
+    ],
+)
+def test_scontrol_requeue_answers_map_to_outcomes(stderr: str, outcome: Outcome) -> None:
+    fake = Answers(RUNNING, (1, "", stderr))
+    result = SlurmActuator("gwtest", runner=fake).execute(request("requeue", "slurm:gwtest:7"))
+    assert result.outcome is outcome
+    assert fake.calls == [["scontrol", "show", "job", "-o", "7"], ["scontrol", "requeue", "7"]]
+
+
+def test_a_controller_error_on_show_is_failed_not_not_found() -> None:
+    fake = Answers((1, "", "slurm_load_jobs error: Unable to contact slurm controller"))
+    result = SlurmActuator("gwtest", runner=fake).execute(request("requeue", "slurm:gwtest:7"))
+    assert result.outcome is Outcome.FAILED

@@ -5,8 +5,11 @@ runs: a job key ``slurm:<cluster>:<id>`` of this actuator's cluster with a numer
 task ``<id>_<n>`` too), a node name that is one plain hostname (no lists, ranges or globs).
 ``scontrol``'s answers map to outcomes as measured on Slurm 22.05 (see the reference notes):
 a job already pending after a requeue is the wanted state (ALREADY_DONE), an unknown id is
-NOT_FOUND, a job that cannot be requeued (not a batch job, ``--no-requeue``) is REFUSED, and
-anything else, including a timeout, is FAILED (the remediator may retry).
+NOT_FOUND, a job that cannot be requeued (not a batch job, ``--no-requeue``, or one that has
+COMPLETED or was CANCELLED: a requeue would run a finished job again) is REFUSED, and anything
+else, including a timeout or an unreachable controller, is FAILED (the remediator may retry).
+``requeue`` with parameter ``hold: true`` (or an actuator built with ``hold=True``) runs
+``scontrol requeuehold``: the job waits for ``scontrol release``.
 
 Dry runs read ``scontrol show`` and say what would happen; nothing changes.
 """
@@ -30,6 +33,11 @@ NODE_KINDS = frozenset({"drain", "resume"})
 DEFAULT_DRAIN_REASON = "gpuwarden: GPU hardware fault"
 _REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 """States a requeued job passes through (REQUEUED briefly, then PENDING)."""
+_FINISHED_STATES = frozenset({"COMPLETED", "CANCELLED"})
+"""States a requeue must not touch: the job is done, or a person stopped it."""
+_MISSING = ("invalid job id", "not found")
+"""``scontrol show``'s answer (rc 1) for an unknown job (stderr ``Invalid job id specified``) or
+node (stdout ``Node <name> not found``), as Slurm 22.05 prints them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +107,10 @@ class SlurmActuator:
                 Outcome.REFUSED, f"{request.target!r} is not a {wanted} of cluster {self.cluster}"
             )
         if request.kind in REQUEUE_KINDS:
-            return self._requeue(target.name, dry_run=request.dry_run)
+            hold = request.parameters.get("hold", self._hold)
+            if not isinstance(hold, bool):
+                return ActionResult(Outcome.REFUSED, "parameter hold must be true or false")
+            return self._requeue(target.name, hold=hold, dry_run=request.dry_run)
         reason = str(request.parameters.get("reason", DEFAULT_DRAIN_REASON))
         if not _REASON.fullmatch(reason):
             return ActionResult(Outcome.REFUSED, "drain reason must be 1-200 printable characters")
@@ -120,14 +131,16 @@ class SlurmActuator:
         """
         target = self._target(request.target)
         fields = self._show(target.kind, target.name) if target is not None else None
-        if target is None or fields is None:
+        wanted = "job" if request.kind in REQUEUE_KINDS else "node"
+        if target is None or target.kind != wanted or not isinstance(fields, dict):
             return None
         if target.kind == "node":
             draining = "DRAIN" in fields.get("State", "")
-            if request.kind == "drain" and draining:
-                return ActionResult(Outcome.ALREADY_DONE, f"node {target.name} already draining")
-            return None
-        state = fields.get("JobState")
+            state = fields.get("State", "?")
+            if draining == (request.kind == "drain"):
+                return ActionResult(Outcome.ALREADY_DONE, f"node {target.name} is {state}")
+            return ActionResult(Outcome.FAILED, f"node {target.name} is still {state}")
+        state = fields.get("JobState", "?")
         restarts = int(fields.get("Restarts", "0") or 0)
         if state in _REQUEUED_STATES and restarts > 0:
             return ActionResult(Outcome.ALREADY_DONE, f"job {target.name} already requeued")
@@ -140,9 +153,11 @@ class SlurmActuator:
     def _requeue_answer(self, job_id: str, verb: str, *, dry_run: bool) -> ActionResult | None:
         """The answer without acting (not found, dry run, already pending), else None."""
         fields = self._show("job", job_id)
-        if fields is None:
-            return ActionResult(Outcome.NOT_FOUND, f"no job {job_id} in cluster {self.cluster}")
+        if isinstance(fields, ActionResult):
+            return fields
         state = fields.get("JobState", "?")
+        if state in _FINISHED_STATES:
+            return ActionResult(Outcome.REFUSED, f"job {job_id} is {state}: not requeued")
         if dry_run:
             pending = state in _REQUEUED_STATES
             would = f"is already {state}" if pending else f"would be {verb}d ({state})"
@@ -151,8 +166,8 @@ class SlurmActuator:
             return ActionResult(Outcome.ALREADY_DONE, f"job {job_id} is already {state}")
         return None
 
-    def _requeue(self, job_id: str, *, dry_run: bool) -> ActionResult:
-        verb = "requeuehold" if self._hold else "requeue"
+    def _requeue(self, job_id: str, *, hold: bool, dry_run: bool) -> ActionResult:
+        verb = "requeuehold" if hold else "requeue"
         answer = self._requeue_answer(job_id, verb, dry_run=dry_run)
         if answer is not None:
             return answer
@@ -160,7 +175,8 @@ class SlurmActuator:
         if result is None:
             return ActionResult(Outcome.FAILED, f"scontrol {verb} {job_id} timed out")
         if result.returncode == 0:
-            after = self._show("job", job_id) or {}
+            shown = self._show("job", job_id)
+            after = shown if isinstance(shown, dict) else {}
             restarts = after.get("Restarts", "?")
             return ActionResult(
                 Outcome.DONE,
@@ -173,8 +189,8 @@ class SlurmActuator:
     def _node_answer(self, node: str, kind: str, *, dry_run: bool) -> ActionResult | None:
         """The answer without acting (not found, already so, dry run), else None."""
         fields = self._show("node", node)
-        if fields is None:
-            return ActionResult(Outcome.NOT_FOUND, f"no node {node} in cluster {self.cluster}")
+        if isinstance(fields, ActionResult):
+            return fields
         state = fields.get("State", "?")
         draining = "DRAIN" in state
         if (kind == "drain") == draining:
@@ -195,14 +211,21 @@ class SlurmActuator:
             return ActionResult(Outcome.FAILED, f"scontrol {kind} {node} timed out")
         if result.returncode != 0:
             return ActionResult(Outcome.FAILED, f"scontrol {kind} {node}: {_tail(result.stderr)}")
-        after = (self._show("node", node) or {}).get("State", "?")
+        shown = self._show("node", node)
+        after = shown.get("State", "?") if isinstance(shown, dict) else "?"
         return ActionResult(Outcome.DONE, f"{kind} node {node}: now {after}", {"node": node})
 
-    def _show(self, what: str, name: str) -> dict[str, str] | None:
+    def _show(self, what: str, name: str) -> dict[str, str] | ActionResult:
+        """The ``Key=Value`` fields of ``scontrol show``; NOT_FOUND or FAILED otherwise."""
         result = self._call(["show", what, "-o", name])
-        if result is None or result.returncode != 0 or not result.stdout.strip():
-            return None
-        return dict(_FIELD.findall(result.stdout))
+        if result is None:
+            return ActionResult(Outcome.FAILED, f"scontrol show {what} {name} timed out")
+        if result.returncode == 0 and result.stdout.strip():
+            return dict(_FIELD.findall(result.stdout))
+        said = f"{result.stdout}\n{result.stderr}".lower()  # "Node x not found" is on stdout
+        if any(text in said for text in _MISSING):
+            return ActionResult(Outcome.NOT_FOUND, f"no {what} {name} in cluster {self.cluster}")
+        return ActionResult(Outcome.FAILED, f"scontrol show {what} {name}: {_tail(result.stderr)}")
 
     def _call(self, args: list[str]) -> subprocess.CompletedProcess[str] | None:
         try:
