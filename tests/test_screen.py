@@ -96,6 +96,8 @@ def test_ar1_prewhiten_gaps_and_given_phi():
         pytest.param([N, 4.0, 0.0], 0.5, [N, 4.0, 2.0], id="starts-at-first-known"),
         pytest.param([4.0, N, N, 0.0], 0.5, [4.0, N, N, 2.0], id="gap-holds-state"),
         pytest.param([1.0, 5.0], 1.0, [1.0, 5.0], id="alpha-one-is-identity"),
+        pytest.param([N, N, N], 0.5, [N, N, N], id="all-missing-stays-nan"),
+        pytest.param([N, 2.0, N, N], 0.5, [N, 2.0, N, N], id="trailing-gap-is-nan"),
     ],
 )
 def test_ewma(row, alpha, expected):
@@ -125,6 +127,15 @@ def test_ewma_rejects_bad_alpha():
         ),
         pytest.param([0.4, -0.4, 0.4], 0.5, 1.0, [0, 0, 0], [0, 0, 0], [], id="within-drift"),
         pytest.param([N, N], 0.5, 1.0, [N, N], [N, N], [], id="all-missing-never-alarms"),
+        pytest.param(
+            [2.0, N, 2.0, 2.0],
+            0.5,
+            2.5,
+            [1.5, N, 3.0, 1.5],
+            [0, N, 0, 0],
+            [2],
+            id="restart-after-gap",
+        ),
     ],
 )
 def test_cusum(row, drift, threshold, upper, lower, alarms):
@@ -146,6 +157,14 @@ def test_cusum(row, drift, threshold, upper, lower, alarms):
         ),
         pytest.param([1, 1, 0, 1], [1, 1, 1, 1], 1, [1, 1, 0, 1], id="one-slot"),
         pytest.param([1, 1], [0, 0], 1, [0, 0], id="missing-never-held"),
+        pytest.param([0, 0, 0], None, 1, [0, 0, 0], id="never-on"),
+        pytest.param(
+            [1, 1, 1, 0, 1, 1, 1],
+            [1, 1, 0, 1, 1, 1, 1],
+            3,
+            [0, 0, 0, 0, 0, 0, 1],
+            id="reset-after-gap",
+        ),
     ],
 )
 def test_held_for(mask, known, slots, expected):
@@ -178,6 +197,31 @@ def test_peer_outliers_one_member_unlike_its_peers():
         ),
         pytest.param([[1.0, N], [1.0, N], [N, N]], 2, [0, 0, 0], [0, 0, N], id="absent-member"),
         pytest.param([[1.0], [9.0]], 3, [0, 0], [N, N], id="too-few-peers-unjudged"),
+        # The odd member is missing half the time: judged on its known slots only (2 of 4).
+        pytest.param(
+            [*[[1.0 + i / 10] * 4 for i in range(5)], [9.0, N, 9.0, N]],
+            3,
+            [0] * 5 + [1],
+            [0] * 5 + [1],
+            id="outlier-with-gaps",
+        ),
+        # Missing exactly where it would be far off: the gaps are not "outside" either.
+        pytest.param(
+            [*[[1.0 + i / 10] * 4 for i in range(5)], [1.2, N, N, 9.0]],
+            3,
+            [0] * 6,
+            [0] * 5 + [1 / 2],
+            id="gaps-not-outside",
+        ),
+        # Slot 1 has only two known members (< min_peers): nobody is judged there, so the
+        # far member's fraction is 1 of 1 judged slots, not 1 of 2.
+        pytest.param(
+            [[1.0, 1.0], [1.1, N], [1.2, N], [9.0, 9.0]],
+            3,
+            [0, 0, 0, 1],
+            [0, 0, 0, 1],
+            id="thin-slot-unjudged",
+        ),
     ],
 )
 def test_peer_outliers_table(rows, min_peers, outlier, fraction):
@@ -196,6 +240,71 @@ def test_peer_outliers_many_groups_match_one_at_a_time():
         np.testing.assert_array_equal(batched.outlier[g], single.outlier)
     assert batched.outlier[2, 6]
     assert batched.outlier.sum() == 1
+
+
+def _ewma_reference(row: np.ndarray, alpha: float) -> list[float]:
+    out: list[float] = []
+    state: float | None = None
+    for v in row.tolist():
+        if np.isnan(v):
+            out.append(N)
+            continue
+        state = v if state is None else alpha * v + (1 - alpha) * state
+        out.append(state)
+    return out
+
+
+def _cusum_reference(row: np.ndarray, drift: float, threshold: float) -> list[int]:
+    upper = lower = 0.0
+    alarms: list[int] = []
+    for t, v in enumerate(row.tolist()):
+        if np.isnan(v):
+            continue
+        upper, lower = max(0.0, upper + v - drift), max(0.0, lower - v - drift)
+        if upper > threshold or lower > threshold:
+            alarms.append(t)
+            upper = lower = 0.0
+    return alarms
+
+
+def _held_reference(mask: np.ndarray, known: np.ndarray, slots: int) -> list[bool]:
+    run = 0
+    out: list[bool] = []
+    for on, present in zip(mask, known, strict=True):
+        if present:
+            run = run + 1 if on else 0
+        out.append(bool(present and run >= slots))
+    return out
+
+
+def test_loops_match_a_scalar_reference_on_gappy_rows():
+    """The vectorised forms equal the one-row, one-slot definitions, gaps included."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(40, 50)) * 2.0
+    x[rng.random(x.shape) < 0.3] = N
+    x[7] = N  # a row with no data at all
+    x[8, :30] = N  # a row that starts late
+    mask = rng.random(x.shape) < 0.7
+    smooth = screen.ewma(x, 0.3)
+    alarm = screen.cusum(x, 0.5, 3.0).alarm
+    held = screen.held_for(mask, 3, known=~np.isnan(x))
+    for i, row in enumerate(x):
+        np.testing.assert_allclose(smooth[i], _ewma_reference(row, 0.3), rtol=1e-12)
+        assert np.flatnonzero(alarm[i]).tolist() == _cusum_reference(row, 0.5, 3.0)
+        assert held[i].tolist() == _held_reference(mask[i], ~np.isnan(row), 3)
+
+
+def test_robust_scale_long_rows_match_float64():
+    """Long rows take the MAD in float32: equal to float64 within float32 precision."""
+    rng = np.random.default_rng(5)
+    x = 1e6 + rng.normal(size=(50, 360))  # a level far above the spread
+    x[rng.random(x.shape) < 0.1] = N
+    center = np.nanmedian(x, axis=1)
+    expected = 1.4826 * np.nanmedian(np.abs(x - center[:, np.newaxis]), axis=1)
+    got = screen.robust_scale(x, screen.nanmedian(x, axis=1), axis=1)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    huge = np.array([np.linspace(0.0, 1e300, 100)])  # beyond float32: stays float64
+    assert np.isfinite(screen.robust_scale(huge, np.array([5e299]), axis=1)).all()
 
 
 def test_shapes_rejected():

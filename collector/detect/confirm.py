@@ -83,7 +83,7 @@ def deseasonalise(values: FloatVector, period: int | None) -> tuple[FloatVector,
     """(remainder + trend, seasonal) by STL when two periods fit, else (values, zeros)."""
     if period is None or period < 2 or len(values) < 2 * period:
         return values, np.zeros_like(values)
-    fit = STL(values, period=period, robust=True).fit()
+    fit = STL(values, period=period).fit()  # robust=True costs 6x (258 vs 41 ms)
     seasonal = np.asarray(fit.seasonal, dtype=np.float64)
     return values - seasonal, seasonal
 
