@@ -206,6 +206,8 @@ def create_app(
                     detection_seconds=config.detection_seconds,
                     remediator=remediation.remediator if remediation is not None else None,
                     remediation_seconds=config.remediation.interval_seconds,
+                    dispatcher=remediation.dispatcher if remediation is not None else None,
+                    alerting_seconds=config.alerting.interval_seconds,
                 )
             )
     else:

@@ -18,6 +18,7 @@ from gpuwarden.collector.storage_sqlite import SqliteStorage
 from gpuwarden.collector.store import WindowStore
 
 if TYPE_CHECKING:
+    from gpuwarden.collector.build_actuators import JobLookup
     from gpuwarden.collector.notify.alert import Notifier
     from gpuwarden.collector.remediate.actuator import Actuator
     from gpuwarden.collector.remediate.web import Remediation
@@ -34,18 +35,13 @@ def load_configured_rules(config: CollectorConfig) -> RuleSet:
     return load_rules(paths, runbooks_dir=runbooks, skip_bad=config.skip_bad_rules)
 
 
-def build_actuators(config: CollectorConfig, environ: Mapping[str, str]) -> list[Actuator]:
-    """The actuators the config enables: Slurm (requeue, drain, resume) with ``slurm_cluster``.
+def build_actuators(
+    config: CollectorConfig, environ: Mapping[str, str], *, jobs: JobLookup | None = None
+) -> list[Actuator]:
+    """The actuators the config enables: see :mod:`gpuwarden.collector.build_actuators`."""
+    from gpuwarden.collector.build_actuators import build_actuators as build
 
-    Kinds without an actuator (scale-up, degrade without a configured router) are proposed in
-    alerts, never executed.
-    """
-    actuators: list[Actuator] = []
-    if config.slurm_cluster:
-        from gpuwarden.collector.remediate.slurm_actuator import SlurmActuator
-
-        actuators.append(SlurmActuator(config.slurm_cluster, environ=environ))
-    return actuators
+    return build(config, environ, jobs=jobs)
 
 
 def build_notifiers(config: CollectorConfig, environ: Mapping[str, str]) -> dict[str, Notifier]:
@@ -53,7 +49,8 @@ def build_notifiers(config: CollectorConfig, environ: Mapping[str, str]) -> dict
 
     Slack: ``slack_webhooks_file`` (``<#channel> <URL>`` lines) and/or the environment's
     ``GPUWARDEN_SLACK_WEBHOOK_URL`` for every other channel. PagerDuty: ``pagerduty_keys_file``
-    (``<service> <integration key>`` lines). Secrets stay out of logs and error messages.
+    (``<service> <integration key>`` lines). Alertmanager: ``alerting.alertmanagers``. Secrets
+    stay out of logs and error messages.
     """
     from gpuwarden.collector.config import parse_secrets
 
@@ -73,6 +70,12 @@ def build_notifiers(config: CollectorConfig, environ: Mapping[str, str]) -> dict
 
         keys = parse_secrets(config.pagerduty_keys_file, "integration key")
         notifiers["pagerduty"] = PagerDutyNotifier(keys, events_url=config.pagerduty_events_url)
+    if config.alerting.alertmanagers:
+        from gpuwarden.collector.notify.alertmanager_notifier import AlertmanagerNotifier
+
+        notifiers["alertmanager"] = AlertmanagerNotifier(
+            config.alerting.alertmanagers, hold_seconds=3 * config.alerting.resend_seconds
+        )
     return notifiers
 
 
@@ -102,6 +105,7 @@ def build_remediation(
         runbooks_dir=config.runbooks_dir or default_runbooks_dir(),
         environ=environ,
         # what automation could act on: jobs, nodes and model deployments
+        alerting=config.alerting,
         fleet_size=lambda: (
             (len(service.registry.jobs()) + len(service.nodes) + len(service.storage.models()))
             or None

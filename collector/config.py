@@ -11,7 +11,15 @@ from typing import Any
 import yaml
 
 from gpuwarden.agent.config import ConfigError
+from gpuwarden.collector.notify.settings import AlertingSettings, AlertingSettingsError
+from gpuwarden.collector.remediate.actuator_settings import (
+    ACTUATOR_KEYS,
+    TrafficTarget,
+    WebhookEndpoint,
+    actuator_problem,
+)
 from gpuwarden.collector.remediate.policy import PolicyError, RemediationSettings
+from gpuwarden.collector.remediate.routing_actuator import RouteSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +51,21 @@ class CollectorConfig:
     kubernetes_context: str | None = None
     kubernetes_in_cluster: bool = False
     kubernetes_namespace: str | None = None
+    #: actuators (all off by default): scale_up, requeue (k8s: jobs) and drain/resume (cordon)
+    #: through the kubernetes_* client above; node-name globs each scheduler drains when both act
+    kubernetes_actions: bool = False
+    slurm_action_nodes: tuple[str, ...] = ()
+    kubernetes_action_nodes: tuple[str, ...] = ()
+    #: degrade/restore: "<namespace>/<deployment>" → HTTPRoute weights or KServe canary percent
+    kubernetes_routes: Mapping[str, TrafficTarget] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    #: degrade/restore through an HTTP router (serving_router's contract): deployment → route
+    router_url: str | None = None
+    router_token_file: Path | None = None
+    router_routes: Mapping[str, RouteSpec] = field(default_factory=lambda: MappingProxyType({}))
+    #: the webhook action's endpoints by name; secrets are read from files or env at start-up
+    webhooks: Mapping[str, WebhookEndpoint] = field(default_factory=lambda: MappingProxyType({}))
     job_poll_seconds: float = 30.0
     max_inflight_requests: int = 64
     #: model servers to scrape: mappings with url, server (vllm|triton|prometheus), model, node
@@ -59,6 +82,8 @@ class CollectorConfig:
     pagerduty_events_url: str = "https://events.pagerduty.com/v2/enqueue"
     #: remediation policy (dry-run by default), links, approval secret, escalation routes
     remediation: RemediationSettings = field(default_factory=RemediationSettings)
+    #: incident alerts: Alertmanager URLs, re-send interval, grouping, routing by severity/team
+    alerting: AlertingSettings = field(default_factory=AlertingSettings)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0 or self.max_decompressed_bytes < self.max_body_bytes:
@@ -67,6 +92,9 @@ class CollectorConfig:
             raise ConfigError("tls_cert_file and tls_key_file go together")
         if self.kubernetes_in_cluster and self.kubernetes_kubeconfig is not None:
             raise ConfigError("kubernetes_in_cluster and kubernetes_kubeconfig exclude each other")
+        problem = actuator_problem(self)
+        if problem is not None:
+            raise ConfigError(problem)
 
 
 def parse_secrets(path: Path, what: str) -> dict[str, str]:
@@ -130,6 +158,10 @@ _KEYS = {
     "kubernetes_context": str,
     "kubernetes_in_cluster": bool,
     "kubernetes_namespace": str,
+    "kubernetes_actions": bool,
+    **dict.fromkeys(ACTUATOR_KEYS, object),  # parsed by _setting (remediate/actuator_settings)
+    "router_url": str,
+    "router_token_file": Path,
     "job_poll_seconds": float,
     "max_inflight_requests": int,
     "model_servers": list,
@@ -139,6 +171,7 @@ _KEYS = {
     "skip_bad_rules": bool,
     "detection_seconds": float,
     "remediation": dict,
+    "alerting": dict,
     "slack_webhooks_file": Path,
     "pagerduty_keys_file": Path,
     "pagerduty_events_url": str,
@@ -178,9 +211,14 @@ def _value(key: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
     if kind is list:
         return _model_servers(value, f"{where}.{key}")
-    if kind is dict:  # the remediation section
+    if kind is dict:  # the remediation and alerting sections
         if not isinstance(value, dict):
             raise ConfigError(f"{where}.{key}: expected a mapping")
+        if key == "alerting":
+            try:
+                return AlertingSettings.from_mapping(value, f"{where}.{key}")
+            except AlertingSettingsError as exc:
+                raise ConfigError(str(exc)) from None
         try:
             return RemediationSettings.from_mapping(value, f"{where}.{key}")
         except PolicyError as exc:
@@ -191,6 +229,12 @@ def _value(key: str, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}.{key}: expected a path or a list of paths")
         return tuple(Path(item) for item in items)
     return kind(value)
+
+
+def _setting(key: str, value: Any, where: str) -> Any:
+    """One config value: the actuator keys parsed by their own module, the rest by ``_value``."""
+    parse = ACTUATOR_KEYS.get(key)
+    return parse(value, f"{where}.{key}") if parse is not None else _value(key, value, where)
 
 
 def load_collector_config(
@@ -210,7 +254,7 @@ def load_collector_config(
             raise ConfigError(f"{path}: expected a mapping at the top level")
         data = dict(loaded)
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    kwargs = {key: _value(key, value, where) for key, value in data.items()}
+    kwargs = {key: _setting(key, value, where) for key, value in data.items()}
     tokens_file = kwargs.pop("tokens_file", None)
     if tokens_file is not None:
         try:

@@ -75,7 +75,7 @@ def _app(config: CollectorConfig, environ: Mapping[str, str]) -> web.Application
             config,
             service,
             rules,
-            actuators=build_actuators(config, environ),
+            actuators=build_actuators(config, environ, jobs=service.registry.get),
             notifiers=build_notifiers(config, environ),
             environ=environ,
         )

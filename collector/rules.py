@@ -522,6 +522,17 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType({spec.name: spec for sp
             price_tiers=_p(_T.STR_LIST, ("on-demand", "spot", "reserved"), None, None,
                            "Price tiers watched.", ("on-demand", "spot", "reserved")),
         )),
+    DetectorSpec(
+        "alertmanager",
+        "An alert from the user's own Prometheus rules, received from Alertmanager's webhook "
+        "(POST /v1/alertmanager); selector.labels pick the alerts.", (_J, _N, _D), (),
+        _table(
+            job_label=_p(_T.STR, "job_key", None, None,
+                         "Alert label holding the gpuwarden job key (slurm:..., k8s:...)."),
+            node_label=_p(_T.STR, "node", None, None, "Alert label holding the node name."),
+            deployment_label=_p(_T.STR, "model", None, None,
+                                "Alert label holding the model deployment."),
+        ), requires=("labels",)),
 )})
 
 ACTIONS: Mapping[str, ActionKindSpec] = MappingProxyType({spec.kind: spec for spec in (

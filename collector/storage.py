@@ -87,6 +87,24 @@ class BreakerRecord:
     tripped_at: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class NotificationRecord:
+    """What one route was told about one incident (``status``) and whether it accepted it."""
+
+    incident_id: int
+    route: str
+    status: str  # firing | resolved
+    delivered: bool
+    first_at: float
+    sent_at: float | None = None
+    attempts: int = 0
+    next_attempt_at: float | None = None
+    last_error: str | None = None
+    silence_id: str | None = None
+    silenced_until: float | None = None
+    group_key: str | None = None
+
+
 class StorageError(Exception):
     """The store cannot be used (cannot open, wrong schema, closed)."""
 
@@ -204,8 +222,10 @@ class Storage(Protocol):
         """Append to the audit log; return the new entry's id (rising in append order)."""
         ...
 
-    def audit(self, *, since: float | None = None, limit: int | None = None) -> list[AuditEntry]:
-        """Entries with ``time >= since`` in append order, at most ``limit`` of them."""
+    def audit(
+        self, *, since: float | None = None, limit: int | None = None, after_id: int = 0
+    ) -> list[AuditEntry]:
+        """Entries at or after ``since`` and with an id above ``after_id``, oldest first."""
         ...
 
     def audit_entry(self, entry_id: int) -> AuditEntry | None:
@@ -279,6 +299,28 @@ class Storage(Protocol):
     ) -> bool:
         """Compare-and-set the breaker (a missing row counts as ``closed``), appending
         ``audit`` in the same transaction; ``False`` when its state was not ``expect_state``."""
+        ...
+
+    def save_notification(self, record: NotificationRecord) -> None:
+        """Insert or replace the state of (incident, route)."""
+        ...
+
+    def notifications(
+        self,
+        *,
+        incident_id: int | None = None,
+        status: str | None = None,
+        delivered: bool | None = None,
+    ) -> list[NotificationRecord]:
+        """Notification states, optionally of one incident, one status, delivered or not."""
+        ...
+
+    def cursor(self, name: str) -> int:
+        """Where the reader ``name`` got to in an append-only log (0: the start)."""
+        ...
+
+    def set_cursor(self, name: str, position: int) -> None:
+        """Move the reader ``name`` to ``position``."""
         ...
 
     def close(self) -> None:

@@ -194,6 +194,34 @@ CREATE TABLE breaker_state (
 );
 """
 
+_NOTIFICATIONS = """
+-- What each route was told about each incident, so a restart neither re-pages nor forgets
+-- to send a resolve; undelivered notices are retried from here.
+CREATE TABLE notifications (
+    incident_id     INTEGER NOT NULL REFERENCES incidents (incident_id),
+    route           TEXT NOT NULL,
+    status          TEXT NOT NULL,      -- firing | resolved: what the route should know
+    delivered       INTEGER NOT NULL,   -- 1 once the route accepted that status
+    first_at        REAL NOT NULL,      -- when this status was first due
+    sent_at         REAL,               -- last accepted push
+    attempts        INTEGER NOT NULL,   -- failed pushes of this status
+    next_attempt_at REAL,
+    last_error      TEXT,
+    silence_id      TEXT,               -- Alertmanager silence while an action settles
+    silenced_until  REAL,
+    group_key       TEXT,               -- told as part of this grouped alert
+    PRIMARY KEY (incident_id, route)
+);
+CREATE INDEX notifications_pending ON notifications (delivered, status);
+
+-- Where a reader of an append-only log got to (e.g. the audit's PagerDuty mirror).
+CREATE TABLE cursors (
+    name        TEXT PRIMARY KEY,
+    position    INTEGER NOT NULL,
+    updated_at  REAL NOT NULL
+);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, models, events, accounting", _CORE),
     Migration(
@@ -201,6 +229,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "incidents, audit log, remediation actions, approvals, breaker",
         _INCIDENTS_AND_REMEDIATION,
     ),
+    Migration(3, "notification state per incident and route, log cursors", _NOTIFICATIONS),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -48,7 +48,13 @@ from gpuwarden.collector.records import (
     load_json,
     load_labels,
 )
-from gpuwarden.collector.storage import ActionRecord, ApprovalRecord, BreakerRecord, StorageError
+from gpuwarden.collector.storage import (
+    ActionRecord,
+    ApprovalRecord,
+    BreakerRecord,
+    NotificationRecord,
+    StorageError,
+)
 from gpuwarden.collector.storage_migrations import migrate
 
 if TYPE_CHECKING:
@@ -183,6 +189,14 @@ _APPROVALS = _Codec(
     row_id="approval_id",
 )
 _BREAKERS = _Codec("breaker_state", BreakerRecord, _names(BreakerRecord))
+_NOTIFICATIONS = _Codec(
+    "notifications",
+    NotificationRecord,
+    _names(NotificationRecord),
+    to_sql={"delivered": int},
+    from_sql={"delivered": bool},
+)
+_SAVE_NOTIFICATION = _NOTIFICATIONS.insert_sql(verb="INSERT OR REPLACE")
 _ACTION_MUTABLE = (
     "dry_run",
     "state",
@@ -477,12 +491,14 @@ class SqliteStorage:
             raise StorageError("audit_log insert returned no id")
         return entry_id
 
-    def audit(self, *, since: float | None = None, limit: int | None = None) -> list[AuditEntry]:
+    def audit(
+        self, *, since: float | None = None, limit: int | None = None, after_id: int = 0
+    ) -> list[AuditEntry]:
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         rows = self._read(
-            "SELECT * FROM audit_log WHERE time >= ? ORDER BY entry_id LIMIT ?",
-            (_ALL if since is None else since, -1 if limit is None else limit),  # -1: no limit
+            "SELECT * FROM audit_log WHERE time >= ? AND entry_id > ? ORDER BY entry_id LIMIT ?",
+            (_ALL if since is None else since, after_id, -1 if limit is None else limit),
         )
         return [_AUDIT.load(row) for row in rows]
 
@@ -585,6 +601,43 @@ class SqliteStorage:
                 (now, used_by, token_sha256, now),
             )
             return cursor.rowcount > 0
+
+    # Notifications ---------------------------------------------------------------------------
+
+    def save_notification(self, record: NotificationRecord) -> None:
+        with self._write() as conn:
+            conn.execute(_SAVE_NOTIFICATION, _NOTIFICATIONS.params(record))
+
+    def notifications(
+        self,
+        *,
+        incident_id: int | None = None,
+        status: str | None = None,
+        delivered: bool | None = None,
+    ) -> list[NotificationRecord]:
+        sql = (
+            "SELECT * FROM notifications WHERE (? IS NULL OR incident_id = ?)"
+            " AND (? IS NULL OR status = ?) AND (? IS NULL OR delivered = ?)"
+            " ORDER BY incident_id, route"
+        )
+        flag = None if delivered is None else int(delivered)
+        rows = self._read(sql, (incident_id, incident_id, status, status, flag, flag))
+        return [_NOTIFICATIONS.load(row) for row in rows]
+
+    def cursor(self, name: str) -> int:
+        rows = self._read("SELECT position FROM cursors WHERE name = ?", (name,))
+        return int(rows[0][0]) if rows else 0
+
+    def set_cursor(self, name: str, position: int) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO cursors (name, position, updated_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET (position, updated_at)"
+                " = (excluded.position, excluded.updated_at)",
+                (name, position, self._clock()),
+            )
+
+    # Breaker ---------------------------------------------------------------------------------
 
     def breaker(self, scope: str) -> BreakerRecord | None:
         return self._one(_BREAKERS, "SELECT * FROM breaker_state WHERE scope = ?", scope)

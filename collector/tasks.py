@@ -1,4 +1,5 @@
-"""Background work of the collector app: job polling, accounting, eviction, detection, remediation.
+"""Background work of the collector app: job polling, accounting, eviction, detection,
+remediation, alerting.
 
 Each loop runs its blocking step in a worker thread, on a monotonic deadline, and survives its own
 failures (one broad except per iteration, logged with the traceback).
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.notify.dispatcher import AlertDispatcher
 from gpuwarden.collector.remediate.remediator import Remediator
 from gpuwarden.collector.service import CollectorService
 
@@ -44,6 +46,8 @@ def background(
     detection_seconds: float = 60.0,
     remediator: Remediator | None = None,
     remediation_seconds: float = 30.0,
+    dispatcher: AlertDispatcher | None = None,
+    alerting_seconds: float = 15.0,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """A ``cleanup_ctx`` entry that runs the service's loops while the app serves."""
 
@@ -62,6 +66,8 @@ def background(
             tasks.append(
                 asyncio.create_task(_every("remediation", remediation_seconds, remediator.tick))
             )
+        if dispatcher is not None:
+            tasks.append(asyncio.create_task(_every("alerting", alerting_seconds, dispatcher.tick)))
         if service.scraper is not None:
             tasks.append(
                 asyncio.create_task(_every("model scraping", scrape_seconds, service.scrape_models))

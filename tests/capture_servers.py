@@ -184,3 +184,21 @@ def pagerduty_app(capture: Capture) -> web.Application:
     app.router.add_post("/v2/enqueue", enqueue)
     app.router.add_post("/v2/change/enqueue", enqueue)
     return app
+
+
+def webhook_app(capture: Capture) -> web.Application:
+    """A plain webhook receiver (Alertmanager's ``webhook_configs``): keeps headers and body."""
+
+    async def hook(request: web.Request) -> web.Response:
+        scripted = _scripted(capture)
+        if scripted is not None:
+            return scripted
+        body = await request.json()
+        capture.requests.append(
+            {"path": request.path, "body": body, "headers": dict(request.headers)}
+        )
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/{rest:.*}", hook)
+    return app

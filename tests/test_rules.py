@@ -339,7 +339,8 @@ def test_runbooks_dir_none_checks_only_the_form(tmp_path):
 
 
 def _minimal(detector: str) -> dict[str, Any]:
-    selector = {"metrics": ["m"]} if DETECTORS[detector].requires else {}
+    examples: dict[str, Any] = {"metrics": ["m"], "labels": {"alertname": "A"}}
+    selector = {name: examples[name] for name in DETECTORS[detector].requires}
     return _base(id=detector.replace("_", "-"), detector=detector, selector=selector,
                  parameters={}, actions=[], runbook="r1.md")  # fmt: skip
 

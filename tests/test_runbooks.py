@@ -44,6 +44,14 @@ SAMPLE_EVIDENCE: dict[str, dict[str, object]] = {
         "price_tier": "on-demand",
     },
     "hardware_fault": {"node": "gpu-07", "gpu": "GPU-5d1c", "reasons": "XID 79 x1"},
+    "alertmanager": {
+        "node": "gpu-07",
+        "gpu": "0",
+        "alertname": "GpuwardenGPUFailed",
+        "source": "alertmanager",
+        "alert_fingerprint": "1751935677e36f4d",
+        "labels": {"alertname": "GpuwardenGPUFailed", "node": "gpu-07", "gpu": "0"},
+    },
 }
 DEFAULT_EVIDENCE = {
     "job": "slurm:a100:4242",

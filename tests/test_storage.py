@@ -436,20 +436,21 @@ def test_migrates_an_empty_database_and_reopening_is_a_no_op(
 ) -> None:
     path = tmp_path / "state.db"
     with SqliteStorage(path, clock=clock) as store:
-        assert store.applied_migrations == [1, 2]
+        assert store.applied_migrations == [1, 2, 3]
         store.upsert_jobs([make_job()])
-    assert applied(path) == [(1, 1000.0), (2, 1000.0)]
+    assert applied(path) == [(1, 1000.0), (2, 1000.0), (3, 1000.0)]
     with raw(path) as conn:
         tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
     assert {
         *("jobs", "models", "events", "accounting", "incidents", "audit_log"),
         *("remediation_actions", "approvals", "breaker_state", "schema_migrations"),
+        "notifications",
     } <= tables
     clock.now = 5000.0
     with SqliteStorage(path, clock=clock) as store:
         assert store.applied_migrations == []
         assert store.jobs() == [make_job()]
-    assert applied(path) == [(1, 1000.0), (2, 1000.0)]
+    assert applied(path) == [(1, 1000.0), (2, 1000.0), (3, 1000.0)]
 
 
 def test_upgrades_a_database_at_an_older_version(tmp_path: Path, clock: FakeClock) -> None:
@@ -458,10 +459,10 @@ def test_upgrades_a_database_at_an_older_version(tmp_path: Path, clock: FakeCloc
         assert migrate(conn, now=1.0, location=str(path), migrations=MIGRATIONS[:1]) == [1]
         conn.execute("INSERT INTO models VALUES ('m', 'v1', 1, NULL, NULL, NULL, '{}', 1.0)")
     with SqliteStorage(path, clock=clock) as store:
-        assert store.applied_migrations == [2]
+        assert store.applied_migrations == [2, 3]
         assert store.models() == [ModelDeployment("m", "v1", 1)]
         assert store.open_incident(incident()) is not None
-    assert applied(path) == [(1, 1.0), (2, 1000.0)]
+    assert applied(path) == [(1, 1.0), (2, 1000.0), (3, 1000.0)]
 
 
 def test_refuses_a_database_from_a_newer_program(tmp_path: Path) -> None:

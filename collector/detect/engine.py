@@ -67,6 +67,9 @@ def _faults(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
 
 
 #: Detector name → runner. Detectors of the rule vocabulary not listed here are not built yet.
+PUSHED_DETECTORS = frozenset({"alertmanager"})
+"""Detectors whose findings are pushed to the collector (Alertmanager's webhook), not computed."""
+
 RUNNERS: Mapping[str, Runner] = {
     "idle_gpu": _idle,
     "hardware_fault": _faults,
@@ -120,7 +123,13 @@ class DetectionEngine:
         self._tracker = tracker or IncidentTracker(service.storage, clock=clock)
         self.rules = [r for r in rules.enabled() if r.detector in RUNNERS]
         self.not_implemented = tuple(
-            sorted({r.detector for r in rules.enabled() if r.detector not in RUNNERS})
+            sorted(
+                {
+                    r.detector
+                    for r in rules.enabled()
+                    if r.detector not in RUNNERS and r.detector not in PUSHED_DETECTORS
+                }
+            )
         )
         if self.not_implemented:
             log.info(

@@ -90,7 +90,8 @@ class PagerDutyNotifier:
     Args:
         routing_keys: service (as in the route, ``pagerduty:<service>``) → integration key.
         events_url: the Events v2 endpoint (tests point it at a local server).
-        change_url: the change-events endpoint.
+        change_url: the change-events endpoint (default: next to ``events_url``,
+            ``.../v2/change/enqueue``).
         source: ``payload.source`` (this collector).
         max_attempts: tries per event on 429, 5xx and network errors.
         backoff_seconds: the first wait; doubled each retry.
@@ -102,13 +103,16 @@ class PagerDutyNotifier:
         routing_keys: Mapping[str, str],
         *,
         events_url: str = EVENTS_URL,
-        change_url: str = CHANGE_URL,
+        change_url: str | None = None,
         source: str = "gpuwarden-collector",
         max_attempts: int = 4,
         backoff_seconds: float = 2.0,
         timeout_seconds: float = 10.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        if change_url is None:
+            base = events_url.removesuffix("/v2/enqueue")
+            change_url = CHANGE_URL if base == events_url else f"{base}/v2/change/enqueue"
         for url in (events_url, change_url):
             if not url.startswith(("https://", "http://")):
                 raise ValueError("PagerDuty URLs must be http(s)")

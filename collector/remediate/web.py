@@ -14,11 +14,13 @@ Storage and actuator calls block, so handlers run them in worker threads.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,9 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from gpuwarden.collector.app import CONFIG, authenticate
 from gpuwarden.collector.notify.alert import Notifier
+from gpuwarden.collector.notify.am_receiver import AlertReceiver, PayloadError, parse_payload
+from gpuwarden.collector.notify.dispatcher import AlertDispatcher
+from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.records import Incident, IncidentState
 from gpuwarden.collector.remediate.actuator import Actuator
 from gpuwarden.collector.remediate.approvals import (
@@ -74,6 +79,7 @@ class Remediation:
     links: Links
     rules: Mapping[str, Rule]
     approvals: Approvals | None = None
+    dispatcher: AlertDispatcher | None = None
 
 
 REMEDIATION = web.AppKey("remediation", Remediation)
@@ -89,6 +95,7 @@ def create_remediation(
     runbooks_dir: Path,
     environ: Mapping[str, str],
     fleet_size: Callable[[], int | None] = lambda: None,
+    alerting: AlertingSettings | None = None,
     clock: Callable[[], float] = time.time,
 ) -> Remediation:
     """Assemble the remediator, runbooks and approval links the settings describe.
@@ -126,6 +133,9 @@ def create_remediation(
         links=links,
         rules={rule.id: rule for rule in rules},
         approvals=approvals,
+        dispatcher=None
+        if alerting is None
+        else AlertDispatcher(storage, rules, notifiers, alerting, links, clock=clock),
     )
 
 
@@ -412,6 +422,34 @@ async def reset_breaker(request: web.Request) -> web.Response:
     return web.json_response({"scope": "global", "state": "closed"})
 
 
+ALERT_RECEIVER = web.AppKey("alert_receiver", AlertReceiver)
+MAX_WEBHOOK_BYTES = 1024 * 1024
+
+
+@_authed
+async def alertmanager_webhook(request: web.Request) -> web.Response:
+    """``POST /v1/alertmanager``: Alertmanager's webhook. 4xx for a payload that will never
+    be accepted (Alertmanager does not retry those), 503 when storage is busy (it retries)."""
+    receiver = request.app[ALERT_RECEIVER]
+    if request.content_length is not None and request.content_length > MAX_WEBHOOK_BYTES:
+        return _error(413, f"payload over {MAX_WEBHOOK_BYTES} bytes")
+    raw = await request.content.read(MAX_WEBHOOK_BYTES + 1)
+    if len(raw) > MAX_WEBHOOK_BYTES:
+        return _error(413, f"payload over {MAX_WEBHOOK_BYTES} bytes")
+    try:
+        alerts = parse_payload(json.loads(raw))
+    except (ValueError, UnicodeDecodeError) as exc:  # PayloadError is a ValueError
+        reason = str(exc) if isinstance(exc, PayloadError) else "not JSON"
+        log.warning("alertmanager webhook from %s refused: %s", request[ACTOR], reason)
+        return _error(400, f"bad Alertmanager payload: {reason}")
+    try:
+        result = await asyncio.to_thread(receiver.receive, alerts, now=time.time())
+    except (sqlite3.Error, OSError) as exc:
+        log.warning("alertmanager webhook: storage unavailable: %s", exc)
+        return _error(503, "storage unavailable, retry")
+    return web.json_response(asdict(result))
+
+
 def setup_remediation(app: web.Application, remediation: Remediation) -> None:
     """Add the routes; ``app[CONFIG]`` must hold the collector config (for the API tokens)."""
     app[REMEDIATION] = remediation
@@ -426,3 +464,5 @@ def setup_remediation(app: web.Application, remediation: Remediation) -> None:
     app.router.add_post("/v1/actions/{id}/{verb:approve|reject}", decide_action)
     app.router.add_get("/v1/breaker", show_breaker)
     app.router.add_post("/v1/breaker/reset", reset_breaker)
+    app[ALERT_RECEIVER] = AlertReceiver(remediation.storage, remediation.rules.values())
+    app.router.add_post("/v1/alertmanager", alertmanager_webhook)

@@ -1,0 +1,221 @@
+"""Alertmanager (API v2): push incidents as alerts, resolve them, silence them while an action
+settles.
+
+An incident is one Alertmanager alert whose identity is its label set: ``alertname`` (the rule
+id), ``gpuwarden_fingerprint`` (the incident's stable fingerprint), ``severity``, ``team`` and
+the routing labels (node, job, model...). Alertmanager expects firing alerts to be re-sent at
+regular intervals; each push carries ``endsAt = now + hold``, so if the collector stops
+re-sending (it died), Alertmanager resolves the alert by itself instead of keeping it forever.
+A resolved incident is pushed with the same labels and ``endsAt`` at its resolve time.
+
+Routes are ``alertmanager:<name>``, each name mapping to a base URL in the config. 5xx and
+network errors are retried with backoff; 400 (the alert is invalid) is not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from gpuwarden.collector.notify.alert import Alert, AlertStatus
+
+log = logging.getLogger(__name__)
+
+FINGERPRINT_LABEL = "gpuwarden_fingerprint"
+_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
+_VALUE_CHARS = 1024
+_ANNOTATION_CHARS = 8192
+
+
+def _iso(unix_seconds: float) -> str:
+    return datetime.fromtimestamp(unix_seconds, UTC).isoformat(timespec="milliseconds")
+
+
+def _label(name: str) -> str:
+    """A Prometheus label name: ``[a-zA-Z_][a-zA-Z0-9_]*``."""
+    cleaned = _LABEL_NAME.sub("_", name)
+    return cleaned if cleaned and not cleaned[0].isdigit() else f"_{cleaned}"
+
+
+def alert_labels(alert: Alert) -> dict[str, str]:
+    """The alert's identity in Alertmanager (the same for firing and resolved pushes)."""
+    labels = {_label(k): v[:_VALUE_CHARS] for k, v in alert.labels.items() if v}
+    labels |= {
+        "alertname": alert.rule_id,
+        FINGERPRINT_LABEL: alert.fingerprint,
+        "severity": alert.severity,
+        "source": "gpuwarden",
+    }
+    if alert.team:
+        labels["team"] = alert.team
+    return labels
+
+
+def postable_alert(alert: Alert, *, now: float, hold_seconds: float) -> dict[str, Any]:
+    """One ``postableAlert`` of ``POST /api/v2/alerts``."""
+    facts = "\n".join(f"{k}: {v}" for k, v in alert.facts.items())
+    actions = "\n".join(f"{a.kind} {a.target} ({a.mode}): {a.state}" for a in alert.actions)
+    annotations = {
+        "summary": alert.summary,
+        "description": "\n".join(part for part in (facts, actions) if part),
+        "runbook_url": alert.runbook_url,
+        "incident_url": alert.incident_url or "",
+        "dashboard_url": alert.dashboard_url or "",
+    }
+    if alert.status is AlertStatus.RESOLVED:
+        ends = alert.ends_at if alert.ends_at is not None else now
+        ends = min(ends, now)  # an end in the future would keep it firing
+    else:
+        ends = now + hold_seconds
+    body: dict[str, Any] = {
+        "labels": alert_labels(alert),
+        "annotations": {k: v[:_ANNOTATION_CHARS] for k, v in annotations.items() if v},
+        "startsAt": _iso(min(alert.starts_at, ends)),
+        "endsAt": _iso(ends),
+    }
+    if alert.incident_url:
+        body["generatorURL"] = alert.incident_url
+    return body
+
+
+class AlertmanagerNotifier:
+    """Pushes alerts to Alertmanagers and manages silences of our own alerts.
+
+    Args:
+        urls: name (as in the route, ``alertmanager:<name>``) → base URL (``http://am:9093``).
+        hold_seconds: ``endsAt`` of a firing push is now + this; re-send faster than that.
+        max_attempts: tries per request on 5xx and network errors.
+        backoff_seconds: the first wait; doubled each retry.
+        sleep: waits (tests make it instant).
+        clock: wall clock.
+    """
+
+    def __init__(
+        self,
+        urls: Mapping[str, str],
+        *,
+        hold_seconds: float = 300.0,
+        max_attempts: int = 3,
+        backoff_seconds: float = 1.0,
+        timeout_seconds: float = 10.0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        for name, url in urls.items():
+            if not url.startswith(("https://", "http://")):
+                raise ValueError(f"alertmanager {name}: the URL must be http(s)")
+        self._urls = {name: url.rstrip("/") for name, url in urls.items()}
+        self._hold = hold_seconds
+        self._attempts = max(1, max_attempts)
+        self._backoff = backoff_seconds
+        self._timeout = timeout_seconds
+        self._sleep = sleep
+        self._clock = clock
+
+    @property
+    def name(self) -> str:
+        """The route scheme."""
+        return "alertmanager"
+
+    @property
+    def resends(self) -> bool:
+        """Firing alerts must be pushed again before ``hold_seconds`` run out."""
+        return True
+
+    def send(self, alert: Alert, route: str) -> bool:
+        """Push ``alert`` (firing or resolved) to the Alertmanager ``route``."""
+        base = self._urls.get(route)
+        if base is None:
+            log.warning("alertmanager: no URL for %r; %s not sent", route, alert.rule_id)
+            return False
+        body = [postable_alert(alert, now=self._clock(), hold_seconds=self._hold)]
+        status, _ = self._request("POST", f"{base}/api/v2/alerts", body, route)
+        return status == 200
+
+    def silence(self, alert: Alert, route: str, *, until: float, comment: str) -> str | None:
+        """Silence ``alert`` (matched by its fingerprint label) until ``until``; the silence id."""
+        base = self._urls.get(route)
+        if base is None:
+            return None
+        now = self._clock()
+        body = {
+            "matchers": [
+                {"name": "alertname", "value": alert.rule_id, "isRegex": False, "isEqual": True},
+                {
+                    "name": FINGERPRINT_LABEL,
+                    "value": alert.fingerprint,
+                    "isRegex": False,
+                    "isEqual": True,
+                },
+            ],
+            "startsAt": _iso(now),
+            "endsAt": _iso(max(until, now + 60.0)),
+            "createdBy": "gpuwarden-remediator",
+            "comment": comment[:_ANNOTATION_CHARS],
+        }
+        status, answer = self._request("POST", f"{base}/api/v2/silences", body, route)
+        if status != 200 or not isinstance(answer, dict):
+            return None
+        silence_id = answer.get("silenceID")
+        return str(silence_id) if silence_id else None
+
+    def expire_silence(self, route: str, silence_id: str) -> bool:
+        """End a silence early (the action settled); an unknown or expired one is fine."""
+        base = self._urls.get(route)
+        if base is None:
+            return False
+        url = f"{base}/api/v2/silence/{quote(silence_id, safe='')}"
+        status, _ = self._request("DELETE", url, None, route)
+        return status in (200, 404)
+
+    def _request(
+        self, method: str, url: str, body: object, route: str
+    ) -> tuple[int | None, object]:
+        data = None if body is None else json.dumps(body).encode()
+        wait = self._backoff
+        status: int | None = None
+        for attempt in range(1, self._attempts + 1):
+            status, answer = self._once(method, url, data)
+            if status is not None and status < 500:
+                if status >= 300:
+                    log.warning(
+                        "alertmanager %s refused %s %s (HTTP %s): %s",
+                        route,
+                        method,
+                        url.rsplit("/api/", 1)[-1],
+                        status,
+                        str(answer)[:200],
+                    )
+                return status, answer
+            if attempt < self._attempts:
+                self._sleep(wait)
+                wait *= 2
+        log.warning("alertmanager %s: HTTP %s after %d attempts", route, status, self._attempts)
+        return status, None
+
+    def _once(self, method: str, url: str, data: bytes | None) -> tuple[int | None, object]:
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http(s) checked in __init__
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout) as response:  # noqa: S310
+                return int(response.status), _json(response.read())
+        except urllib.error.HTTPError as error:
+            with error:
+                return int(error.code), error.read(512).decode("utf-8", "replace")
+        except OSError:
+            return None, None
+
+
+def _json(raw: bytes) -> object:
+    try:
+        return json.loads(raw) if raw.strip() else None
+    except ValueError:
+        return None

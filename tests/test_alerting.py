@@ -1,0 +1,591 @@
+"""Incident alerts (the dispatcher), the Alertmanager notifier and silences against a real
+Alertmanager, the Alertmanager webhook receiver, and the ``alerting:`` settings."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gpuwarden.collector.notify.alert import Alert, AlertStatus
+from gpuwarden.collector.notify.alertmanager_notifier import (
+    FINGERPRINT_LABEL,
+    AlertmanagerNotifier,
+)
+from gpuwarden.collector.notify.am_receiver import AlertReceiver, PayloadError, parse_payload
+from gpuwarden.collector.notify.dispatcher import AlertDispatcher
+from gpuwarden.collector.notify.pagerduty_notifier import PagerDutyNotifier
+from gpuwarden.collector.notify.settings import AlertingSettings, AlertingSettingsError
+from gpuwarden.collector.notify.slack_notifier import SlackNotifier
+from gpuwarden.collector.records import AuditEntry, Incident, IncidentState
+from gpuwarden.collector.remediate.runbooks import Links
+from gpuwarden.collector.rules import (
+    Rule,
+    default_rules_dir,
+    default_runbooks_dir,
+    load_rules,
+)
+from gpuwarden.collector.storage import ActionRecord
+from gpuwarden.collector.storage_sqlite import SqliteStorage
+from tests.alertmanager_server import AlertmanagerServer, alertmanager_binary
+from tests.capture_servers import Capture, ServedApp, pagerduty_app, slack_app
+
+PD_KEY = "R0UTINGKEY0000000000000000000000"
+RULES = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
+LINKS = Links(base_url="http://collector:4318", dashboard_base_url="http://grafana:3000")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def storage(tmp_path: Path, clock: FakeClock) -> Iterator[SqliteStorage]:
+    with SqliteStorage(tmp_path / "state.db", clock=clock) as store:
+        yield store
+
+
+@pytest.fixture
+def services() -> Iterator[dict[str, tuple[Capture, ServedApp]]]:
+    out = {}
+    for name, app in (("slack", slack_app), ("pd", pagerduty_app)):
+        capture = Capture()
+        out[name] = (capture, ServedApp(app(capture)))
+    yield out
+    for _, served in out.values():
+        served.stop()
+
+
+def notifiers(services: dict[str, tuple[Capture, ServedApp]]) -> dict[str, Any]:
+    slack_url = f"{services['slack'][1].url}/services/T/B/X"
+    return {
+        "slack": SlackNotifier({"#gpu-waste": slack_url, "#gpu-infra": slack_url}, max_retries=0),
+        "pagerduty": PagerDutyNotifier(
+            {"gpu-infra": PD_KEY},
+            events_url=f"{services['pd'][1].url}/v2/enqueue",
+            max_attempts=1,
+        ),
+    }
+
+
+def idle_incident(storage: SqliteStorage, n: int, now: float) -> Incident:
+    incident = Incident(
+        fingerprint=f"idle-gpu:slurm:c:{n}",
+        rule_id="idle-gpu",
+        severity="warning",
+        first_seen=now,
+        last_seen=now,
+        evidence={
+            "subject": f"slurm:c:{n}",
+            "summary": f"job slurm:c:{n} idle for 30 min",
+            "job": f"slurm:c:{n}",
+            "node": "gpu-07",
+            "idle_gpu_hours": 0.5,
+            "points": [[now, 0.0]],
+        },
+    )
+    incident_id = storage.open_incident(incident)
+    assert incident_id is not None
+    return replace(incident, incident_id=incident_id)
+
+
+def resolve(storage: SqliteStorage, incident: Incident, now: float) -> None:
+    storage.update_incident(replace(incident, state=IncidentState.RESOLVED, resolved_time=now))
+
+
+def dispatcher(
+    storage: SqliteStorage, services: dict[str, Any], clock: FakeClock, **settings: Any
+) -> AlertDispatcher:
+    return AlertDispatcher(
+        storage, RULES.rules, notifiers(services), AlertingSettings(**settings), LINKS, clock=clock
+    )
+
+
+# --- the dispatcher ---------------------------------------------------------------------------
+
+
+def test_fires_once_per_route_survives_a_restart_and_resolves_once(storage, services, clock):
+    incident = idle_incident(storage, 1, clock.now)
+    first = dispatcher(storage, services, clock)
+    assert first.tick().sent == 1
+    assert first.tick().sent == 0
+    restarted = dispatcher(storage, services, clock)  # a new process on the same database
+    clock.now += 600
+    assert restarted.tick().sent == 0
+    slack = services["slack"][0].requests
+    assert len(slack) == 1
+    assert slack[0]["body"]["blocks"][0]["text"]["text"].startswith("WARNING: idle-gpu")
+    assert slack[0]["problems"] == []
+    buttons = next(b for b in slack[0]["body"]["blocks"] if b["type"] == "actions")["elements"]
+    assert buttons[0]["url"] == f"http://collector:4318/incidents/{incident.incident_id}/runbook"
+    assert any("var-job=slurm%3Ac%3A1" in b["url"] for b in buttons)  # the dashboard link
+    resolve(storage, incident, clock.now)
+    assert restarted.tick().sent == 1
+    assert restarted.tick().sent == 0
+    assert slack[-1]["body"]["blocks"][0]["text"]["text"].startswith("RESOLVED: idle-gpu")
+    assert len(slack) == 2
+
+
+def test_routing_by_severity_and_team_adds_routes(storage, services, clock):
+    idle_incident(storage, 1, clock.now)  # warning, owner ml-platform
+    routing = AlertingSettings.from_mapping(
+        {
+            "routing": [
+                {"severities": ["critical"], "routes": ["slack:#nobody"]},
+                {"teams": ["ml-platform"], "routes": ["pagerduty:gpu-infra"]},
+            ]
+        },
+        "alerting",
+    ).routing
+    d = dispatcher(storage, services, clock, routing=routing)
+    assert d.tick().sent == 2
+    (trigger,) = services["pd"][0].requests
+    assert trigger["problems"] == []
+    assert trigger["body"]["dedup_key"] == "gpuwarden-idle-gpu:slurm:c:1"
+    assert trigger["body"]["payload"]["severity"] == "warning"
+
+
+def test_an_undelivered_alert_is_retried_with_backoff_and_resolves_with_the_same_key(
+    storage, services, clock
+):
+    pd, _ = services["pd"]
+    routing = AlertingSettings.from_mapping(
+        {"routing": [{"teams": ["ml-platform"], "routes": ["pagerduty:gpu-infra"]}]}, "alerting"
+    ).routing
+    d = dispatcher(storage, services, clock, routing=routing, interval_seconds=15)
+    incident = idle_incident(storage, 1, clock.now)
+    pd.script = [500, 429]
+    assert d.tick().failed == 1  # 500
+    assert d.tick().sent == 0  # not due before its backoff (15 s)
+    clock.now += 15
+    assert d.tick().failed == 1  # 429
+    clock.now += 29
+    assert d.tick().sent == 0  # backoff doubled to 30 s
+    clock.now += 1
+    assert d.tick().sent == 1
+    assert [r["body"]["event_action"] for r in pd.requests] == ["trigger"]
+    resolve(storage, incident, clock.now)
+    d.tick()
+    actions = [(r["body"]["event_action"], r["body"]["dedup_key"]) for r in pd.requests]
+    assert actions == [("trigger", "gpuwarden-idle-gpu:slurm:c:1")] * 1 + [
+        ("resolve", "gpuwarden-idle-gpu:slurm:c:1")
+    ]
+
+
+def test_a_notice_nobody_accepts_is_given_up_and_logged(storage, services, clock, caplog):
+    slack, _ = services["slack"]
+    d = dispatcher(storage, services, clock, give_up_seconds=60, interval_seconds=15)
+    idle_incident(storage, 1, clock.now)
+    slack.script = [500] * 100
+    lost = 0
+    for _ in range(10):
+        with caplog.at_level(logging.WARNING):
+            lost += d.tick().lost
+        clock.now += 30
+    assert lost == 1
+    assert "given up" in caplog.text
+    assert storage.notifications(status="lost")
+
+
+def test_a_resolve_is_not_sent_for_an_alert_that_never_got_through(storage, services, clock):
+    slack, _ = services["slack"]
+    d = dispatcher(storage, services, clock)
+    incident = idle_incident(storage, 1, clock.now)
+    slack.script = [400]  # refused for good
+    assert d.tick().failed == 1
+    resolve(storage, incident, clock.now)
+    clock.now += 600
+    d.tick()
+    assert slack.requests[-1:] == [] or "RESOLVED" not in json.dumps(slack.requests)
+
+
+def test_many_new_incidents_of_one_rule_go_to_chat_as_one_message(storage, services, clock):
+    for n in range(12):
+        idle_incident(storage, n, clock.now)
+    d = dispatcher(storage, services, clock, group_threshold=3)
+    result = d.tick()
+    assert (result.sent, result.grouped) == (1, 1)
+    (message,) = services["slack"][0].requests
+    assert message["problems"] == []
+    text = json.dumps(message["body"])
+    assert "12 incidents open" in text
+    assert "and 3 more" in text
+    assert d.tick().sent == 0  # all twelve are known as told
+
+
+# --- Alertmanager: pushes and silences against the real one ----------------------------------
+
+needs_alertmanager = pytest.mark.skipif(
+    alertmanager_binary() is None, reason="prometheus-alertmanager is not installed"
+)
+AM_CONFIG = {
+    "route": {"receiver": "null", "group_wait": "1s", "group_interval": "1s"},
+    "receivers": [{"name": "null"}],
+}
+
+
+@needs_alertmanager
+def test_firing_resend_resolve_and_a_silence_while_an_action_settles(storage, clock):
+    with AlertmanagerServer(AM_CONFIG) as am:
+        clock.now = time.time()
+        notifier = AlertmanagerNotifier({"main": am.url}, hold_seconds=300, clock=clock)
+        settings = AlertingSettings(
+            alertmanagers={"main": am.url},
+            routing=AlertingSettings.from_mapping(
+                {"routing": [{"severities": ["warning"], "routes": ["alertmanager:main"]}]}, "a"
+            ).routing,
+            resend_seconds=60,
+        )
+        d = AlertDispatcher(
+            storage, RULES.rules, {"alertmanager": notifier}, settings, LINKS, clock=clock
+        )
+        incident = idle_incident(storage, 1, clock.now)
+        assert d.tick().sent == 1
+        (alert,) = am.alerts(alertname="idle-gpu")
+        assert alert["status"]["state"] == "active"
+        assert alert["labels"][FINGERPRINT_LABEL] == "idle-gpu:slurm:c:1"
+        assert alert["labels"]["job"] == "slurm:c:1"
+        assert alert["annotations"]["runbook_url"].endswith("/runbook")
+        first_end = alert["endsAt"]
+        clock.now += 30
+        assert d.tick().sent == 0  # not yet due for a re-send
+        clock.now += 30
+        assert d.tick().sent == 1  # re-sent: Alertmanager wants firing alerts again and again
+        (alert,) = am.alerts(alertname="idle-gpu")
+        assert alert["endsAt"] > first_end  # its hold moved on
+
+        # A real requeue is settling: our own alert is silenced until its verification.
+        clock.now = time.time()  # a silence starting in Alertmanager's future would be pending
+        verify_at = clock.now + 120
+        storage.insert_action(
+            ActionRecord(
+                incident_id=incident.incident_id or 0,
+                idempotency_key="k1",
+                action="requeue",
+                target="slurm:c:1",
+                mode="auto",
+                dry_run=False,
+                state="verifying",
+                created_at=clock.now,
+                updated_at=clock.now,
+                verify_at=verify_at,
+            )
+        )
+        assert d.tick().silenced == 1
+        assert d.tick().silenced == 0  # once
+        (silence,) = am.silences()
+        assert silence["status"]["state"] == "active"
+        assert silence["createdBy"] == "gpuwarden-remediator"
+        assert "requeue slurm:c:1" in silence["comment"]
+        matchers = {m["name"]: m["value"] for m in silence["matchers"]}
+        assert matchers == {"alertname": "idle-gpu", FINGERPRINT_LABEL: "idle-gpu:slurm:c:1"}
+        (alert,) = am.alerts(alertname="idle-gpu")
+        assert alert["status"]["state"] == "suppressed"
+
+        # Resolved: the silence is lifted and the alert ends.
+        resolve(storage, incident, clock.now)
+        assert d.tick().sent == 1
+        (silence,) = am.silences()
+        assert silence["status"]["state"] == "expired"
+        assert [
+            a for a in am.alerts(alertname="idle-gpu") if a["status"]["state"] == "active"
+        ] == []
+
+
+def test_alertmanager_notifier_retries_5xx_not_400(clock):
+    capture = Capture(script=[500, 502, 503, 400])
+
+    async def alerts(_request: web.Request) -> web.Response:
+        capture.attempts += 1
+        return web.Response(status=capture.script.pop(0) if capture.script else 200)
+
+    app = web.Application()
+    app.router.add_post("/api/v2/alerts", alerts)
+    served = ServedApp(app)
+    try:
+        sleeps: list[float] = []
+        notifier = AlertmanagerNotifier(
+            {"main": served.url}, clock=clock, sleep=sleeps.append, max_attempts=3
+        )
+
+        alert = Alert("fp", "idle-gpu", AlertStatus.FIRING, "warning", "s", clock.now, "http://x/r")
+        assert notifier.send(alert, "main") is False
+        assert (capture.attempts, sleeps) == (3, [1.0, 2.0])
+        assert notifier.send(alert, "main") is False  # 400: the alert is invalid, final
+        assert (capture.attempts, sleeps) == (4, [1.0, 2.0])
+        assert notifier.send(alert, "main") is True
+        assert notifier.send(alert, "nowhere") is False  # an unknown route: logged, no crash
+    finally:
+        served.stop()
+
+
+# --- the webhook receiver ---------------------------------------------------------------------
+
+
+def am_payload(status: str = "firing", **labels: str) -> dict[str, Any]:
+    return {
+        "receiver": "gpuwarden",
+        "status": status,
+        "alerts": [
+            {
+                "status": status,
+                "labels": {
+                    "alertname": "GpuwardenGPUFailed",
+                    "node": "gpu-07",
+                    "gpu": "0",
+                    "severity": "critical",
+                    **labels,
+                },
+                "annotations": {"summary": "GPU 0 on gpu-07 has failed"},
+                "startsAt": "2026-11-22T03:00:18.123456789Z",
+                "endsAt": "0001-01-01T00:00:00Z"
+                if status == "firing"
+                else "2026-11-22T03:10:00.5Z",
+                "generatorURL": "http://prometheus:9090/graph?g0.expr=x",
+                "fingerprint": "1751935677e36f4d",
+            }
+        ],
+        "groupLabels": {"alertname": "GpuwardenGPUFailed"},
+        "commonLabels": {},
+        "commonAnnotations": {},
+        "externalURL": "http://am:9093",
+        "version": "4",
+        "groupKey": '{}:{alertname="GpuwardenGPUFailed"}',
+        "truncatedAlerts": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda p: p.update(version="3"), "version"),
+        (lambda p: p.update(alerts={}), "alerts: expected a list"),
+        (lambda p: p["alerts"][0].update(status="pending"), "status"),
+        (lambda p: p["alerts"][0].update(labels={}), "labels"),
+        (lambda p: p["alerts"][0].update(labels={"a": 1}), "expected a string"),
+        (lambda p: p["alerts"][0].update(startsAt="yesterday"), "startsAt"),
+        (lambda p: p["alerts"][0].update(startsAt="2026-11-22T03:00:18"), "no zone"),
+        (lambda p: p.update(alerts=[p["alerts"][0]] * 1001), "more than 1000"),
+        (lambda p: p["alerts"][0]["labels"].update({f"l{i}": "v" for i in range(70)}), "64"),
+    ],
+)
+def test_bad_payloads_are_refused_with_the_reason(mutate, message):
+    payload = am_payload()
+    mutate(payload)
+    with pytest.raises(PayloadError, match=message):
+        parse_payload(payload)
+
+
+def test_received_alerts_open_update_and_resolve_one_incident(storage):
+    receiver = AlertReceiver(storage, RULES.rules)
+    assert [r.id for r in receiver.rules] == ["prometheus-gpu-failed"]
+    now = 1_795_000_000.0
+    result = receiver.receive(parse_payload(am_payload()), now=now)
+    assert (result.opened, result.ignored) == (1, 0)
+    result = receiver.receive(parse_payload(am_payload()), now=now + 60)
+    assert (result.opened, result.updated) == (0, 1)
+    (incident,) = storage.incidents(state=IncidentState.OPEN)
+    assert incident.rule_id == "prometheus-gpu-failed"
+    assert incident.fingerprint == "am:prometheus-gpu-failed:1751935677e36f4d"
+    assert incident.severity == "critical"
+    assert incident.evidence["node"] == "gpu-07"  # the drain's target
+    assert incident.evidence["summary"] == "GPU 0 on gpu-07 has failed"
+    assert incident.first_seen == pytest.approx(1_795_000_000.0 - 0, abs=4e6)
+    other = receiver.receive(parse_payload(am_payload(alertname="SomethingElse")), now=now)
+    assert (other.received, other.ignored) == (1, 1)
+    ours = receiver.receive(parse_payload(am_payload(**{FINGERPRINT_LABEL: "x"})), now=now)
+    assert ours.ignored == 1  # our own alert, routed back: never a loop
+    result = receiver.receive(parse_payload(am_payload("resolved")), now=now + 120)
+    assert result.resolved == 1
+    assert storage.incidents(state=IncidentState.OPEN) == []
+    (done,) = storage.incidents(state=IncidentState.RESOLVED)
+    assert done.resolved_time is not None
+    assert done.resolved_time <= now + 120
+
+
+# --- settings ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"alertmanager": {}}, "alerting.alertmanager: unknown key"),
+        ({"alertmanagers": {"main": "ftp://x"}}, "alerting.alertmanagers.main: expected an http"),
+        ({"resend_seconds": 0}, "alerting.resend_seconds: expected a number >= 1"),
+        ({"group_threshold": 1}, "alerting.group_threshold"),
+        ({"routing": [{"routes": ["sms:+1555"]}]}, r"alerting.routing\[0\].routes"),
+        ({"routing": [{"severities": ["loud"], "routes": ["slack:#a"]}]}, "severities"),
+        ({"routing": [{"teams": ["a"]}]}, r"routing\[0\].routes: required"),
+    ],
+)
+def test_bad_alerting_sections_name_the_key(section, message):
+    with pytest.raises(AlertingSettingsError, match=message):
+        AlertingSettings.from_mapping(section, "alerting")
+
+
+def test_rule_routes_come_first_then_the_routing_table(storage, services, clock):
+    settings = AlertingSettings.from_mapping(
+        {"routing": [{"severities": ["warning"], "routes": ["slack:#gpu-waste", "slack:#b"]}]},
+        "alerting",
+    )
+    d = AlertDispatcher(storage, RULES.rules, {}, settings, LINKS, clock=clock)
+    incident = idle_incident(storage, 1, clock.now)
+    rule: Rule = next(r for r in RULES.rules if r.id == "idle-gpu")
+    assert d.routes(incident) == (*rule.routes, "slack:#b")
+
+
+# --- the webhook endpoint ---------------------------------------------------------------------
+
+WEBHOOK_TOKEN = "am-0123456789abcdef01234"
+
+
+@pytest.fixture
+async def webhook(aiohttp_client, storage):
+    from gpuwarden.collector.app import CONFIG
+    from gpuwarden.collector.config import CollectorConfig
+    from gpuwarden.collector.remediate.policy import PolicyConfig
+    from gpuwarden.collector.remediate.remediator import Remediator
+    from gpuwarden.collector.remediate.runbooks import RunbookRenderer
+    from gpuwarden.collector.remediate.web import Remediation, setup_remediation
+
+    app = web.Application()
+    app[CONFIG] = CollectorConfig(tokens={WEBHOOK_TOKEN: "alertmanager"})
+    setup_remediation(
+        app,
+        Remediation(
+            storage=storage,
+            remediator=Remediator(storage, RULES.rules, [], config=PolicyConfig()),
+            renderer=RunbookRenderer(default_runbooks_dir()),
+            links=LINKS,
+            rules={rule.id: rule for rule in RULES.rules},
+        ),
+    )
+    return await aiohttp_client(app)
+
+
+AUTH = {"Authorization": f"Bearer {WEBHOOK_TOKEN}"}
+
+
+async def test_the_webhook_answers_as_alertmanager_expects(webhook, storage):
+    response = await webhook.post("/v1/alertmanager", json=am_payload())
+    assert response.status == 401  # no token; Alertmanager does not retry a 4xx
+    response = await webhook.post("/v1/alertmanager", json=am_payload(), headers=AUTH)
+    assert response.status == 200
+    assert await response.json() == {
+        "received": 1,
+        "opened": 1,
+        "updated": 0,
+        "resolved": 0,
+        "ignored": 0,
+    }
+    bad = await webhook.post("/v1/alertmanager", data=b"{not json", headers=AUTH)
+    assert bad.status == 400
+    assert "not JSON" in (await bad.json())["error"]
+    wrong = await webhook.post("/v1/alertmanager", json={"version": "3"}, headers=AUTH)
+    assert wrong.status == 400
+    assert "version" in (await wrong.json())["error"]
+    body = io.BytesIO(b" " * (1024 * 1024 + 10))
+    huge = await webhook.post("/v1/alertmanager", data=body, headers=AUTH)
+    assert huge.status == 413
+    resolved = await webhook.post("/v1/alertmanager", json=am_payload("resolved"), headers=AUTH)
+    assert (await resolved.json())["resolved"] == 1
+
+
+async def test_a_storage_failure_is_answered_5xx_so_alertmanager_retries(webhook, storage):
+    storage.close()  # the database is gone for now
+    response = await webhook.post("/v1/alertmanager", json=am_payload(), headers=AUTH)
+    assert response.status == 503
+
+
+# --- the audit, mirrored as PagerDuty change events ---------------------------------------------
+
+
+def audit(storage: SqliteStorage, now: float, result: str, *, dry_run: bool = False) -> None:
+    storage.append_audit(
+        AuditEntry(
+            time=now,
+            actor="remediator",
+            action="requeue",
+            target="slurm:c:1",
+            reason="idle for 30 min",
+            verdict="execute",
+            dry_run=dry_run,
+            result=result,
+            inputs={"token": "s3cret", "job": "slurm:c:1"},
+            incident_fingerprint="idle-gpu:slurm:c:1",
+        )
+    )
+
+
+def test_real_audit_entries_become_change_events_once(storage, services, clock):
+    pd, _ = services["pd"]
+    d = dispatcher(storage, services, clock, audit_change_events="pagerduty:gpu-infra")
+    audit(storage, clock.now, "intent")  # before the call: skipped, its outcome follows
+    audit(storage, clock.now, "done")
+    audit(storage, clock.now, "dry_run", dry_run=True)  # nothing happened: skipped
+    pd.script = [500]
+    assert d.tick().mirrored == 0  # not accepted: retried next pass, not skipped
+    assert d.tick().mirrored == 1
+    restarted = dispatcher(storage, services, clock, audit_change_events="pagerduty:gpu-infra")
+    assert restarted.tick().mirrored == 0  # the cursor is in the database
+    audit(storage, clock.now, "verified")
+    assert restarted.tick().mirrored == 1
+    events = [r for r in pd.requests if r["path"] == "/v2/change/enqueue"]
+    assert [e["problems"] for e in events] == [[], []]
+    first = events[0]["body"]
+    assert first["routing_key"] == PD_KEY
+    assert first["payload"]["summary"] == (
+        "gpuwarden remediation: requeue slurm:c:1: done (execute) by remediator"
+    )
+    assert first["payload"]["custom_details"]["inputs"]["token"] == "[redacted]"
+    assert "s3cret" not in json.dumps(events)
+
+
+def test_two_hundred_simultaneous_faults_page_once_and_resolve_once(storage, services, clock):
+    pd, _ = services["pd"]
+    incidents = []
+    for n in range(200):
+        incident = Incident(
+            fingerprint=f"gpu-hardware-fault:node-{n}",
+            rule_id="gpu-hardware-fault",  # routes pagerduty:gpu-infra and slack:#gpu-infra
+            severity="critical",
+            first_seen=clock.now,
+            last_seen=clock.now,
+            evidence={"subject": f"node-{n}/GPU-0", "summary": "XID 79", "node": f"node-{n}"},
+        )
+        incident_id = storage.open_incident(incident)
+        incidents.append(replace(incident, incident_id=incident_id))
+    d = dispatcher(storage, services, clock)
+    result = d.tick()
+    assert (result.sent, result.grouped) == (2, 2)  # one page, one chat message
+    (trigger,) = pd.requests
+    assert trigger["problems"] == []
+    assert trigger["body"]["payload"]["summary"] == "[gpu-hardware-fault] 200 incidents open"
+    group_key = trigger["body"]["dedup_key"]
+    for incident in incidents[:199]:
+        resolve(storage, incident, clock.now)
+    clock.now += 60
+    d.tick()
+    assert [r["body"]["event_action"] for r in pd.requests] == ["trigger"]  # one still open
+    resolve(storage, incidents[199], clock.now)
+    d.tick()
+    assert [r["body"]["event_action"] for r in pd.requests] == ["trigger", "resolve"]
+    assert pd.requests[1]["body"]["dedup_key"] == group_key
+    assert d.tick().sent == 0
