@@ -49,8 +49,9 @@ def build_notifiers(config: CollectorConfig, environ: Mapping[str, str]) -> dict
 
     Slack: ``slack_webhooks_file`` (``<#channel> <URL>`` lines) and/or the environment's
     ``GPUWARDEN_SLACK_WEBHOOK_URL`` for every other channel. PagerDuty: ``pagerduty_keys_file``
-    (``<service> <integration key>`` lines). Alertmanager: ``alerting.alertmanagers``. Secrets
-    stay out of logs and error messages.
+    (``<service> <integration key>`` lines). Alertmanager: ``alerting.alertmanagers``. Webhooks
+    (``webhook:<name>`` routes): the ``webhooks`` the action uses too. Secrets stay out of logs
+    and error messages.
     """
     from gpuwarden.collector.config import parse_secrets
 
@@ -70,6 +71,11 @@ def build_notifiers(config: CollectorConfig, environ: Mapping[str, str]) -> dict
 
         keys = parse_secrets(config.pagerduty_keys_file, "integration key")
         notifiers["pagerduty"] = PagerDutyNotifier(keys, events_url=config.pagerduty_events_url)
+    if config.webhooks:
+        from gpuwarden.collector.build_actuators import load_webhooks
+        from gpuwarden.collector.notify.webhook_notifier import WebhookNotifier
+
+        notifiers["webhook"] = WebhookNotifier(load_webhooks(config, environ))
     if config.alerting.alertmanagers:
         from gpuwarden.collector.notify.alertmanager_notifier import AlertmanagerNotifier
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from gpuwarden.collector.model import Job
     from gpuwarden.collector.remediate.actuator import Actuator
+    from gpuwarden.collector.remediate.webhook import Webhook
 
 #: Job key → the job, current or remembered (``JobRegistry.get``).
 JobLookup = Callable[[str], "Job | None"]
@@ -176,15 +177,10 @@ def _router(config: CollectorConfig, url: str) -> Actuator:
     return HttpRouterActuator(url, config.router_routes, token=token)
 
 
-def _webhooks(
-    config: CollectorConfig, environ: Mapping[str, str], clock: Callable[[], float]
-) -> Actuator:
-    from gpuwarden.collector.remediate.webhook import (
-        Webhook,
-        WebhookActuator,
-        WebhookConfigError,
-        load_secret,
-    )
+def load_webhooks(config: CollectorConfig, environ: Mapping[str, str]) -> list[Webhook]:
+    """The configured ``webhooks`` with their secrets (for the action and the ``webhook:``
+    alert route). Raises ``ConfigError`` naming the webhook, never the secret."""
+    from gpuwarden.collector.remediate.webhook import Webhook, WebhookConfigError, load_secret
 
     endpoints = []
     for name, endpoint in config.webhooks.items():
@@ -198,4 +194,12 @@ def _webhooks(
             endpoints.append(Webhook(name, endpoint.url, secret, endpoint.timeout_seconds))
         except WebhookConfigError as exc:
             raise ConfigError(f"webhooks.{name}: {exc}") from None
-    return WebhookActuator(endpoints, clock=clock)
+    return endpoints
+
+
+def _webhooks(
+    config: CollectorConfig, environ: Mapping[str, str], clock: Callable[[], float]
+) -> Actuator:
+    from gpuwarden.collector.remediate.webhook import WebhookActuator
+
+    return WebhookActuator(load_webhooks(config, environ), clock=clock)

@@ -103,6 +103,7 @@ class NotificationRecord:
     silence_id: str | None = None
     silenced_until: float | None = None
     group_key: str | None = None
+    acked_at: float | None = None
 
 
 class StorageError(Exception):

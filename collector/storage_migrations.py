@@ -210,6 +210,7 @@ CREATE TABLE notifications (
     silence_id      TEXT,               -- Alertmanager silence while an action settles
     silenced_until  REAL,
     group_key       TEXT,               -- told as part of this grouped alert
+    acked_at        REAL,               -- acknowledged (automation acts on it for real)
     PRIMARY KEY (incident_id, route)
 );
 CREATE INDEX notifications_pending ON notifications (delivered, status);

@@ -589,3 +589,111 @@ def test_two_hundred_simultaneous_faults_page_once_and_resolve_once(storage, ser
     assert [r["body"]["event_action"] for r in pd.requests] == ["trigger", "resolve"]
     assert pd.requests[1]["body"]["dedup_key"] == group_key
     assert d.tick().sent == 0
+
+
+# --- the webhook route ------------------------------------------------------------------------
+
+
+def test_webhook_route_posts_a_signed_alert_and_retries_5xx(storage, clock):
+    from gpuwarden.collector.notify.webhook_notifier import WebhookNotifier
+    from gpuwarden.collector.remediate.webhook import (
+        IDEMPOTENCY_HEADER,
+        SIGNATURE_HEADER,
+        TIMESTAMP_HEADER,
+        Webhook,
+        verify,
+    )
+
+    secret = b"0123456789abcdef-webhook"
+    capture = Capture(script=[503])
+    seen: list[tuple[bool, dict[str, Any], str]] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        capture.attempts += 1
+        if capture.script:
+            return web.Response(status=capture.script.pop(0))
+        body = await request.read()
+        ok = verify(
+            secret,
+            timestamp=request.headers[TIMESTAMP_HEADER],
+            body=body,
+            header=request.headers[SIGNATURE_HEADER],
+            now=time.time(),
+        )
+        seen.append((ok, json.loads(body), request.headers[IDEMPOTENCY_HEADER]))
+        return web.Response(status=202 if ok else 401)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    served = ServedApp(app)
+    try:
+        sleeps: list[float] = []
+        notifier = WebhookNotifier(
+            [Webhook("ticketing", f"{served.url}/hook", secret)], sleep=sleeps.append
+        )
+        settings = AlertingSettings.from_mapping(
+            {"routing": [{"teams": ["ml-platform"], "routes": ["webhook:ticketing"]}]}, "a"
+        )
+        d = AlertDispatcher(
+            storage, RULES.rules, {"webhook": notifier}, settings, LINKS, clock=clock
+        )
+        incident = idle_incident(storage, 1, clock.now)
+        assert d.tick().sent == 1
+        assert sleeps == [1.0]  # the 503 was retried once
+        ((ok, body, key),) = seen
+        assert ok
+        assert body["event"] == "alert"
+        assert body["status"] == "firing"
+        assert body["rule"] == "idle-gpu"
+        assert body["runbook_url"].endswith("/runbook")
+        assert key == "idle-gpu:slurm:c:1:firing"
+        resolve(storage, incident, clock.now)
+        d.tick()
+        assert [b["status"] for _, b, _ in seen] == ["firing", "resolved"]
+        bad = WebhookNotifier([Webhook("ticketing", f"{served.url}/hook", b"x" * 16)])
+        alert = Alert("fp", "idle-gpu", AlertStatus.FIRING, "warning", "s", clock.now, "http://r")
+        assert bad.send(alert, "ticketing") is False  # wrong secret: the receiver says 401
+        assert bad.send(alert, "nowhere") is False
+    finally:
+        served.stop()
+
+
+def test_a_page_is_acknowledged_once_when_a_real_action_works_on_it(storage, services, clock):
+    pd, _ = services["pd"]
+    routing = AlertingSettings.from_mapping(
+        {"routing": [{"teams": ["ml-platform"], "routes": ["pagerduty:gpu-infra"]}]}, "alerting"
+    ).routing
+    d = dispatcher(storage, services, clock, routing=routing)
+    incident = idle_incident(storage, 1, clock.now)
+    assert d.tick().sent == 2
+    row = ActionRecord(
+        incident_id=incident.incident_id or 0,
+        idempotency_key="k1",
+        action="requeue",
+        target="slurm:c:1",
+        mode="approve",
+        dry_run=True,
+        state="dry_run",
+        created_at=clock.now,
+        updated_at=clock.now,
+    )
+    action_id = storage.insert_action(row)
+    assert d.tick().acknowledged == 0  # a dry run is not someone working on it
+    stored = storage.action(action_id or 0)
+    assert stored is not None
+    storage.update_action(
+        replace(stored, dry_run=False, state="verifying", verify_at=clock.now + 120),
+        expect_state="dry_run",
+    )
+    assert d.tick().acknowledged == 1
+    assert d.tick().acknowledged == 0
+    actions = [r["body"]["event_action"] for r in pd.requests]
+    assert actions == ["trigger", "acknowledge"]
+    assert pd.requests[1]["body"] == {
+        "routing_key": PD_KEY,
+        "event_action": "acknowledge",
+        "dedup_key": "gpuwarden-idle-gpu:slurm:c:1",
+    }
+    resolve(storage, incident, clock.now)
+    d.tick()
+    assert [r["body"]["event_action"] for r in pd.requests][-1] == "resolve"

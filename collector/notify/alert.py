@@ -14,9 +14,11 @@ def _empty() -> Mapping[str, Any]:
 
 
 class AlertStatus(enum.StrEnum):
-    """Firing while the incident is open; resolved once, when it resolves."""
+    """Firing while the incident is open; resolved once, when it resolves. Acknowledged (for
+    paging services only) once automation acts on it for real."""
 
     FIRING = "firing"
+    ACKNOWLEDGED = "acknowledged"
     RESOLVED = "resolved"
 
 

@@ -13,6 +13,7 @@ and sends the difference:
 - many new (or resolved) incidents of one rule in one pass on a chat route: one grouped message;
 - while a real action on the incident settles: a silence of our own Alertmanager alert until
   its verification, expired when the incident resolves;
+- a page whose incident a real action is working on: acknowledged, once;
 - optionally, the real remediation audit as PagerDuty change events (:mod:`.audit_mirror`).
 """
 
@@ -48,6 +49,9 @@ _LABEL_KEYS = ("node", "gpu", "job", "model", "deployment", "team")
 _GROUP_LINES = 9  # and a "more" line: Slack shows at most 10 fields
 _MAX_BACKOFF = 300.0
 _VERIFYING = "verifying"
+ACK_SCHEMES = frozenset({"pagerduty"})
+"""Paging routes whose alert is acknowledged once automation acts on the incident for real."""
+_ACTING = frozenset({"executing", "verifying", "verified"})
 
 
 @runtime_checkable
@@ -73,6 +77,7 @@ class DispatchResult:
     lost: int = 0
     silenced: int = 0
     mirrored: int = 0
+    acknowledged: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +151,9 @@ class AlertDispatcher:
             silenced = self._silences(now, open_incidents, self._known())
             due = self._due(now, open_incidents, self._known())
             result = self._deliver(now, due)
+            acked = self._acks(now, open_incidents)
             mirrored = self._mirror.tick() if self._mirror is not None else 0
-        return replace(result, silenced=silenced, mirrored=mirrored)
+        return replace(result, silenced=silenced, mirrored=mirrored, acknowledged=acked)
 
     def _known(self) -> dict[tuple[int, str], NotificationRecord]:
         """Every route's firing (or given-up) state, and the resolves not delivered yet."""
@@ -300,6 +306,7 @@ class AlertDispatcher:
                 silence_id=previous.silence_id if previous else None,
                 silenced_until=previous.silenced_until if previous else None,
                 group_key=group_key,
+                acked_at=previous.acked_at if previous and item.status == FIRING else None,
             )
             self._storage.save_notification(record)
             return 0
@@ -420,6 +427,27 @@ class AlertDispatcher:
             runbook_url=self._links.runbook_url(last.rule_id),
             team=rule.owner if rule else None,
         )
+
+    # Acknowledgements -----------------------------------------------------------------------
+
+    def _acks(self, now: float, open_incidents: Mapping[int, Incident]) -> int:
+        """Acknowledge a page once a real action runs on its incident: automation is on it."""
+        done = 0
+        for record in self._storage.notifications(status=FIRING, delivered=True):
+            scheme = record.route.partition(":")[0]
+            if scheme not in ACK_SCHEMES or record.acked_at is not None or record.group_key:
+                continue
+            incident = open_incidents.get(record.incident_id)
+            if incident is None or not any(
+                not row.dry_run and row.state in _ACTING
+                for row in self._storage.actions(incident_id=record.incident_id)
+            ):
+                continue
+            alert = replace(self._alert(incident, FIRING, now), status=AlertStatus.ACKNOWLEDGED)
+            if self._send(alert, record.route):
+                self._storage.save_notification(replace(record, acked_at=now))
+                done += 1
+        return done
 
     # Silences -------------------------------------------------------------------------------
 

@@ -40,13 +40,10 @@ def _iso(unix_seconds: float) -> str:
 
 
 def pagerduty_event(alert: Alert, routing_key: str, source: str) -> dict[str, Any]:
-    """The Events v2 body: a trigger while firing, a resolve (key only) once resolved."""
-    if alert.status is AlertStatus.RESOLVED:
-        return {
-            "routing_key": routing_key,
-            "event_action": "resolve",
-            "dedup_key": dedup_key(alert),
-        }
+    """The Events v2 body: a trigger while firing; an acknowledge or a resolve (key only)."""
+    if alert.status in (AlertStatus.RESOLVED, AlertStatus.ACKNOWLEDGED):
+        action = "resolve" if alert.status is AlertStatus.RESOLVED else "acknowledge"
+        return {"routing_key": routing_key, "event_action": action, "dedup_key": dedup_key(alert)}
     summary = f"[{alert.rule_id}] {alert.summary}"
     links = [{"href": alert.runbook_url, "text": "Runbook"}]
     links += [
