@@ -1,6 +1,6 @@
 """NAB scores of the stored reference detectors, by our own scorer (``collector/detect/nab.py``).
 
-Run: ``.venv/bin/python bench/nab_score.py [--detector-dir DIR] [--nab-dir DIR]`` (about 3 s).
+Run: ``.venv/bin/python bench/nab_score.py [--detector-dir DIR] [--nab-dir DIR]`` (about 20 s).
 
 Prints the normalised score (null = 0, perfect = 100) of HTM (``numenta``), windowedGaussian and
 null for the three NAB profiles on the whole corpus (58 files, 116 windows), then on the
@@ -11,7 +11,7 @@ corpus (in-sample); the thresholds are not re-tuned per category. TP/FP/FN are f
 profile: windows detected, alarms outside windows after the probationary rows, windows missed.
 
 Then ours: ``gpuwarden.collector.detect.anomaly.score_series`` run on the 58 data files
-(causal, about 10 s), scored at ``DEFAULT_THRESHOLD``, fixed before scoring as the standard-profile
+(causal, about 15 s), scored at ``DEFAULT_THRESHOLD``, fixed before scoring as the standard-profile
 optimum on split A (the artificial files + every other real file by name); split B (the other
 real files) is held out and printed alone. The in-sample optimum over all 58 files is printed
 too, labelled so.
