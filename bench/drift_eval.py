@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.collector.detect.drift import DriftParams, evaluate, window_statistic
+from gpuwarden.collector.detect.drift_noise import quantile_noise
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.detect.model_series import Binned
 from gpuwarden.collector.store_types import Kind
@@ -135,24 +136,66 @@ def throughput_parts(batch_time: np.ndarray, factor: np.ndarray) -> np.ndarray:
     return np.column_stack([inc, np.zeros_like(inc)])
 
 
-def replay(
-    binned: Binned, params: DriftParams, cycles: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Verdict at each cycle (bin index: the cycle runs once that bin is complete)."""
+@dataclass(frozen=True)
+class Replay:
+    """Per cycle: verdict, screen z and relative change, requests in the window."""
+
+    verdicts: np.ndarray
+    z: np.ndarray
+    relative_change: np.ndarray
+    requests: np.ndarray
+
+
+def replay(binned: Binned, params: DriftParams, cycles: np.ndarray) -> Replay:
+    """Judge each cycle (bin index: the cycle runs once that bin is complete)."""
     window_bins = round(params.window_seconds / BIN)
     history_bins = round(params.history_seconds / BIN)
     y = window_statistic(binned, params, window_bins)
-    verdicts = np.full(cycles.size, int(Verdict.UNKNOWN), dtype=np.int8)
-    confirm_seconds = 0.0
+    noise = quantile_noise(binned, params.statistic, window_bins)
+    out = Replay(
+        np.full(cycles.size, int(Verdict.UNKNOWN), dtype=np.int8),
+        np.full(cycles.size, np.nan),
+        np.full(cycles.size, np.nan),
+        np.full(cycles.size, np.nan),
+    )
+    if binned.kind is Kind.HISTOGRAM:
+        csum = np.concatenate([[0.0], np.cumsum(np.nan_to_num(binned.parts[:, :-1]).sum(axis=1))])
+        out.requests[:] = csum[cycles + 1] - csum[np.maximum(cycles + 1 - window_bins, 0)]
     for start in range(0, cycles.size, CHUNK):
         chunk = cycles[start : start + CHUNK]
         rows = np.stack([y[c - history_bins + 1 : c + 1] for c in chunk])
-        t0 = time.perf_counter()
-        verdicts[start : start + chunk.size] = evaluate(
-            rows, params, window_bins=window_bins, bin_seconds=BIN
-        ).verdicts
-        confirm_seconds += time.perf_counter() - t0
-    return verdicts, np.array([confirm_seconds])
+        noise_rows = np.stack([noise[c - history_bins + 1 : c + 1] for c in chunk])
+        got = evaluate(rows, params, window_bins=window_bins, bin_seconds=BIN, noise=noise_rows)
+        part = slice(start, start + chunk.size)
+        out.verdicts[part] = got.verdicts
+        out.z[part] = got.screen.z
+        out.relative_change[part] = got.screen.relative_change
+    return out
+
+
+def episodes_of(run: Replay, cycles: np.ndarray) -> list[str]:
+    """One line per A/A alert episode: hour of the day, duration, peak z and change, requests."""
+    firing = run.verdicts == int(Verdict.FIRING)
+    on = np.flatnonzero(firing)
+    lines: list[str] = []
+    if on.size == 0:
+        return lines
+    breaks = np.flatnonzero(np.diff(on) > MERGE_BINS)
+    for group in np.split(on, breaks + 1):
+        first, last = int(group[0]), int(group[-1])
+        span = slice(first, last + 1)
+        requests = run.requests[span]
+        lines.append(
+            f"{cycles[first] * BIN / 3600:5.2f} h, {(last - first + 1) * BIN / 60:4.1f} min "
+            f"({group.size} FIRING cycles), peak z {np.nanmax(run.z[span]):.1f}, "
+            f"peak change {100 * np.nanmax(np.abs(run.relative_change[span])):.0f} %"
+            + (
+                f", requests/window {np.median(requests):.0f}"
+                if np.isfinite(requests).all()
+                else ""
+            )
+        )
+    return lines
 
 
 MERGE_BINS = 120
@@ -229,11 +272,15 @@ def gentd26(args: argparse.Namespace) -> None:
             total = unknown = 0
             n_alerts = n_episodes = 0
             when: list[str] = []
+            first_episodes: list[str] = []
             for seed in range(args.seeds):
                 rng = np.random.default_rng(seed)
                 parts = latency_parts(lat, rng, traffic=traffic, bounds=bounds, factor=ones)
                 binned = Binned("gentd26", "latency", Kind.HISTOGRAM, lat.grid, parts, BIN, bounds)
-                verdicts, _ = replay(binned, params, cycles)
+                run = replay(binned, params, cycles)
+                verdicts = run.verdicts
+                if seed == 0:
+                    first_episodes = episodes_of(run, cycles)
                 a, e = alerts(verdicts)
                 n_alerts, n_episodes = n_alerts + a, n_episodes + e
                 fired = cycles[verdicts == int(Verdict.FIRING)]
@@ -243,6 +290,8 @@ def gentd26(args: argparse.Namespace) -> None:
             hours = total * BIN / 3600
             rate_line(f"A/A {label}", n_alerts, hours, unknown / total, n_episodes)
             print(f"    hours of the day with FIRING cycles, per seed: {' | '.join(when)}")
+            for line in first_episodes:
+                print(f"    seed 0 episode: {line}")
             for kind in ("step", "ramp"):
                 delays = []
                 rng = np.random.default_rng(1000)
@@ -265,7 +314,7 @@ def gentd26(args: argparse.Namespace) -> None:
                         "gentd26", "latency", Kind.HISTOGRAM, lat.grid, parts, BIN, bounds
                     )
                     window = np.arange(onset - 20, min(n, onset + (80 if kind == "step" else 160)))
-                    verdicts, _ = replay(binned, params, window)
+                    verdicts = replay(binned, params, window).verdicts
                     delays.append(delay_of(verdicts, window, onset))
                 summarize(f"20 % {kind} {label}", delays, 300.0 if kind == "step" else 1800.0)
             print(f"    ({time.perf_counter() - t0:.1f} s)")
@@ -281,6 +330,7 @@ def pai(args: argparse.Namespace) -> None:
     )
     total = unknown = n_alerts = n_episodes = 0
     per_worker = []
+    episode_lines: list[str] = []
     step_delays: list[float] = []
     ramp_delays: list[float] = []
     rng = np.random.default_rng(7)
@@ -291,7 +341,9 @@ def pai(args: argparse.Namespace) -> None:
         cycles = np.arange(first, n)
         parts = np.asarray(throughput_parts(batch, np.ones(n)), dtype=np.float64)
         binned = Binned(name, "throughput", Kind.COUNTER, times, parts, BIN)
-        verdicts, _ = replay(binned, params, cycles)
+        run = replay(binned, params, cycles)
+        verdicts = run.verdicts
+        episode_lines.extend(f"{name.split('/')[1]}: {line}" for line in episodes_of(run, cycles))
         a, e = alerts(verdicts)
         n_alerts += a
         n_episodes += e
@@ -308,11 +360,13 @@ def pai(args: argparse.Namespace) -> None:
                     factor = 1.0 - 0.2 * np.clip((np.arange(n) - onset) / (1800 / BIN), 0, 1)
                 b2 = replace(binned, parts=throughput_parts(batch, factor))
                 window = np.arange(onset - 20, min(n, onset + (80 if kind == "step" else 160)))
-                verdicts, _ = replay(b2, params, window)
+                verdicts = replay(b2, params, window).verdicts
                 out.append(delay_of(verdicts, window, onset))
             del k
     rate_line("A/A job 4 (all workers)", n_alerts, total * BIN / 3600, unknown / total, n_episodes)
     print(f"    alerts per worker: {' '.join(per_worker)}")
+    for line in episode_lines:
+        print(f"    episode {line}")
     summarize("20 % step (throughput x 0.8)", step_delays, 300.0)
     summarize("20 % ramp over 30 min", ramp_delays, 1800.0)
 

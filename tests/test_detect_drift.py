@@ -11,6 +11,7 @@ import pytest
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.drift import DriftParams, detect_drift, run_model_drift
+from gpuwarden.collector.detect.drift_noise import min_requests, quantile_noise
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.detect.model_series import Binned, quantiles
 from gpuwarden.collector.otlp import HistogramPoint
@@ -106,6 +107,85 @@ def test_drift_verdicts(name, factor, missing, params, expected):
             assert isinstance(ev[key], float), key
         assert finding.points
         assert finding.subject == f"m/lat/{params.statistic}"
+
+
+# (name, requests per bin over history, requests per bin in the last 20 bins, factor, expected,
+#  reason in the summary or None)
+TRAFFIC_CASES = [
+    ("busy, 30 % step", 150, 150, 1.3, Verdict.FIRING, None),
+    ("quiet now (100 requests), 60 % step", 150, 5, 1.6, Verdict.UNKNOWN, "too few requests"),
+    ("quiet now, no step", 150, 5, 1.0, Verdict.UNKNOWN, "too few requests"),
+    ("quiet history, busy now: history too short", 5, 150, 1.3, Verdict.UNKNOWN, "short history"),
+    ("600 requests now: 30 % step within p99 noise", 150, 30, 1.3, Verdict.CLEAR, None),
+    ("600 requests now: 60 % step beyond it", 150, 30, 1.6, Verdict.FIRING, None),
+    ("no requests at all now (a gap, not quiet)", 150, 0, 1.0, Verdict.UNKNOWN, "no data"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "busy", "now", "size", "expected", "reason"),
+    TRAFFIC_CASES,
+    ids=[c[0] for c in TRAFFIC_CASES],
+)
+def test_low_traffic_windows_are_not_judged(name, busy, now, size, expected, reason):
+    factor = step(20, size)
+    parts = np.vstack(
+        [histogram_bins(factor[:-20], per_bin=busy), histogram_bins(factor[-20:], 1, per_bin=now)]
+    )
+    if now == 0:
+        parts[-20:] = np.nan
+    subject = Binned("m", "lat", Kind.HISTOGRAM, times(), parts, BIN, BOUNDS)
+    (finding,) = detect_drift([subject], PARAMS, rule_id="r", severity="warning")
+    assert finding.verdict is expected, (name, finding.summary, dict(finding.evidence))
+    if reason is not None:
+        assert reason in finding.summary
+
+
+def test_min_requests_per_statistic():
+    assert [min_requests(s) for s in ("p99", "p95", "p50", "mean", "rate")] == [200, 40, 4, 2, 0]
+
+
+def noise_of(parts: np.ndarray, statistic: str = "p99") -> np.ndarray:
+    n = parts.shape[0]
+    subject = Binned("m", "l", Kind.HISTOGRAM, times()[:n], parts, BIN, BOUNDS)
+    return quantile_noise(subject, statistic, 20)
+
+
+def test_quantile_noise_shrinks_with_requests():
+    few = noise_of(histogram_bins(np.ones(40), per_bin=30))
+    many = noise_of(histogram_bins(np.ones(40), per_bin=600))
+    assert np.all(np.isnan(few[:19]))  # no full window yet
+    assert 3 < np.nanmedian(few) / np.nanmedian(many) < 6  # ~sqrt(20) = 4.5
+    assert np.nanmedian(noise_of(histogram_bins(np.ones(40)), "p50")) < np.nanmedian(many)
+
+
+def test_quantile_noise_is_wide_when_the_quantile_sits_in_a_thin_tail():
+    rng = np.random.default_rng(2)
+    n = 12_000
+    smooth = rng.lognormal(0.0, 0.4, n)  # p99 ≈ 2.5 s on a dense slope
+    thin = np.where(rng.random(n) < 0.012, rng.uniform(15.0, 25.0, n), smooth)  # 1.2 % at 15-25 s
+    relative = []
+    for values in (smooth, thin):
+        parts = np.zeros((20, len(BOUNDS) + 2))
+        parts[-1, :-1] = np.bincount(np.searchsorted(BOUNDS, values), minlength=len(BOUNDS) + 1)
+        parts[-1, -1] = values.sum()
+        relative.append(noise_of(parts)[-1] / np.quantile(values, 0.99))
+    assert relative[1] > 2 * relative[0], relative
+
+
+def test_a_noisy_window_needs_a_bigger_move():
+    # the current window's own sampling noise is a floor under the history's scale: with 600
+    # requests a 20 % rise of p99 is within noise, with 3,000 it is not
+    factor = step(20, 1.2)
+    expected = {30: Verdict.CLEAR, 150: Verdict.FIRING}
+    for now, verdict in expected.items():
+        parts = np.vstack(
+            [histogram_bins(factor[:-20], per_bin=150), histogram_bins(factor[-20:], 1, now)]
+        )
+        subject = Binned("m", "lat", Kind.HISTOGRAM, times(), parts, BIN, BOUNDS)
+        (finding,) = detect_drift([subject], PARAMS, rule_id="r", severity="warning")
+        assert finding.verdict is verdict, (now, dict(finding.evidence))
+        assert isinstance(finding.evidence["noise"], float)
 
 
 def test_missing_data_is_never_clear_nor_firing():

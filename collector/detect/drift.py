@@ -15,8 +15,12 @@ Two stages, as everywhere in detection:
    fires when the current residual is outside it (``confirm_alpha``). With fewer than
    ``MIN_CONFIRM_POINTS`` history windows the screen decides alone, and the evidence says so.
 
-Missing data is never healthy: a subject whose current window is under-covered, or whose history
-is too short to judge, is UNKNOWN.
+Sampling noise (:mod:`.drift_noise`): a window with too few requests for its statistic (a p99
+needs 200) does not count, and the standard error of a window's quantile, read off its own
+histogram, is a floor under both stages' scale (a noisy p99 needs a bigger move).
+
+Missing data is never healthy: a subject whose current window is under-covered or has too few
+requests, or whose history is too short to judge, is UNKNOWN.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
+from gpuwarden.collector.detect.drift_noise import min_requests, quantile_noise, window_requests
 from gpuwarden.collector.detect.findings import Finding, JsonScalar, Verdict
 from gpuwarden.collector.detect.model_series import (
     Binned,
@@ -42,6 +47,7 @@ from gpuwarden.collector.detect.model_series import (
 from gpuwarden.collector.detect.screen import held_for, nanmedian, robust_scale
 from gpuwarden.collector.rules import Rule
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.store_types import Kind
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -112,6 +118,8 @@ class Screen:
     y: FloatArray
     history_end: int
     """Bins before this index are the history (the current window and hold excluded)."""
+    noise: FloatArray
+    """The newest window's sampling standard error (NaN: not known)."""
 
 
 def run_model_drift(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
@@ -151,9 +159,13 @@ def detect_drift(
     bin_seconds = usable[0].bin_seconds
     window_bins = max(1, round(params.window_seconds / bin_seconds))
     y = np.vstack([window_statistic(s, params, window_bins) for s in usable])
-    judged = evaluate(y, params, window_bins=window_bins, bin_seconds=bin_seconds)
+    noise = np.vstack([quantile_noise(s, params.statistic, window_bins) for s in usable])
+    judged = evaluate(y, params, window_bins=window_bins, bin_seconds=bin_seconds, noise=noise)
     for i, subject in enumerate(usable):
-        findings.append(_judge(subject, i, judged, params, window_bins, rule_id, severity))
+        requests = float(window_requests(subject, window_bins)[-1])
+        findings.append(
+            _judge(subject, i, judged, params, window_bins, rule_id, severity, requests)
+        )
     return findings
 
 
@@ -168,10 +180,19 @@ class Evaluation:
 
 
 def evaluate(
-    y: FloatArray, params: DriftParams, *, window_bins: int, bin_seconds: float
+    y: FloatArray,
+    params: DriftParams,
+    *,
+    window_bins: int,
+    bin_seconds: float,
+    noise: FloatArray | None = None,
 ) -> Evaluation:
-    """Screen all rows of ``y`` (window statistics, subjects × bins), confirm the candidates."""
-    screen = screen_drift(y, params, window_bins=window_bins, bin_seconds=bin_seconds)
+    """Screen all rows of ``y`` (window statistics, subjects × bins), confirm the candidates.
+
+    ``noise`` (same shape, NaN = none) is each window's sampling standard error
+    (:func:`.drift_noise.quantile_noise`), a floor under both stages' scale.
+    """
+    screen = screen_drift(y, params, window_bins=window_bins, bin_seconds=bin_seconds, noise=noise)
     verdicts = np.where(screen.judged, int(Verdict.CLEAR), int(Verdict.UNKNOWN)).astype(np.int8)
     p_values = np.full(y.shape[0], np.nan)
     last = y.shape[1] - 1
@@ -185,6 +206,7 @@ def evaluate(
             params.direction,
             params.confirm_alpha,
             steps=steps,
+            floor=float(screen.noise[i]),
         )
         if p is not None:
             p_values[i] = p
@@ -194,15 +216,27 @@ def evaluate(
 
 
 def window_statistic(subject: Binned, params: DriftParams, window_bins: int) -> FloatArray:
-    """The statistic over the window ending at each bin (NaN where under-covered)."""
+    """The statistic over the window ending at each bin.
+
+    NaN where under-covered, or with too few requests for the statistic (see
+    :func:`.drift_noise.min_requests`): a p99 of 40 requests is their maximum, not a p99.
+    """
     sums, known = window_sums(subject.parts, window_bins)
     y = statistic_of(subject, sums, params.statistic, window_bins * subject.bin_seconds)
     y[known < params.min_coverage * window_bins] = np.nan
+    if subject.kind is Kind.HISTOGRAM:
+        with np.errstate(invalid="ignore"):
+            y[sums[:, :-1].sum(axis=1) < min_requests(params.statistic)] = np.nan
     return y
 
 
 def screen_drift(
-    y: FloatArray, params: DriftParams, *, window_bins: int, bin_seconds: float
+    y: FloatArray,
+    params: DriftParams,
+    *,
+    window_bins: int,
+    bin_seconds: float,
+    noise: FloatArray | None = None,
 ) -> Screen:
     """Stage one over ``subjects × bins`` window statistics (NaN = not enough data).
 
@@ -231,9 +265,12 @@ def screen_drift(
     scale = robust_scale(hist, center, axis=1) if history_end else np.full(n, np.nan)
     with np.errstate(invalid="ignore"):
         scale = np.maximum(scale, RELATIVE_SCALE_FLOOR * np.abs(base_now[:, -1]))
+    # per bin: the history's scale, or the window's own sampling noise when that is larger
+    noise_now = np.full((n, hold), np.nan) if noise is None else noise[:, -hold:]
+    scale_now = np.fmax(scale[:, None], noise_now)
     current = residuals[:, -hold:]
     with np.errstate(invalid="ignore", divide="ignore"):
-        z = (current - center[:, None]) / scale[:, None]
+        z = (current - center[:, None]) / scale_now
         rel = (y[:, -hold:] - base_now) / np.abs(base_now)
     bad_z, bad_rel = _bad(z, params.direction), _bad(rel, params.direction)
     with np.errstate(invalid="ignore"):
@@ -252,6 +289,7 @@ def screen_drift(
         residuals=residuals,
         y=y,
         history_end=history_end,
+        noise=noise_now[:, -1],
     )
 
 
@@ -284,13 +322,20 @@ def seasonal_baseline(y: FloatArray, season_seconds: float, bin_seconds: float) 
 
 
 def confirm_shift(
-    history: FloatArray, current: float, direction: str, alpha: float, *, steps: int = 1
+    history: FloatArray,
+    current: float,
+    direction: str,
+    alpha: float,
+    *,
+    steps: int = 1,
+    floor: float = math.nan,
 ) -> tuple[bool, float | None]:
     """Stage two: is ``current`` outside an AR(1) prediction interval ``steps`` after ``history``.
 
     ``history`` is the residual of non-overlapping windows, oldest first (NaN allowed: the state
-    space model skips them). Returns ``(confirmed, p_value)``; ``p_value`` is None when the
-    history is too short to fit (then the screen's word stands).
+    space model skips them). ``floor`` (NaN: none) is the current window's sampling standard
+    error; the interval is never narrower. Returns ``(confirmed, p_value)``; ``p_value`` is None
+    when the history is too short to fit (then the screen's word stands).
     """
     known = history[~np.isnan(history)]
     if known.size < MIN_CONFIRM_POINTS:
@@ -313,6 +358,8 @@ def confirm_shift(
         se = float(np.asarray(forecast.se_mean)[-1])
     if not (math.isfinite(se) and se > 0):
         return True, None
+    if math.isfinite(floor):
+        se = max(se, floor)
     z = (current - mean) / se
     if direction == "increase":
         p = float(stats.norm.sf(z))
@@ -331,6 +378,7 @@ def _judge(
     window_bins: int,
     rule_id: str,
     severity: str,
+    requests: float = math.nan,
 ) -> Finding:
     screen = judged.screen
     evidence: dict[str, JsonScalar] = {
@@ -341,10 +389,19 @@ def _judge(
         "relative_change": _f(screen.relative_change[i]),
         "min_relative_change": params.min_relative_change,
         "baseline_kind": "seasonal" if screen.seasonal[i] else "plain",
+        "requests": _f(requests),
+        "noise": _f(screen.noise[i]),
     }
     verdict = Verdict(int(judged.verdicts[i]))
     if verdict is Verdict.UNKNOWN:
-        why = "no data in the current window" if math.isnan(screen.value[i]) else "short history"
+        why = "short history"
+        if math.isnan(screen.value[i]):
+            need = min_requests(params.statistic)
+            why = (
+                f"too few requests in the current window ({requests:.0f} < {need:.0f})"
+                if math.isfinite(requests) and 0 < requests < need
+                else "no data in the current window"
+            )
         return _finding(subject, params, rule_id, severity, verdict, evidence, why)
     if screen.candidate[i]:
         p = judged.p_values[i]
