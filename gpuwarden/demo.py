@@ -42,6 +42,7 @@ from gpuwarden.collector.app import create_app
 from gpuwarden.collector.build import build_remediation, build_service, load_configured_rules
 from gpuwarden.collector.config import CollectorConfig as ServerConfig
 from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.records import Event, EventKind
 from gpuwarden.collector.remediate.actuator import Actuator
 from gpuwarden.collector.remediate.policy import SETTLE_SECONDS, PolicyConfig, RemediationSettings
@@ -135,6 +136,7 @@ def _server_config(port: int, token: str, db: Path, model_port: int, speed: floa
         remediation=RemediationSettings(
             policy=policy, external_url=f"http://127.0.0.1:{port}", interval_seconds=2.0
         ),
+        alerting=AlertingSettings(interval_seconds=1.0),
     )
 
 

@@ -547,6 +547,20 @@ def test_approve_mode_waits_for_a_human_and_survives_a_restart(world: World) -> 
         assert [e.actor for e in entries if e.verdict == "human_approved"] == ["alice"]
 
 
+def test_one_approval_request_per_action_and_target(world: World) -> None:
+    # Four idle GPUs of one job: four incidents, one requeue to approve, one message.
+    rule = make_rule(mode=ActionMode.APPROVE)
+    first = open_incident(world.storage, world.clock)
+    for gpu in range(1, 4):
+        other = replace(first, fingerprint=f"fp-gpu-{gpu}", incident_id=None)
+        assert world.storage.open_incident(other) is not None
+    world.remediator([rule], dry_run=False).tick()
+    rows = world.storage.actions()
+    assert len(rows) == 4
+    assert {r.state for r in rows} == {ActionState.AWAITING_APPROVAL}
+    assert len(world.slack.sent) == 1
+
+
 def test_credentials_never_reach_logs_or_the_audit(
     world: World, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -854,6 +854,15 @@ class Remediator:
     def _request_approval(self, row: ActionRecord, incident: Incident) -> None:
         if self._approvals is None or row.action_id is None:
             return
+        waiting = self._storage.actions(states=[ActionState.AWAITING_APPROVAL])
+        if any(
+            r.action == row.action and r.target == row.target and r.action_id != row.action_id
+            for r in waiting
+        ):
+            # Another incident already asks a human for this very action (e.g. each idle GPU of
+            # one job): one request is enough; this one stays approvable from the CLI and API.
+            log.info("approval for %s %s already requested", row.action, row.target)
+            return
         token = self._approvals.issue(row.action_id)
         action = ProposedAction(
             kind=row.action,
