@@ -523,6 +523,21 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType({spec.name: spec for sp
                            "Price tiers watched.", ("on-demand", "spot", "reserved")),
         )),
     DetectorSpec(
+        "metric_anomaly",
+        "A selected metric did what it never did in its recent history (the NAB-scored "
+        "nearest-neighbour/novelty/step scorer, causal, at one-minute resolution).",
+        (_J, _N, _D), (),
+        _table(
+            history_seconds=_p(_T.DURATION, 12 * _HOUR, 6 * _HOUR, 7 * _DAY,
+                               "History each minute is judged against (needs 5 h of data)."),
+            recent_seconds=_p(_T.DURATION, 3 * _MINUTE, _MINUTE, _HOUR,
+                              "Newest window in which a high score is a finding."),
+            score_above=_p(_T.FLOAT, 0.5328, 0.5, 0.99,
+                           "Score threshold (0.5328: fixed on NAB split A, 61.8 standard)."),
+            max_series=_p(_T.INT, 200, 1, 5000,
+                          "Series scored per cycle (about 30 ms each); the rest are reported."),
+        ), requires=("metrics",)),
+    DetectorSpec(
         "alertmanager",
         "An alert from the user's own Prometheus rules, received from Alertmanager's webhook "
         "(POST /v1/alertmanager); selector.labels pick the alerts.", (_J, _N, _D), (),

@@ -44,6 +44,16 @@ SAMPLE_EVIDENCE: dict[str, dict[str, object]] = {
         "price_tier": "on-demand",
     },
     "hardware_fault": {"node": "gpu-07", "gpu": "GPU-5d1c", "reasons": "XID 79 x1"},
+    "metric_anomaly": {
+        "metric": "gpuwarden.model.requests",
+        "model": "llm-large",
+        "value": 0.2,
+        "score": 0.71,
+        "threshold": 0.5328,
+        "known_minutes": 720,
+        "baseline_median": 42.0,
+        "at": 1_800_000_540.0,
+    },
     "alertmanager": {
         "node": "gpu-07",
         "gpu": "0",

@@ -19,6 +19,7 @@ from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.forecast import run_demand_forecast
 from gpuwarden.collector.detect.idle_rule import detect_idle_gpus
 from gpuwarden.collector.detect.incidents import IncidentTracker
+from gpuwarden.collector.detect.metric_anomaly import run_metric_anomaly
 from gpuwarden.collector.detect.preemption import run_preemption
 from gpuwarden.collector.detect.slo import run_slo_burn
 from gpuwarden.collector.detect.straggler import run_straggler
@@ -82,6 +83,7 @@ RUNNERS: Mapping[str, Runner] = {
     "overprovisioned_inference": run_overprovisioned_inference,
     "straggler": run_straggler,
     "preemption": run_preemption,
+    "metric_anomaly": run_metric_anomaly,
     "model_drift": run_model_drift,
     "deploy_regression": run_deploy_regression,
 }

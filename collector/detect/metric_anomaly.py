@@ -1,0 +1,169 @@
+"""``metric_anomaly``: the NAB-scored anomaly scorer (:mod:`.anomaly`) on selected metrics.
+
+Each cycle reads every selected series at one-minute resolution over the rule's history (the
+store's long ring: means of the recent slots), scores it with :func:`anomaly.score_series`
+(causal: a point is judged only against the points before it), and looks at the newest
+``recent_seconds``: a score at or above the threshold there is a finding. The scorer alarms
+when an anomaly starts, not while it lasts, so an incident opens at the onset and resolves
+after the engine's clear cycles; it is an event notice ("this metric did something it never
+did in the last hours"), not a state.
+
+Missing data is neither normal nor anomalous: a series with fewer than the scorer's warm-up of
+known minutes, or no known minute in the newest window, is UNKNOWN. The scorer costs about
+40 µs per point, so ``max_series`` bounds a rule's cycle (the rest are reported, not scored).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from gpuwarden.collector.detect import anomaly
+from gpuwarden.collector.detect.findings import Finding, Verdict
+from gpuwarden.collector.rules import Rule
+from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.store_types import SeriesInfo
+
+log = logging.getLogger(__name__)
+
+DETECTOR = "metric_anomaly"
+POINTS = 120
+_SUBJECT_ATTRIBUTES = ("model", "host.name", "hw.id", "gpuwarden.job.key", "service.name")
+
+
+def _subject(info: SeriesInfo) -> str:
+    attrs = info.attributes
+    parts = [f"{k}={attrs[k]}" for k in sorted(attrs) if attrs[k] not in (None, "")]
+    return f"{info.metric}{{{','.join(parts)}}}"
+
+
+def _selected(rule: Rule, attrs: Mapping[str, object]) -> bool:
+    def text(*names: str) -> str | None:
+        for name in names:
+            value = attrs.get(name)
+            if value not in (None, ""):
+                return str(value)
+        return None
+
+    return rule.selector.matches(
+        team=text("team", "gpuwarden.team"),
+        job=text("gpuwarden.job.key", "job_key"),
+        node=text("host.name", "node"),
+        model=text("model", "service.name"),
+    )
+
+
+def run_metric_anomaly(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
+    """Engine runner: one finding per selected series (up to ``max_series``)."""
+    p = rule.parameters
+    history = float(p["history_seconds"])  # type: ignore[arg-type]
+    recent = float(p["recent_seconds"])  # type: ignore[arg-type]
+    threshold = float(p["score_above"])  # type: ignore[arg-type]
+    limit = int(p["max_series"])  # type: ignore[arg-type]
+    store = service.store
+    step = float(store.long_step_seconds)
+    end = math.floor(now / step) * step  # the current minute is not complete yet
+    labels = dict(rule.selector.labels) or None
+    findings: list[Finding] = []
+    scored = 0
+    for metric in rule.selector.metrics:
+        matrix = store.matrix(
+            metric, selector=labels, start=end - history, end=end, resolution="long"
+        )
+        for row, info in enumerate(matrix.series):
+            if not _selected(rule, info.attributes):
+                continue
+            if scored >= limit:
+                log.warning(
+                    "rule %s: more than max_series=%d series selected; the rest are not scored",
+                    rule.id,
+                    limit,
+                )
+                return findings
+            scored += 1
+            values = np.asarray(matrix.values[row], dtype=np.float64)
+            findings.append(_judge(rule, info, matrix.times + step, values, end, recent, threshold))
+    return findings
+
+
+def _judge(
+    rule: Rule,
+    info: SeriesInfo,
+    times: np.ndarray,
+    values: np.ndarray,
+    end: float,
+    recent: float,
+    threshold: float,
+) -> Finding:
+    subject = _subject(info)
+    attrs = info.attributes
+    known = np.isfinite(values)
+    newest = times > end - recent
+    base: dict[str, object] = {
+        "metric": info.metric,
+        "threshold": threshold,
+        "known_minutes": int(known.sum()),
+    }
+    for key, name in (("node", "host.name"), ("model", "model"), ("gpu", "hw.id")):
+        if attrs.get(name) not in (None, ""):
+            base[key] = str(attrs[name])
+    if attrs.get("gpuwarden.job.key") not in (None, ""):
+        base["job"] = str(attrs["gpuwarden.job.key"])
+    warmup = anomaly.AnomalyParams().warmup_rows
+    if known.sum() <= warmup or not known[newest].any():
+        why = "no data in the newest window" if known.sum() > warmup else "too little history"
+        return _finding(rule, subject, Verdict.UNKNOWN, times, values, base, why, end - recent, end)
+    scores = anomaly.score_series(times, values)
+    window = np.where(newest & np.isfinite(scores), scores, -np.inf)
+    top = int(np.argmax(window))
+    score = float(window[top])
+    history = values[known & ~newest]
+    median = float(np.median(history)) if history.size else math.nan
+    evidence = {
+        **base,
+        "score": round(score, 4) if math.isfinite(score) else None,
+        "value": float(values[top]) if np.isfinite(values[top]) else None,
+        "baseline_median": median,
+        "at": float(times[top]),
+    }
+    if score >= threshold:
+        summary = (
+            f"{subject}: {values[top]:.4g} at a score of {score:.3f} (threshold {threshold}); "
+            f"median of the last {int(known.sum())} minutes {median:.4g}"
+        )
+        return _finding(rule, subject, Verdict.FIRING, times, values, evidence, summary,
+                        end - recent, end)  # fmt: skip
+    return _finding(rule, subject, Verdict.CLEAR, times, values, evidence, "", end - recent, end)
+
+
+def _finding(
+    rule: Rule,
+    subject: str,
+    verdict: Verdict,
+    times: np.ndarray,
+    values: np.ndarray,
+    evidence: Mapping[str, object],
+    summary: str,
+    start: float,
+    end: float,
+) -> Finding:
+    known = np.isfinite(values)
+    points = tuple(
+        (float(t), float(v))
+        for t, v in zip(times[known][-POINTS:], values[known][-POINTS:], strict=True)
+    )
+    return Finding(
+        rule_id=rule.id,
+        detector=DETECTOR,
+        subject=subject,
+        verdict=verdict,
+        severity=str(rule.severity),
+        window_start=start,
+        window_end=end,
+        summary=summary,
+        evidence={k: v for k, v in evidence.items() if isinstance(v, str | int | float | bool)},
+        points=points,
+    )

@@ -1,0 +1,105 @@
+"""metric_anomaly: the NAB-scored scorer on store series, table-driven, with gaps and limits."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuwarden.collector.detect.findings import Verdict
+from gpuwarden.collector.detect.metric_anomaly import run_metric_anomaly
+from gpuwarden.collector.rules import Selector
+from tests.test_detect_waste import T0, feed, gauge, make_service, rule_for
+
+F, C, U = Verdict.FIRING, Verdict.CLEAR, Verdict.UNKNOWN
+METRIC = "hw.gpu.power.usage"
+HOURS = 10
+
+
+def background(minutes: int, seed: int) -> np.ndarray:
+    """A noisy daily-like cycle (one period per 90 min) around 300 W."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(minutes)
+    return 300 + 40 * np.sin(2 * np.pi * t / 90) + rng.normal(0, 4, minutes)
+
+
+def drop(values: np.ndarray, last: int) -> np.ndarray:
+    out = values.copy()
+    out[-last:] = 30.0  # the GPU fell off the bus or its job died
+    return out
+
+
+def spike(values: np.ndarray, last: int) -> np.ndarray:
+    out = values.copy()
+    out[-last:] += 400.0
+    return out
+
+
+def gap(values: np.ndarray, last: int) -> np.ndarray:
+    out = values.copy()
+    out[-last:] = np.nan
+    return out
+
+
+CASES = [
+    ("steady", lambda v: v, HOURS, C),
+    ("drop in the newest minutes", lambda v: drop(v, 2), HOURS, F),
+    ("spike in the newest minutes", lambda v: spike(v, 1), HOURS, F),
+    ("an old drop, since recovered", lambda v: np.r_[v[:300], drop(v[300:330], 30), v[330:]],
+     HOURS, C),
+    ("gap over the newest window", lambda v: gap(v, 5), HOURS, U),
+    ("too little history", lambda v: v, 4, U),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "shape", "hours", "want"), CASES, ids=[c[0] for c in CASES])
+def test_verdicts(tmp_path: Path, name, shape, hours, want):
+    end = T0 + HOURS * 3600
+    svc = make_service(tmp_path, end, recent_hours=12)
+    minutes = hours * 60
+    values = shape(background(minutes, seed=3))
+    times = end - 60 * np.arange(minutes, 0, -1) + 1  # one point per minute, ending now
+
+    def points(t: float) -> list:
+        i = round((t - times[0]) / 60)
+        v = values[i]
+        return (
+            []
+            if not np.isfinite(v)
+            else [gauge(METRIC, "gpu-07", t, float(v), **{"hw.id": "GPU-7"})]
+        )
+
+    feed(svc, times, points)
+    rule = rule_for("metric_anomaly")
+    rule = dataclasses.replace(rule, selector=Selector(metrics=(METRIC,)))
+    (finding,) = run_metric_anomaly(svc, rule, end)
+    assert finding.verdict is want, (name, finding.summary, dict(finding.evidence))
+    assert finding.evidence["node"] == "gpu-07"
+    assert finding.evidence["gpu"] == "GPU-7"
+    if want is F:
+        assert finding.evidence["score"] >= rule.parameters["score_above"]
+        assert "threshold" in finding.summary
+        assert finding.points  # something to plot
+
+
+def test_selector_and_max_series_bound_the_work(tmp_path: Path, caplog):
+    end = T0 + HOURS * 3600
+    svc = make_service(tmp_path, end, recent_hours=12)
+    minutes = HOURS * 60
+    times = end - 60 * np.arange(minutes, 0, -1) + 1
+    series = {node: background(minutes, seed=i) for i, node in enumerate(("a1", "a2", "b1"))}
+
+    def points(t: float) -> list:
+        i = round((t - times[0]) / 60)
+        return [gauge(METRIC, node, t, float(v[i]), **{"hw.id": f"GPU-{node}"})
+                for node, v in series.items()]  # fmt: skip
+
+    feed(svc, times, points)
+    base = dataclasses.replace(rule_for("metric_anomaly"), selector=Selector(metrics=(METRIC,)))
+    only_a = dataclasses.replace(base, selector=Selector(metrics=(METRIC,), nodes=("a*",)))
+    assert sorted(f.evidence["node"] for f in run_metric_anomaly(svc, only_a, end)) == ["a1", "a2"]
+    capped = dataclasses.replace(base, parameters={**base.parameters, "max_series": 2})
+    assert len(run_metric_anomaly(svc, capped, end)) == 2
+    assert "max_series=2" in caplog.text
