@@ -10,6 +10,7 @@ import pytest
 
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.detect.metric_anomaly import run_metric_anomaly
+from gpuwarden.collector.otlp import NumberPoint
 from gpuwarden.collector.rules import Selector
 from tests.test_detect_waste import T0, feed, gauge, make_service, rule_for
 
@@ -62,7 +63,7 @@ def test_verdicts(tmp_path: Path, name, shape, hours, want):
     values = shape(background(minutes, seed=3))
     times = end - 60 * np.arange(minutes, 0, -1) + 1  # one point per minute, ending now
 
-    def points(t: float) -> list:
+    def points(t: float) -> list[NumberPoint]:
         i = round((t - times[0]) / 60)
         v = values[i]
         return (
@@ -79,7 +80,10 @@ def test_verdicts(tmp_path: Path, name, shape, hours, want):
     assert finding.evidence["node"] == "gpu-07"
     assert finding.evidence["gpu"] == "GPU-7"
     if want is F:
-        assert finding.evidence["score"] >= rule.parameters["score_above"]
+        score, threshold = finding.evidence["score"], rule.parameters["score_above"]
+        assert isinstance(score, float)
+        assert isinstance(threshold, float)
+        assert score >= threshold
         assert "threshold" in finding.summary
         assert finding.points  # something to plot
 
@@ -91,7 +95,7 @@ def test_selector_and_max_series_bound_the_work(tmp_path: Path, caplog):
     times = end - 60 * np.arange(minutes, 0, -1) + 1
     series = {node: background(minutes, seed=i) for i, node in enumerate(("a1", "a2", "b1"))}
 
-    def points(t: float) -> list:
+    def points(t: float) -> list[NumberPoint]:
         i = round((t - times[0]) / 60)
         return [gauge(METRIC, node, t, float(v[i]), **{"hw.id": f"GPU-{node}"})
                 for node, v in series.items()]  # fmt: skip
@@ -99,7 +103,10 @@ def test_selector_and_max_series_bound_the_work(tmp_path: Path, caplog):
     feed(svc, times, points)
     base = dataclasses.replace(rule_for("metric_anomaly"), selector=Selector(metrics=(METRIC,)))
     only_a = dataclasses.replace(base, selector=Selector(metrics=(METRIC,), nodes=("a*",)))
-    assert sorted(f.evidence["node"] for f in run_metric_anomaly(svc, only_a, end)) == ["a1", "a2"]
+    assert sorted(str(f.evidence["node"]) for f in run_metric_anomaly(svc, only_a, end)) == [
+        "a1",
+        "a2",
+    ]
     capped = dataclasses.replace(base, parameters={**base.parameters, "max_series": 2})
     assert len(run_metric_anomaly(svc, capped, end)) == 2
     assert "max_series=2" in caplog.text
