@@ -72,7 +72,7 @@ def build_actuators(
         actuators.append(_slurm(config.slurm_cluster, config, environ, nodes))
     client = _kube_client(config) if config.kubernetes_actions or config.kubernetes_routes else None
     if client is not None and config.kubernetes_actions:
-        actuators.append(_kubernetes(client, nodes, jobs))
+        actuators.append(_kubernetes(client, nodes, jobs, kueue=config.kubernetes_kueue))
     if client is not None and config.kubernetes_routes:
         actuators.append(_kubernetes_routes(client, config))
     if config.router_url is not None:
@@ -117,7 +117,9 @@ def _kube_client(config: CollectorConfig) -> ApiClient:
     return client
 
 
-def _kubernetes(client: ApiClient, nodes: NodeOwnership, jobs: JobLookup | None) -> Actuator:
+def _kubernetes(
+    client: ApiClient, nodes: NodeOwnership, jobs: JobLookup | None, *, kueue: bool
+) -> Actuator:
     from gpuwarden.collector.jobs.kubernetes import KEY_PREFIX, SCHEDULER
     from gpuwarden.collector.remediate.kubernetes import (
         KubeCalls,
@@ -126,7 +128,13 @@ def _kubernetes(client: ApiClient, nodes: NodeOwnership, jobs: JobLookup | None)
         node_name,
     )
 
-    kubernetes = KubernetesActuator(KubeCalls(client))
+    requeue = None
+    if kueue:
+        from gpuwarden.collector.remediate.kueue import KueueRequeue
+        from gpuwarden.collector.remediate.routing import CustomObjects
+
+        requeue = KueueRequeue(CustomObjects(client))
+    kubernetes = KubernetesActuator(KubeCalls(client), kueue=requeue)
 
     def owns(target: str) -> str | None:
         if target.startswith(f"{KEY_PREFIX}:"):  # a pod's job key: the pod its registry entry names

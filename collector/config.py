@@ -54,6 +54,8 @@ class CollectorConfig:
     #: actuators (all off by default): scale_up, requeue (k8s: jobs) and drain/resume (cordon)
     #: through the kubernetes_* client above; node-name globs each scheduler drains when both act
     kubernetes_actions: bool = False
+    #: requeue Kueue-managed jobs through their Workload (deactivate, eviction, reactivate)
+    kubernetes_kueue: bool = False
     slurm_action_nodes: tuple[str, ...] = ()
     kubernetes_action_nodes: tuple[str, ...] = ()
     #: degrade/restore: "<namespace>/<deployment>" → HTTPRoute weights or KServe canary percent
@@ -159,6 +161,7 @@ _KEYS = {
     "kubernetes_in_cluster": bool,
     "kubernetes_namespace": str,
     "kubernetes_actions": bool,
+    "kubernetes_kueue": bool,
     **dict.fromkeys(ACTUATOR_KEYS, object),  # parsed by _setting (remediate/actuator_settings)
     "router_url": str,
     "router_token_file": Path,

@@ -162,6 +162,7 @@ ROUTE = "{httproute: llm, primary: a, fallback: b}"
             "need kubernetes_kubeconfig or kubernetes_in_cluster",
         ),
         (KC + "kubernetes_action_nodes: [k8s-*]\n", "needs kubernetes_actions: true"),
+        (KC + "kubernetes_kueue: true\n", "kubernetes_kueue needs kubernetes_actions: true"),
         ("slurm_action_nodes: [dgx-*]\n", "slurm_action_nodes needs slurm_cluster"),
         ("slurm_cluster: a\nslurm_action_nodes: ['gpu *']\n", "slurm_action_nodes: expected"),
         (

@@ -224,6 +224,10 @@ def actuator_problem(config: CollectorConfig) -> str | None:
             "kubernetes_action_nodes needs kubernetes_actions: true",
         ),
         (
+            config.kubernetes_kueue and not config.kubernetes_actions,
+            "kubernetes_kueue needs kubernetes_actions: true",
+        ),
+        (
             bool(config.slurm_action_nodes) and not config.slurm_cluster,
             "slurm_action_nodes needs slurm_cluster",
         ),

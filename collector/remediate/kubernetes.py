@@ -10,8 +10,10 @@ so the client's model classes never decide what a field means). Every write carr
   Deployment, the HPA's ``minReplicas`` is raised (the HPA would revert a direct replica
   change); otherwise the ``scale`` subresource's ``spec.replicas`` (RBAC: ``deployments/scale``
   only). ``step_replicas`` and ``max_replicas`` parameters bound it; at the cap it is REFUSED.
-- ``requeue`` on ``<namespace>/<pod>``: deletes a pod that a controller owns (its controller
-  re-creates it); a bare pod would be lost, so it is REFUSED. Cannot be rolled back.
+- ``requeue`` on ``<namespace>/<pod>``: when Kueue manages the pod's controller (a Workload
+  owned by it exists), through the Workload (:mod:`.kueue`: deactivate, eviction, reactivate);
+  otherwise deletes a pod that a controller owns (its controller re-creates it); a bare pod
+  would be lost, so it is REFUSED. Cannot be rolled back.
 - ``drain``/``resume`` on a node name: ``spec.unschedulable`` true/false (cordon/uncordon).
 
 Outcomes: 404 NOT_FOUND; 400/403/422 REFUSED; 409 after the retries, 429, 5xx and network
@@ -23,13 +25,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import urllib3
 from kubernetes.client import ApiClient, AppsV1Api, AutoscalingV2Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException, OpenApiException
 
 from gpuwarden.collector.remediate.actuator import ActionRequest, ActionResult, Outcome
+
+if TYPE_CHECKING:
+    from gpuwarden.collector.remediate.kueue import KueueRequeue
 
 CONFLICT_RETRIES = 3
 DEFAULT_STEP_REPLICAS = 1
@@ -173,10 +178,12 @@ def _int_parameter(parameters: Mapping[str, Any], key: str, default: int) -> int
 
 
 class KubernetesActuator:
-    """Scale-up, pod requeue and cordon through one :class:`KubeCalls`."""
+    """Scale-up, pod requeue and cordon through one :class:`KubeCalls`; requeue goes through
+    Kueue's Workload when ``kueue`` is given and one owns the pod's controller."""
 
-    def __init__(self, calls: KubeCalls) -> None:
+    def __init__(self, calls: KubeCalls, *, kueue: KueueRequeue | None = None) -> None:
         self._calls = calls
+        self._kueue = kueue
 
     @property
     def kinds(self) -> frozenset[str]:
@@ -317,6 +324,11 @@ class KubernetesActuator:
             return ActionResult(
                 Outcome.REFUSED, f"{request.target} has no controller to recreate it"
             )
+        if self._kueue is not None:
+            controller = next(o for o in owners if o.get("controller"))
+            workload = self._kueue.workload_for(namespace, str(controller.get("uid", "")))
+            if workload is not None:
+                return self._kueue.requeue(namespace, workload, dry_run=request.dry_run)
         if pod.get("metadata", {}).get("deletionTimestamp"):
             return ActionResult(Outcome.ALREADY_DONE, f"{request.target} is already terminating")
         uid = str(pod["metadata"]["uid"])

@@ -75,6 +75,14 @@ class CustomObjects:
             self._api.get_namespaced_custom_object, group, version, namespace, plural, name
         )
 
+    def list(self, resource: tuple[str, str, str], namespace: str) -> list[dict[str, Any]]:
+        """The namespace's objects of ``resource``."""
+        group, version, plural = resource
+        data = self._json(
+            self._api.list_namespaced_custom_object, group, version, namespace, plural
+        )
+        return [item for item in data.get("items") or [] if isinstance(item, dict)]
+
     def patch(
         self,
         resource: tuple[str, str, str],
