@@ -697,3 +697,36 @@ def test_a_page_is_acknowledged_once_when_a_real_action_works_on_it(storage, ser
     resolve(storage, incident, clock.now)
     d.tick()
     assert [r["body"]["event_action"] for r in pd.requests][-1] == "resolve"
+
+
+def test_alertmanager_gets_many_alerts_per_request(storage, clock):
+    bodies: list[list[dict[str, Any]]] = []
+
+    async def alerts(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/api/v2/alerts", alerts)
+    served = ServedApp(app)
+    try:
+        notifier = AlertmanagerNotifier({"main": served.url}, clock=clock)
+        settings = AlertingSettings(
+            routing=AlertingSettings.from_mapping(
+                {"routing": [{"teams": ["ml-platform"], "routes": ["alertmanager:main"]}]}, "a"
+            ).routing
+        )
+        d = AlertDispatcher(
+            storage, RULES.rules, {"alertmanager": notifier}, settings, LINKS, clock=clock
+        )
+        for n in range(600):
+            idle_incident(storage, n, clock.now)
+        assert d.tick().sent == 600
+        assert [len(b) for b in bodies] == [500, 100]  # not 600 requests
+        fingerprints = {a["labels"][FINGERPRINT_LABEL] for b in bodies for a in b}
+        assert len(fingerprints) == 600
+        clock.now += 60
+        assert d.tick().sent == 600  # the re-send, batched the same way
+        assert [len(b) for b in bodies] == [500, 100, 500, 100]
+    finally:
+        served.stop()

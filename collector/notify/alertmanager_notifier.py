@@ -20,7 +20,7 @@ import re
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -132,11 +132,16 @@ class AlertmanagerNotifier:
 
     def send(self, alert: Alert, route: str) -> bool:
         """Push ``alert`` (firing or resolved) to the Alertmanager ``route``."""
+        return self.send_many([alert], route)
+
+    def send_many(self, alerts: Sequence[Alert], route: str) -> bool:
+        """Push several alerts in one ``POST /api/v2/alerts`` (the body is an array)."""
         base = self._urls.get(route)
         if base is None:
-            log.warning("alertmanager: no URL for %r; %s not sent", route, alert.rule_id)
+            log.warning("alertmanager: no URL for %r; %d alerts not sent", route, len(alerts))
             return False
-        body = [postable_alert(alert, now=self._clock(), hold_seconds=self._hold)]
+        now = self._clock()
+        body = [postable_alert(alert, now=now, hold_seconds=self._hold) for alert in alerts]
         status, _ = self._request("POST", f"{base}/api/v2/alerts", body, route)
         return status == 200
 

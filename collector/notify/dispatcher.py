@@ -67,6 +67,18 @@ class Silencer(Protocol):
         ...
 
 
+@runtime_checkable
+class BatchNotifier(Protocol):
+    """A notifier whose service takes many alerts in one request."""
+
+    def send_many(self, alerts: Sequence[Alert], route: str) -> bool:
+        """Deliver all of ``alerts`` to ``route`` in one request; whether it was accepted."""
+        ...
+
+
+BATCH = 500
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchResult:
     """What one pass did."""
@@ -263,8 +275,14 @@ class AlertDispatcher:
                 in_groups.add(id(item))
             sent, failed, grouped = sent + ok, failed + (not ok), grouped + 1
         singles = [item for item in due if id(item) not in in_groups]
-        group_resolves: dict[tuple[str, str], bool] = {}
+        batched = self._deliver_batches(now, singles)
         for item in singles:
+            if id(item) in batched:
+                ok = batched[id(item)]
+                lost += self._record(item, ok, now)
+                sent, failed = sent + ok, failed + (not ok)
+        group_resolves: dict[tuple[str, str], bool] = {}
+        for item in (item for item in singles if id(item) not in batched):
             if item.group_key is not None and (item.group_key, item.route) in group_resolves:
                 lost += self._record(item, group_resolves[(item.group_key, item.route)], now)
                 continue  # the group's resolve went out for another member this pass
@@ -278,6 +296,30 @@ class AlertDispatcher:
             lost += self._record(item, ok, now)
             sent, failed = sent + ok, failed + (not ok)
         return DispatchResult(sent=sent, failed=failed, grouped=grouped, lost=lost)
+
+    def _deliver_batches(self, now: float, items: Sequence[_Due]) -> dict[int, bool]:
+        """Routes whose service takes many alerts in one request (Alertmanager): one request per
+        ``BATCH`` alerts instead of one each (a re-send of every firing alert each minute)."""
+        by_route: dict[str, list[_Due]] = {}
+        for item in items:
+            candidate: object = self._notifiers.get(item.route.partition(":")[0])
+            if isinstance(candidate, BatchNotifier) and item.group_key is None:
+                by_route.setdefault(item.route, []).append(item)
+        out: dict[int, bool] = {}
+        for route, queued in by_route.items():
+            scheme, _, where = route.partition(":")
+            notifier: object = self._notifiers[scheme]
+            assert isinstance(notifier, BatchNotifier)  # noqa: S101 - selected just above
+            for start in range(0, len(queued), BATCH):
+                chunk = queued[start : start + BATCH]
+                alerts = [self._alert(i.incident, i.status, now) for i in chunk]
+                try:
+                    ok = bool(notifier.send_many(alerts, where))
+                except Exception:  # a notifier bug must not stop the others; retried next pass
+                    log.exception("notifier %s failed for %d alerts", scheme, len(alerts))
+                    ok = False
+                out.update(dict.fromkeys((id(i) for i in chunk), ok))
+        return out
 
     def _send(self, alert: Alert, route: str) -> bool:
         scheme, _, where = route.partition(":")
