@@ -10,7 +10,8 @@ the window under test (the 1 h screened). Backgrounds are GenTD26 per-pod GPU ut
 0-1 duty cycle) cut at random 2 h offsets of its 128 long-enough pods (so series overlap),
 linearly resampled to 10 s and given 0.01 measurement noise; with ``--background synthetic`` (or
 without the data), busy/idle square waves shared by the 8 GPUs of a node. ``--missing`` of the
-samples are then dropped (NaN, as scrape gaps). 1 % of the series get an injected level shift in
+samples are then dropped (NaN, as scrape gaps). ``--inject-fraction`` of the series (default 1 %;
+series / injected bounds the speed-up of any screen at full recall) get a level shift in
 the window (±0.25 duty cycle or 6 robust sigmas, whichever is larger, from a random slot between
 60 and 240 of the 360).
 
@@ -106,9 +107,10 @@ def backgrounds(rng: np.random.Generator, series: int, kind: str) -> tuple[np.nd
     return np.clip(out, 0, 1), text, False
 
 
-def inject(rng: np.random.Generator, data: np.ndarray) -> np.ndarray:
-    """Level shifts in 1 % of the series' second hour; returns the injected row indices."""
-    rows = rng.choice(data.shape[0], size=max(1, data.shape[0] // 100), replace=False)
+def inject(rng: np.random.Generator, data: np.ndarray, fraction: float = 0.01) -> np.ndarray:
+    """Level shifts in ``fraction`` of the series' second hour; the injected row indices."""
+    count = max(1, round(data.shape[0] * fraction))
+    rows = rng.choice(data.shape[0], size=count, replace=False)
     base = data[rows, :COLUMNS]
     scale = screen.robust_scale(base, screen.nanmedian(base, axis=1), axis=1, min_scale=0.01)
     for row, sigma in zip(rows, scale, strict=True):
@@ -180,12 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--background", choices=("gentd26", "synthetic"), default="gentd26")
     parser.add_argument("--missing", type=float, default=0.01, help="fraction of samples NaN")
+    parser.add_argument(
+        "--inject-fraction",
+        type=float,
+        default=0.01,
+        help="fraction of series with a level shift (series / injected bounds the speed-up)",
+    )
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # statsmodels convergence chatter on flat idle series
     rng = np.random.default_rng(args.seed)
     series = args.series - args.series % GROUP
     data, source, peers = backgrounds(rng, series, args.background)
-    injected = inject(rng, data)
+    injected = inject(rng, data, args.inject_fraction)
     data[rng.random(data.shape) < args.missing] = np.nan
     truth = np.zeros(series, dtype=bool)
     truth[injected] = True
