@@ -353,7 +353,20 @@ class FleetMetrics:
             "Entries appended to the remediation audit log over the last 24 h.",
             value=float(len(storage.audit(since=now - 86400))),
         )
-        return [actions, breaker, audit]
+        pending = GaugeMetricFamily(
+            "gpuwarden_notifications_pending",
+            "Incident alerts a service has not accepted yet, by route scheme and status "
+            "(retried with backoff; 'lost' once given up, while the incident stays open).",
+            labels=["scheme", "status"],
+        )
+        waiting: dict[tuple[str, str], int] = {}
+        for status in ("firing", "resolved", "lost"):
+            for row in storage.notifications(status=status, delivered=False):
+                where = (row.route.partition(":")[0], status)
+                waiting[where] = waiting.get(where, 0) + 1
+        for (scheme, status), count in sorted(waiting.items()):
+            pending.add_metric([scheme, status], float(count))
+        return [actions, breaker, audit, pending]
 
     def _health(self, now: float) -> list[Metric]:
         service = self._service

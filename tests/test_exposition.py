@@ -376,3 +376,31 @@ async def test_remediation_actions_breaker_and_audit(aiohttp_client, service):
     )
     got = samples(await scrape(aiohttp_client, service), "gpuwarden_remediation_breaker")
     assert got == expect(("gpuwarden_remediation_breaker_open", {"scope": "global"}, 1.0))
+
+
+async def test_pending_notifications_by_scheme_and_status(aiohttp_client, service):
+    from gpuwarden.collector.storage import NotificationRecord
+
+    ids = []
+    for i in range(3):
+        incident_id = service.storage.open_incident(
+            Incident(
+                fingerprint=f"fp{i}",
+                rule_id="idle-gpu",
+                severity="warning",
+                first_seen=NOW,
+                last_seen=NOW,
+            )
+        )
+        assert incident_id is not None
+        ids.append(incident_id)
+    save = service.storage.save_notification
+    save(NotificationRecord(ids[0], "pagerduty:oncall", "firing", False, NOW, attempts=2))
+    save(NotificationRecord(ids[1], "pagerduty:oncall", "firing", False, NOW, attempts=1))
+    save(NotificationRecord(ids[2], "slack:#gpu", "firing", True, NOW, sent_at=NOW))  # delivered
+    save(NotificationRecord(ids[2], "alertmanager:main", "lost", False, NOW, attempts=9))
+    got = samples(await scrape(aiohttp_client, service), "gpuwarden_notifications_pending")
+    assert got == expect(
+        ("gpuwarden_notifications_pending", {"scheme": "alertmanager", "status": "lost"}, 1.0),
+        ("gpuwarden_notifications_pending", {"scheme": "pagerduty", "status": "firing"}, 2.0),
+    )
