@@ -311,7 +311,10 @@ def _run_loop(loop: Loop, am: AlertmanagerServer) -> None:
     assert dedup_key == f"gpuwarden-{fingerprint}"  # one identity across every channel
     assert alert["annotations"]["runbook_url"] == runbook["url"]
     assert alert["annotations"]["summary"] == "GPU 0 on gpu-07 has failed"
-    assert alert["generatorURL"] == f"{loop.base}/v1/incidents/{incident_id}"
+    assert alert["generatorURL"] == f"{loop.base}/status/incidents/{incident_id}"
+    page_status, page = _http(alert["generatorURL"])  # the page a person opens from the alert
+    assert page_status == 200
+    assert b"prometheus-gpu-failed" in page
     assert alert["endsAt"] == "0001-01-01T00:00:00Z"  # firing, as the reference shows
     # ...but we pushed it with an end (now + 3 re-send intervals): if the collector dies, the
     # alert resolves by itself instead of firing forever.

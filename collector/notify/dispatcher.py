@@ -452,7 +452,7 @@ class AlertDispatcher:
             ends_at=now if resolved else None,
             runbook_url=self._links.runbook_url(rule_id),
             team=rule.owner if rule else None,
-            incident_url=f"{self._links.base_url}/v1/incidents",
+            incident_url=f"{self._links.base_url}/status",
             facts=lines,
         )
 

@@ -67,8 +67,9 @@ class Links:
         return f"{self.base_url}/incidents/{incident_id}/runbook"
 
     def incident_url(self, incident_id: int) -> str:
-        """The incident in the JSON API."""
-        return f"{self.base_url}/v1/incidents/{incident_id}"
+        """The incident's page (HTML, what a person opens from an alert; the JSON is at
+        ``/v1/incidents/{id}`` with a token)."""
+        return f"{self.base_url}/status/incidents/{incident_id}"
 
     def approval_url(self, token: str) -> str:
         """The confirmation page of an approval token (GET shows, POST approves)."""
