@@ -77,7 +77,7 @@ def _strmap(raw: object, where: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in raw.items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise PayloadError(f"{where}.{str(key)[:40]}: expected a string")
+            raise PayloadError(f"{where}[{str(key)[:40]!r}]: expected a string")
         if not key or len(key) > MAX_NAME_CHARS:
             raise PayloadError(f"{where}: a name is empty or over {MAX_NAME_CHARS} characters")
         out[key] = value[:MAX_VALUE_CHARS]
