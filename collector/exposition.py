@@ -38,7 +38,7 @@ from gpuwarden.collector.accounting import UNALLOCATED
 from gpuwarden.collector.app import STATS, IngestStats
 from gpuwarden.collector.exposition_models import model_families
 from gpuwarden.collector.records import IncidentState, RollupTotal
-from gpuwarden.collector.remediate.remediator import BREAKER_SCOPE
+from gpuwarden.collector.remediate.states import BREAKER_SCOPE
 from gpuwarden.collector.service import CollectorService
 
 log = logging.getLogger(__name__)

@@ -105,11 +105,8 @@ class SqliteBackend:
         return action_json(found) if found is not None else None
 
     def decide(self, action_id: int, verb: str) -> Json:
-        from gpuwarden.collector.remediate.remediator import (
-            ActionStateError,
-            approve_action,
-            reject_action,
-        )
+        from gpuwarden.collector.remediate.states import ActionStateError
+        from gpuwarden.collector.remediate.transitions import approve_action, reject_action
         from gpuwarden.collector.remediate.web import action_json
 
         call = approve_action if verb == "approve" else reject_action
@@ -120,7 +117,7 @@ class SqliteBackend:
         return action_json(row)
 
     def reset_breaker(self) -> bool:
-        from gpuwarden.collector.remediate.remediator import reset_breaker
+        from gpuwarden.collector.remediate.transitions import reset_breaker
 
         return reset_breaker(self._storage, actor=self._actor, now=time.time())
 

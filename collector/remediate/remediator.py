@@ -35,13 +35,12 @@ real actions. Switching dry-run off turns the incident's ``dry_run`` rows into r
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 from gpuwarden.collector.notify.alert import Alert, AlertStatus, Notifier, ProposedAction
 from gpuwarden.collector.records import AuditEntry, Incident, IncidentState
@@ -59,117 +58,52 @@ from gpuwarden.collector.remediate.policy import (
     redact,
 )
 from gpuwarden.collector.remediate.runbooks import Links
+from gpuwarden.collector.remediate.states import (
+    ACTOR,
+    APPROVABLE,
+    BREAKER_SCOPE,
+    INTENT,
+    REJECTABLE,
+    ActionState,
+    ActionStateError,
+    IncidentVerifier,
+    Probe,
+    Targeted,
+    TickResult,
+    Verification,
+    Verifier,
+)
+from gpuwarden.collector.remediate.transitions import (
+    approve_action,
+    audit_entry,
+    reject_action,
+    reset_breaker,
+)
 from gpuwarden.collector.rules import ACTIONS, ActionMode, ActionSpec, Rule, Subject
 from gpuwarden.collector.storage import ActionRecord, BreakerRecord, Storage
 
+__all__ = [  # the states and transitions moved out stay importable from here
+    "ACTOR",
+    "APPROVABLE",
+    "BREAKER_SCOPE",
+    "INTENT",
+    "REJECTABLE",
+    "ActionState",
+    "ActionStateError",
+    "IncidentVerifier",
+    "Probe",
+    "Remediator",
+    "Targeted",
+    "TickResult",
+    "Verification",
+    "Verifier",
+    "approve_action",
+    "reject_action",
+    "reset_breaker",
+    "target_for",
+]
+
 log = logging.getLogger(__name__)
-
-ACTOR = "gpuwarden"
-BREAKER_SCOPE = "global"
-INTENT = "intent"  # audit result of the entry written before an actuator call
-
-
-class ActionState(enum.StrEnum):
-    """States of a remediation action (``remediation_actions.state``)."""
-
-    PROPOSED = "proposed"
-    AWAITING_APPROVAL = "awaiting_approval"
-    APPROVED = "approved"
-    REJECTED = "rejected"
-    DEFERRED = "deferred"
-    HALTED = "halted"
-    DRY_RUN = "dry_run"
-    EXECUTING = "executing"
-    VERIFYING = "verifying"
-    VERIFIED = "verified"
-    RESTORED = "restored"
-    ROLLED_BACK = "rolled_back"
-    ESCALATED = "escalated"
-    REFUSED = "refused"
-    NOT_FOUND = "not_found"
-    OBSOLETE = "obsolete"  # the incident resolved before the action could run
-    UNKNOWN = "unknown"  # the collector died mid-call and the result could not be confirmed
-
-
-#: States a human may approve from, and reject from.
-APPROVABLE = frozenset({ActionState.AWAITING_APPROVAL, ActionState.HALTED})
-REJECTABLE = APPROVABLE | {ActionState.DEFERRED, ActionState.APPROVED}
-
-
-class ActionStateError(Exception):
-    """A human asked for a transition the action's state does not allow."""
-
-
-class Verification(enum.StrEnum):
-    """Whether the action helped, judged after its settle time."""
-
-    RECOVERED = "recovered"
-    NOT_RECOVERED = "not_recovered"
-    UNKNOWN = "unknown"
-
-
-class Verifier(Protocol):
-    """Judges an action after its settle time."""
-
-    def verify(self, action: ActionRecord, incident: Incident | None) -> Verification:
-        """Whether the incident the action was for has recovered."""
-        ...
-
-
-class IncidentVerifier:
-    """Recovered when the incident resolved or its last detection cycle was clear."""
-
-    def verify(self, action: ActionRecord, incident: Incident | None) -> Verification:
-        """See the class docstring; a missing incident is ``UNKNOWN``."""
-        del action
-        if incident is None:
-            return Verification.UNKNOWN
-        if incident.state is IncidentState.RESOLVED or incident.consecutive_clears > 0:
-            return Verification.RECOVERED
-        return Verification.NOT_RECOVERED
-
-
-@runtime_checkable
-class Probe(Protocol):
-    """Optional actuator extension: tells whether the target is already in the wanted state.
-
-    Used only to reconcile an action the collector died executing. ``None``: cannot tell.
-    """
-
-    def probe(self, request: ActionRequest) -> ActionResult | None:
-        """``DONE``/``ALREADY_DONE`` when the action's effect is in place; ``FAILED`` when the
-        probe is sure it is not (the call never took effect): the action then runs again."""
-        ...
-
-
-class _Step(NamedTuple):
-    """One decision being recorded: the row, the verdict, and what it was based on."""
-
-    row: ActionRecord
-    decision: Decision
-    incident: Incident
-    inputs: Mapping[str, Any]
-    state: PolicyState
-
-
-@runtime_checkable
-class Targeted(Protocol):
-    """Optional actuator extension, needed when several actuators take one kind: whether this
-    actuator owns ``target`` (e.g. ``slurm:...`` jobs versus ``k8s:...`` jobs)."""
-
-    def accepts(self, target: str) -> bool:
-        """Whether ``target`` belongs to this actuator's system."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class TickResult:
-    """What one remediation pass did (counts of rows moved)."""
-
-    decided: int = 0
-    executed: int = 0
-    verified: int = 0
-    reconciled: int = 0
 
 
 def target_for(kind: str, incident: Incident) -> str | None:
@@ -192,90 +126,14 @@ def target_for(kind: str, incident: Incident) -> str | None:
     return None
 
 
-def _audit(
-    now: float,
-    row: ActionRecord,
-    *,
-    verdict: str,
-    result: str,
-    reason: str,
-    actor: str = ACTOR,
-    inputs: Mapping[str, Any] | None = None,
-) -> AuditEntry:
-    return AuditEntry(
-        time=now,
-        actor=actor,
-        action=row.action,
-        target=row.target,
-        reason=reason,
-        verdict=verdict,
-        dry_run=row.dry_run,
-        result=result,
-        inputs=redact(inputs or {}),
-        incident_fingerprint=str(row.params.get("fingerprint", "")) or None,
-        idempotency_key=row.idempotency_key,
-    )
+class _Step(NamedTuple):
+    """One decision being recorded: the row, the verdict, and what it was based on."""
 
-
-def approve_action(storage: Storage, action_id: int, *, actor: str, now: float) -> ActionRecord:
-    """A human approves an action (also from ``halted``); it runs at the next pass.
-
-    Raises:
-        ActionStateError: unknown action, or not waiting for approval.
-    """
-    return _human(storage, action_id, actor, now, APPROVABLE, ActionState.APPROVED, "approved")
-
-
-def reject_action(storage: Storage, action_id: int, *, actor: str, now: float) -> ActionRecord:
-    """A human rejects an action that has not run."""
-    return _human(storage, action_id, actor, now, REJECTABLE, ActionState.REJECTED, "rejected")
-
-
-def _human(
-    storage: Storage,
-    action_id: int,
-    actor: str,
-    now: float,
-    allowed: frozenset[ActionState],
-    to: ActionState,
-    verb: str,
-) -> ActionRecord:
-    row = storage.action(action_id)
-    if row is None:
-        raise ActionStateError(f"no action {action_id}")
-    if row.state not in allowed:
-        raise ActionStateError(f"action {action_id} is {row.state}; cannot be {verb}")
-    params = {**row.params, f"{verb}_by": actor}
-    new = replace(row, state=to, updated_at=now, params=params, next_attempt_at=None)
-    entry = _audit(now, row, verdict=f"human_{verb}", result=to, reason=f"{verb} by {actor}")
-    entry = replace(entry, actor=actor)
-    if not storage.update_action(new, expect_state=row.state, audit=entry):
-        raise ActionStateError(f"action {action_id} changed meanwhile; look again")
-    log.info("action %s %s by %s", action_id, verb, actor)
-    return new
-
-
-def reset_breaker(storage: Storage, *, actor: str, now: float) -> bool:
-    """Close the breaker after a human looked; ``False`` when it was not open.
-
-    Actions halted while it was open stay halted: each needs its own approval, so that a reset
-    does not release a burst of queued actions.
-    """
-    record = BreakerRecord(BREAKER_SCOPE, "closed", updated_at=now, reason=f"reset by {actor}")
-    entry = AuditEntry(
-        time=now,
-        actor=actor,
-        action="reset_breaker",
-        target=BREAKER_SCOPE,
-        reason=f"reset by {actor}",
-        verdict="human_reset",
-        dry_run=False,
-        result="closed",
-    )
-    done = storage.set_breaker(record, expect_state="open", audit=entry)
-    if done:
-        log.warning("remediation breaker reset by %s: automation resumes", actor)
-    return done
+    row: ActionRecord
+    decision: Decision
+    incident: Incident
+    inputs: Mapping[str, Any]
+    state: PolicyState
 
 
 class Remediator:
@@ -449,7 +307,7 @@ class Remediator:
         spec = self._spec(rule, row.action)
         now = self._clock()
         if incident is None or spec is None or incident.state is not IncidentState.OPEN:
-            entry = _audit(
+            entry = audit_entry(
                 now, row, verdict="skip", result=ActionState.OBSOLETE, reason="incident resolved"
             )
             new = replace(row, state=ActionState.OBSOLETE, updated_at=now)
@@ -541,7 +399,7 @@ class Remediator:
         reason: str | None = None,
     ) -> bool:
         """Insert a new row or compare-and-set an existing one, with its audit entry."""
-        entry = _audit(
+        entry = audit_entry(
             new.updated_at,
             new,
             verdict=decision.verdict,
@@ -752,12 +610,14 @@ class Remediator:
             # took effect): run it again, once more, through the normal path.
             reason = f"collector stopped before the call took effect: {probed.detail}"
             retry = self._moved(row, ActionState.DEFERRED, next_attempt_at=now, last_error=reason)
-            entry = _audit(now, row, verdict="reconcile", result="retry", reason=reason)
+            entry = audit_entry(now, row, verdict="reconcile", result="retry", reason=reason)
             log.warning("action %s: %s; running it again", row.action_id, reason)
             return self._storage.update_action(retry, expect_state=row.state, audit=entry)
         reason = "collector stopped during the call; result unknown; not executed again"
         new = self._moved(row, ActionState.UNKNOWN, last_error=reason)
-        entry = _audit(now, row, verdict="reconcile", result=ActionState.UNKNOWN, reason=reason)
+        entry = audit_entry(
+            now, row, verdict="reconcile", result=ActionState.UNKNOWN, reason=reason
+        )
         if not self._storage.update_action(new, expect_state=row.state, audit=entry):
             return False
         log.error("action %s (%s %s): %s", row.action_id, row.action, row.target, reason)
@@ -775,7 +635,7 @@ class Remediator:
         outcome = self._verifier.verify(row, incident)
         if outcome is Verification.RECOVERED:
             new = self._moved(row, ActionState.VERIFIED)
-            entry = _audit(now, row, verdict="verify", result=outcome, reason="recovered")
+            entry = audit_entry(now, row, verdict="verify", result=outcome, reason="recovered")
             if not self._storage.update_action(new, expect_state=row.state, audit=entry):
                 return False
             resolved = incident is not None and incident.state is IncidentState.RESOLVED
@@ -785,13 +645,13 @@ class Remediator:
         why = f"{row.action} {row.target} did not help ({outcome}) after the settle time"
         if incident is None:
             new = self._moved(row, ActionState.ESCALATED, last_error=why)
-            entry = _audit(now, row, verdict="verify", result=outcome, reason=why)
+            entry = audit_entry(now, row, verdict="verify", result=outcome, reason=why)
             return self._storage.update_action(new, expect_state=row.state, audit=entry)
         if row.params.get("undo"):
             done = self._undo(row, incident, ActionState.ROLLED_BACK, why)
         else:
             new = self._moved(row, ActionState.ESCALATED, last_error=why)
-            entry = _audit(now, row, verdict="verify", result=outcome, reason=why)
+            entry = audit_entry(now, row, verdict="verify", result=outcome, reason=why)
             done = self._storage.update_action(new, expect_state=row.state, audit=entry)
         if done:
             self._escalate(row, incident, why)
@@ -814,7 +674,9 @@ class Remediator:
         state = to if result.ok else ActionState.ESCALATED
         reason = f"{why}; rollback: {result.outcome}: {result.detail}"
         new = self._moved(row, state, last_error=None if result.ok else reason)
-        entry = _audit(now, row, verdict=f"rollback ({to})", result=result.outcome, reason=reason)
+        entry = audit_entry(
+            now, row, verdict=f"rollback ({to})", result=result.outcome, reason=reason
+        )
         if not self._storage.update_action(new, expect_state=row.state, audit=entry):
             return False
         log.warning("action %s: %s", row.action_id, reason)

@@ -43,13 +43,14 @@ from gpuwarden.collector.remediate.approvals import (
     load_secret,
 )
 from gpuwarden.collector.remediate.policy import RemediationSettings, redact
-from gpuwarden.collector.remediate.remediator import ActionStateError, Remediator
+from gpuwarden.collector.remediate.remediator import Remediator
 from gpuwarden.collector.remediate.runbooks import (
     Links,
     RunbookError,
     RunbookRenderer,
     runbook_context,
 )
+from gpuwarden.collector.remediate.states import ActionStateError
 from gpuwarden.collector.rules import Rule
 from gpuwarden.collector.storage import ActionRecord, Storage, StorageError
 
