@@ -285,3 +285,19 @@ def test_runner_reads_histograms_from_the_store(tmp_path: Path, rule, size, expe
     # an hour later with no new points: the window is empty, so UNKNOWN (never healthy)
     later = run_model_drift(svc, rule, end + 3600)
     assert later[0].verdict is Verdict.UNKNOWN
+
+
+def test_confirm_fits_are_reused_then_refitted():
+    """Consecutive cycles filter the new history with the kept AR(1) parameters; every
+    ``refit_every`` cycles the model is fitted again; verdicts match fresh fits."""
+    from gpuwarden.collector.detect.drift import DriftFits
+
+    fits = DriftFits(refit_every=3)
+    parts = histogram_bins(step(30, 1.3))
+    for cycle in range(7):
+        end = N - 6 + cycle  # the window slides one bin per cycle, the step stays inside it
+        subject = Binned("m", "lat", Kind.HISTOGRAM, times()[:end], parts[:end], BIN, BOUNDS)
+        (kept,) = detect_drift([subject], PARAMS, rule_id="r", severity="warning", fits=fits)
+        (fresh,) = detect_drift([subject], PARAMS, rule_id="r", severity="warning")
+        assert (kept.verdict, fresh.verdict) == (Verdict.FIRING, Verdict.FIRING), cycle
+    assert (fits.fitted, fits.reused) == (2, 5)  # fit, 3 reuses, refit, 2 reuses

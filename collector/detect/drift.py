@@ -28,7 +28,9 @@ from __future__ import annotations
 import fnmatch
 import math
 import warnings
-from collections.abc import Sequence
+import weakref
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,11 +142,19 @@ def run_model_drift(service: CollectorService, rule: Rule, now: float) -> list[F
             if not rule.selector.models
             or any(fnmatch.fnmatchcase(b.model, m) for m in rule.selector.models)
         )
-    return detect_drift(subjects, params, rule_id=rule.id, severity=str(rule.severity))
+    fits = _STORE_FITS.get(service.store)
+    if fits is None:
+        fits = _STORE_FITS[service.store] = DriftFits()
+    return detect_drift(subjects, params, rule_id=rule.id, severity=str(rule.severity), fits=fits)
 
 
 def detect_drift(
-    subjects: Sequence[Binned], params: DriftParams, *, rule_id: str, severity: str
+    subjects: Sequence[Binned],
+    params: DriftParams,
+    *,
+    rule_id: str,
+    severity: str,
+    fits: DriftFits | None = None,
 ) -> list[Finding]:
     """Judge each subject's newest window; all subjects must share one bin grid."""
     ok = [supports(s.kind, params.statistic) and s.times.size > 0 for s in subjects]
@@ -160,7 +170,16 @@ def detect_drift(
     window_bins = max(1, round(params.window_seconds / bin_seconds))
     y = np.vstack([window_statistic(s, params, window_bins) for s in usable])
     noise = np.vstack([quantile_noise(s, params.statistic, window_bins) for s in usable])
-    judged = evaluate(y, params, window_bins=window_bins, bin_seconds=bin_seconds, noise=noise)
+    keys = [(rule_id, s.model, s.metric, params.window_seconds) for s in usable]
+    judged = evaluate(
+        y,
+        params,
+        window_bins=window_bins,
+        bin_seconds=bin_seconds,
+        noise=noise,
+        fits=fits,
+        keys=keys,
+    )
     for i, subject in enumerate(usable):
         requests = float(window_requests(subject, window_bins)[-1])
         findings.append(
@@ -186,6 +205,8 @@ def evaluate(
     window_bins: int,
     bin_seconds: float,
     noise: FloatArray | None = None,
+    fits: DriftFits | None = None,
+    keys: Sequence[Hashable] | None = None,
 ) -> Evaluation:
     """Screen all rows of ``y`` (window statistics, subjects × bins), confirm the candidates.
 
@@ -207,6 +228,8 @@ def evaluate(
             params.confirm_alpha,
             steps=steps,
             floor=float(screen.noise[i]),
+            fits=fits,
+            key=keys[i] if keys is not None else None,
         )
         if p is not None:
             p_values[i] = p
@@ -321,6 +344,49 @@ def seasonal_baseline(y: FloatArray, season_seconds: float, bin_seconds: float) 
     return np.where(enough, nanmedian(np.moveaxis(stack, 0, -1), axis=-1), np.nan)
 
 
+@dataclass
+class _Fit:
+    """The AR(1) parameters fitted for one subject, and how many cycles reused them."""
+
+    params: FloatArray
+    uses: int = 0
+
+
+class DriftFits:
+    """AR(1) fits of the confirm stage, per subject, reused for ``refit_every`` cycles: each
+    cycle filters the new history with the kept parameters (statsmodels ``filter``, no
+    optimisation) instead of fitting again. Bounded (least recently used out)."""
+
+    def __init__(self, *, refit_every: int = 20, capacity: int = 4096) -> None:
+        self.refit_every = refit_every
+        self._capacity = capacity
+        self._fits: OrderedDict[Hashable, _Fit] = OrderedDict()
+        self.fitted = 0
+        self.reused = 0
+
+    def get(self, key: Hashable) -> _Fit | None:
+        """A fit still young enough to reuse (it is counted as used)."""
+        fit = self._fits.get(key)
+        if fit is None or fit.uses >= self.refit_every:
+            return None
+        self._fits.move_to_end(key)
+        fit.uses += 1
+        self.reused += 1
+        return fit
+
+    def put(self, key: Hashable, params: FloatArray) -> None:
+        """Keep fresh parameters for ``key``."""
+        self._fits[key] = _Fit(params)
+        self._fits.move_to_end(key)
+        self.fitted += 1
+        while len(self._fits) > self._capacity:
+            self._fits.popitem(last=False)
+
+
+_STORE_FITS: weakref.WeakKeyDictionary[object, DriftFits] = weakref.WeakKeyDictionary()
+"""One fit cache per store (a service's fits live and die with its store)."""
+
+
 def confirm_shift(
     history: FloatArray,
     current: float,
@@ -329,6 +395,8 @@ def confirm_shift(
     *,
     steps: int = 1,
     floor: float = math.nan,
+    fits: DriftFits | None = None,
+    key: Hashable | None = None,
 ) -> tuple[bool, float | None]:
     """Stage two: is ``current`` outside an AR(1) prediction interval ``steps`` after ``history``.
 
@@ -352,7 +420,14 @@ def confirm_shift(
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # convergence chatter on short, flat histories
-        fitted = SARIMAX(history, order=(1, 0, 0), trend="c").fit(disp=False)
+        model = SARIMAX(history, order=(1, 0, 0), trend="c")
+        kept = fits.get(key) if fits is not None and key is not None else None
+        if kept is not None:
+            fitted = model.filter(kept.params)  # the kept parameters on the new history
+        else:
+            fitted = model.fit(disp=False)
+            if fits is not None and key is not None:
+                fits.put(key, np.asarray(fitted.params, dtype=np.float64))
         forecast = fitted.get_forecast(steps=steps)
         mean = float(np.asarray(forecast.predicted_mean)[-1])
         se = float(np.asarray(forecast.se_mean)[-1])
