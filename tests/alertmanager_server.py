@@ -11,7 +11,6 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from typing import Any
 import yaml
 
 from tests.collector_server import free_port
+from tests.loopback_process import log_tail, start_ready, stop
 
 
 def alertmanager_binary() -> str | None:
@@ -52,29 +52,15 @@ class AlertmanagerServer:
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> AlertmanagerServer:
-        with self._log.open("wb") as log:
-            self._process = subprocess.Popen(
-                [
-                    self._binary,
-                    f"--config.file={self.config_file}",
-                    f"--storage.path={self._dir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--cluster.listen-address=",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"alertmanager exited: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:  # noqa: S310
-                    if response.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError(f"alertmanager did not become ready: {self.log_tail()}")
+        argv = [
+            self._binary,
+            f"--config.file={self.config_file}",
+            f"--storage.path={self._dir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--cluster.listen-address=",
+        ]
+        self._process = start_ready("alertmanager", argv, log=self._log, url=self.url)
+        return self
 
     def __exit__(
         self,
@@ -82,19 +68,12 @@ class AlertmanagerServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        stop(self._process)
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def log_tail(self, lines: int = 30) -> str:
         """The end of Alertmanager's own log."""
-        text = self._log.read_text(errors="replace") if self._log.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self._log, lines)
 
     def request(self, method: str, path: str, body: object = None) -> tuple[int, Any]:
         """``method /api/v2/<path>`` with a JSON body; (status, decoded answer)."""

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from tests.collector_server import free_port
+from tests.loopback_process import log_tail, start_ready, stop
 
 
 def prometheus_binary() -> str | None:
@@ -73,29 +74,15 @@ class PrometheusServer:
         self._log = self._dir / "prometheus.log"
 
     def __enter__(self) -> PrometheusServer:
-        with self._log.open("wb") as log:
-            self._process = subprocess.Popen(
-                [
-                    self._binary,
-                    f"--config.file={self.config_file}",
-                    f"--storage.tsdb.path={self._dir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--storage.tsdb.retention.time=1h",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:  # noqa: S310
-                    if response.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError(f"prometheus did not become ready: {self.log_tail()}")
+        argv = [
+            self._binary,
+            f"--config.file={self.config_file}",
+            f"--storage.tsdb.path={self._dir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--storage.tsdb.retention.time=1h",
+        ]
+        self._process = start_ready("prometheus", argv, log=self._log, url=self.url)
+        return self
 
     def __exit__(
         self,
@@ -103,19 +90,12 @@ class PrometheusServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        stop(self._process)
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def log_tail(self, lines: int = 20) -> str:
         """The end of Prometheus' own log."""
-        text = self._log.read_text(errors="replace") if self._log.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self._log, lines)
 
     def api(self, path: str, **params: str) -> Any:
         """GET ``/api/v1/<path>`` and return ``data`` (raises on an error status)."""

@@ -37,18 +37,11 @@ from gpuwarden.collector.storage import ActionRecord
 from gpuwarden.collector.storage_sqlite import SqliteStorage
 from tests.alertmanager_server import AlertmanagerServer, alertmanager_binary
 from tests.capture_servers import Capture, ServedApp, pagerduty_app, slack_app
+from tests.test_remediator import FakeClock
 
 PD_KEY = "R0UTINGKEY0000000000000000000000"
 RULES = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
 LINKS = Links(base_url="http://collector:4318", dashboard_base_url="http://grafana:3000")
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -17,8 +17,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +35,7 @@ from tests.capture_servers import (
     webhook_app,
 )
 from tests.collector_server import free_port
+from tests.test_collector_remediation import get
 
 pytestmark = pytest.mark.skipif(
     alertmanager_binary() is None, reason="prometheus-alertmanager is not installed"
@@ -57,17 +56,6 @@ PROMETHEUS_ALERT = {
 
 def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat()
-
-
-def _http(url: str, token: str | None = None) -> tuple[int, bytes]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    request = urllib.request.Request(url, headers=headers)  # noqa: S310 - loopback
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        with error:
-            return error.code, error.read()
 
 
 def wait_for(what: str, find: Callable[[], Any], timeout: float = 45.0) -> Any:
@@ -188,7 +176,7 @@ class Loop:
     def _healthy(self, proc: subprocess.Popen[str]) -> bool:
         assert proc.poll() is None, (self.tmp / "collector.log").read_text()
         try:
-            return _http(f"{self.base}/healthz")[0] == 200
+            return get(f"{self.base}/healthz")[0] == 200
         except OSError:
             return False
 
@@ -261,7 +249,7 @@ def _run_loop(loop: Loop, am: AlertmanagerServer) -> None:
     assert runbook["text"]["text"] == "Runbook"
     assert runbook["url"].startswith(f"{loop.base}/incidents/")
     assert runbook["url"].endswith("/runbook")
-    page_status, page = _http(runbook["url"])
+    page_status, page = get(runbook["url"])
     assert page_status == 200
     assert b"prometheus-gpu-failed" in page
     assert b"gpu-07" in page
@@ -312,7 +300,7 @@ def _run_loop(loop: Loop, am: AlertmanagerServer) -> None:
     assert alert["annotations"]["runbook_url"] == runbook["url"]
     assert alert["annotations"]["summary"] == "GPU 0 on gpu-07 has failed"
     assert alert["generatorURL"] == f"{loop.base}/status/incidents/{incident_id}"
-    page_status, page = _http(alert["generatorURL"])  # the page a person opens from the alert
+    page_status, page = get(alert["generatorURL"])  # the page a person opens from the alert
     assert page_status == 200
     assert b"prometheus-gpu-failed" in page
     assert alert["endsAt"] == "0001-01-01T00:00:00Z"  # firing, as the reference shows
@@ -336,7 +324,7 @@ def _run_loop(loop: Loop, am: AlertmanagerServer) -> None:
     am_dedup = am_trigger["body"]["dedup_key"]
 
     # The incident is in the API, from the webhook, with the alert's facts.
-    status, raw = _http(f"{loop.base}/v1/incidents/{incident_id}", OPS_TOKEN)
+    status, raw = get(f"{loop.base}/v1/incidents/{incident_id}", OPS_TOKEN)
     assert status == 200
     incident = json.loads(raw)
     assert incident["state"] == "open"
@@ -382,7 +370,7 @@ def _run_loop(loop: Loop, am: AlertmanagerServer) -> None:
         ),
     )
     assert am_pd_resolve["dedup_key"] == am_dedup
-    status, raw = _http(f"{loop.base}/v1/incidents/{incident_id}", OPS_TOKEN)
+    status, raw = get(f"{loop.base}/v1/incidents/{incident_id}", OPS_TOKEN)
     assert json.loads(raw)["state"] == "resolved"
     # Firing was sent once per route: no re-page while it fired (Alertmanager got re-sends).
     triggers = [r for r in c["pd"].requests if r["body"]["event_action"] == "trigger"]
