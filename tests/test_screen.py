@@ -89,6 +89,65 @@ def test_ar1_prewhiten_gaps_and_given_phi():
     assert flat_phi.tolist() == [0.0]
 
 
+def ar1_rows(rng: np.random.Generator, phis: np.ndarray, cols: int) -> np.ndarray:
+    x = np.zeros((phis.size, cols))
+    eps = rng.normal(size=(phis.size, cols))
+    for t in range(1, cols):
+        x[:, t] = phis * x[:, t - 1] + eps[:, t]
+    return x
+
+
+@pytest.mark.parametrize(
+    ("phi", "shift", "expected"),
+    [
+        pytest.param(0.0, 0.0, (-3.0, 3.0), id="white-no-shift"),
+        pytest.param(0.8, 0.0, (-3.0, 3.0), id="ar1-no-shift-stays-calibrated"),
+        pytest.param(0.0, 1.0, (8.0, 18.0), id="white-shift-up"),
+        pytest.param(0.5, -2.0, (-20.0, -5.0), id="ar1-shift-down"),
+    ],
+)
+def test_ar1_tests_shift_z(phi, shift, expected):
+    rng = np.random.default_rng(11)
+    x = ar1_rows(rng, np.full(200, phi), 720)
+    x[:, 360:] += shift
+    z = screen.ar1_tests(x[:, :360], x[:, 360:]).shift_z
+    median = float(np.median(z))
+    assert expected[0] <= median <= expected[1]
+    if shift == 0.0:  # white under no change: |z| > 2.576 in about 1 % of rows
+        assert np.mean(np.abs(z) > 2.576) < 0.05
+
+
+def test_ar1_tests_gaps_and_shapes():
+    rng = np.random.default_rng(12)
+    x = ar1_rows(rng, np.array([0.3, 0.3]), 400)
+    x[0, 200:] = np.nan  # no known window
+    x[1, ::7] = np.nan  # scattered gaps: residuals next to them are skipped
+    z = screen.ar1_tests(x[:, :200], x[:, 200:]).shift_z
+    assert np.isnan(z[0])
+    assert np.isfinite(z[1])
+    with pytest.raises(ValueError, match="rows"):
+        screen.ar1_tests(x[:1, :200], x[:, 200:])
+
+
+@pytest.mark.parametrize("phi", [0.0, 0.6])
+@pytest.mark.parametrize("shift", [0.0, 0.5])
+def test_ar1_tests_break_sup_matches_statsmodels(phi, shift):
+    """``break_sup`` is ``breaks_cusumolsresid``'s statistic on the same residuals."""
+    from statsmodels.stats.diagnostic import breaks_cusumolsresid  # noqa: TID251 (the reference)
+
+    rng = np.random.default_rng(13)
+    x = ar1_rows(rng, np.full(5, phi), 600)
+    x[:, 400:] += shift
+    tests = screen.ar1_tests(x[:, :300], x[:, 300:])
+    phis = screen.ar1_phi(x[:, :300])
+    for row in range(5):
+        c = x[row] - x[row, :300].mean()
+        e = c[1:] - phis[row] * c[:-1]
+        expected, p_value, _ = breaks_cusumolsresid(e - e.mean(), ddof=1)
+        assert tests.break_sup[row] == pytest.approx(expected, rel=1e-9)
+        assert (p_value < 0.01) == (tests.break_sup[row] > 1.63)
+
+
 @pytest.mark.parametrize(
     ("row", "alpha", "expected"),
     [

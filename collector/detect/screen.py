@@ -168,6 +168,60 @@ def ar1_prewhiten(
     return residuals, np.asarray(coeff, dtype=np.float64)
 
 
+@dataclass(frozen=True)
+class Ar1Tests:
+    """Per row, the confirm stage's two tests on AR(1) one-step residuals, without fits."""
+
+    shift_z: FloatVector
+    """z of the window's mean residual against the baseline: standard normal under no change
+    (NaN where the window has no known residual)."""
+    break_sup: FloatVector
+    """``sup |cumsum|`` of the demeaned residuals of baseline + window over ``sigma·sqrt(n)``:
+    the CUSUM-of-OLS-residuals statistic (p < 0.01 above 1.63). NaN with under two residuals."""
+
+
+def ar1_tests(
+    baseline: npt.ArrayLike, window: npt.ArrayLike, *, min_scale: float = DEFAULT_MIN_SCALE
+) -> Ar1Tests:
+    """The confirm stage's tests (:mod:`.confirm`) on every row at once, without its fits.
+
+    The AR(1) coefficient, the mean and the residual scale come from ``baseline`` (series ×
+    time). The one-step residuals ``e[t] = (x[t] - mean) - phi·(x[t-1] - mean)`` of ``window``
+    (the slots that follow it; the first one's predecessor is the baseline's last slot) are
+    white under no change, so their mean has variance ``sigma**2 / n``, plus ``sigma**2 / m`` for
+    the baseline level it is measured from (``m`` known baseline residuals): ``shift_z`` is
+    standard normal. It is the confirm's prediction-interval test; that interval leaves out the
+    level's own error, so it cuts at ``q`` where ``shift_z`` cuts at ``q / sqrt(1 + n / m)``.
+    ``break_sup`` is the statistic of the confirm's break test (``breaks_cusumolsresid``) on the
+    residuals of baseline + window, missing slots skipped. Neither removes seasonality, which
+    the confirm does with STL first.
+    """
+    base, win = as_matrix(baseline), as_matrix(window)
+    if base.shape[0] != win.shape[0]:
+        raise ValueError(f"baseline has {base.shape[0]} rows, window has {win.shape[0]}")
+    phi = ar1_phi(base)[:, np.newaxis]
+    centred = np.concatenate([base, win], axis=1) - _row_nanmean(base)[:, np.newaxis]
+    resid = centred[:, 1:] - phi * centred[:, :-1]
+    split = base.shape[1] - 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        head = resid[:, :split]
+        sigma = np.maximum(_row_nanstd(head), min_scale)
+        m = np.maximum(np.sum(~np.isnan(head), axis=1), 1)
+        tail = resid[:, split:]
+        n = np.sum(~np.isnan(tail), axis=1)
+        mean = np.nansum(tail, axis=1) / np.maximum(n, 1)
+        z = np.where(n > 0, mean / (sigma * np.sqrt(1.0 / np.maximum(n, 1) + 1.0 / m)), np.nan)
+        known = ~np.isnan(resid)
+        total = np.sum(known, axis=1)
+        demeaned = np.where(known, resid - _row_nanmean(resid)[:, np.newaxis], 0.0)
+        spread = np.sqrt(np.sum(demeaned**2, axis=1) / np.maximum(total - 1, 1))
+        sup = np.max(np.abs(np.cumsum(demeaned, axis=1)), axis=1) / (
+            np.maximum(spread, min_scale) * np.sqrt(total)
+        )
+        sup = np.where(total > 1, sup, np.nan)
+    return Ar1Tests(np.asarray(z, dtype=np.float64), np.asarray(sup, dtype=np.float64))
+
+
 def ewma(x: npt.ArrayLike, alpha: float) -> FloatMatrix:
     """Per-row exponentially weighted moving average ``s = alpha·x + (1 - alpha)·s``.
 
@@ -320,6 +374,15 @@ def _row_nanmean(values: FloatMatrix) -> FloatVector:
     total = np.where(known, values, 0.0).sum(axis=1)
     mean: FloatVector = np.divide(total, count, out=np.zeros(values.shape[0]), where=count > 0)
     return mean
+
+
+def _row_nanstd(values: FloatMatrix) -> FloatVector:
+    """Per-row standard deviation over known values (NaN for a row with fewer than two)."""
+    known = np.sum(~np.isnan(values), axis=1)
+    mean = _row_nanmean(values)[:, np.newaxis]
+    sq = np.nansum((values - mean) ** 2, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(np.where(known > 1, np.sqrt(sq / (known - 1)), np.nan), np.float64)
 
 
 def _first_known(values: FloatMatrix) -> FloatVector:
