@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpuwarden.collector.detect.drift import DriftParams, evaluate, window_statistic
+from gpuwarden.collector.detect.drift import DriftParams, bin_values, evaluate, window_statistic
 from gpuwarden.collector.detect.drift_noise import quantile_noise
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.detect.model_series import Binned
@@ -166,6 +166,7 @@ def replay(binned: Binned, params: DriftParams, cycles: np.ndarray) -> Replay:
     history_bins = round(params.history_seconds / BIN)
     y = window_statistic(binned, params, window_bins)
     noise = quantile_noise(binned, params.statistic, window_bins)
+    per_bin = bin_values(binned, params.statistic)
     out = Replay(
         np.full(cycles.size, int(Verdict.UNKNOWN), dtype=np.int8),
         np.full(cycles.size, np.nan),
@@ -179,7 +180,15 @@ def replay(binned: Binned, params: DriftParams, cycles: np.ndarray) -> Replay:
         chunk = cycles[start : start + CHUNK]
         rows = np.stack([y[c - history_bins + 1 : c + 1] for c in chunk])
         noise_rows = np.stack([noise[c - history_bins + 1 : c + 1] for c in chunk])
-        got = evaluate(rows, params, window_bins=window_bins, bin_seconds=BIN, noise=noise_rows)
+        bin_rows = np.stack([per_bin[c - history_bins + 1 : c + 1] for c in chunk])
+        got = evaluate(
+            rows,
+            params,
+            window_bins=window_bins,
+            bin_seconds=BIN,
+            noise=noise_rows,
+            bin_values=bin_rows,
+        )
         part = slice(start, start + chunk.size)
         out.verdicts[part] = got.verdicts
         out.z[part] = got.screen.z

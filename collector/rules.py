@@ -439,7 +439,8 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType({spec.name: spec for sp
             season_seconds=_p(_T.DURATION, _DAY, 0.0, 30 * _DAY,
                               "Seasonal period removed before comparing (0: none)."),
             threshold=_p(_T.FLOAT, 4.0, 1.0, 50.0,
-                         "Robust z-score of the deseasonalised residual that counts."),
+                         "Robust z-score of the deseasonalised residual that counts (raised "
+                         "for a counter's rate whose bins have a heavy bad tail)."),
             min_relative_change=_p(_T.FLOAT, 0.2, 0.0, 10.0,
                                    "And the change must be at least this share of the baseline."),
         ), requires=("metrics",), check=_check_seasonal),

@@ -301,3 +301,76 @@ def test_confirm_fits_are_reused_then_refitted():
         (fresh,) = detect_drift([subject], PARAMS, rule_id="r", severity="warning")
         assert (kept.verdict, fresh.verdict) == (Verdict.FIRING, Verdict.FIRING), cycle
     assert (fits.fitted, fits.reused) == (2, 5)  # fit, 3 reuses, refit, 2 reuses
+
+
+def bimodal(rng: np.random.Generator, size: int, slow: float = 0.14) -> np.ndarray:
+    """Per-bin throughput of a worker whose batches are sometimes 4x slower (PAI job 4)."""
+    return np.where(rng.random(size) < slow, 1.0, rng.normal(4.5, 0.3, size))
+
+
+# (name, per-bin history, direction, expected threshold: (low, high))
+SKEW_CASES = [
+    ("symmetric bins keep the threshold", np.random.default_rng(1).normal(5, 1, 2000),
+     "decrease", (3.8, 4.2)),
+    ("a heavy slow tail raises it for decrease", bimodal(np.random.default_rng(2), 2000),
+     "decrease", (4.6, 5.4)),
+    ("the same tail is harmless for increase", bimodal(np.random.default_rng(2), 2000),
+     "increase", (4.0, 4.0)),
+    ("and counts for both", bimodal(np.random.default_rng(2), 2000), "both", (4.6, 5.4)),
+    ("too few bins to judge", bimodal(np.random.default_rng(3), 40), "decrease", (4.0, 4.0)),
+    ("no per-bin values", np.full(500, np.nan), "decrease", (4.0, 4.0)),
+    ("extreme skew is capped", np.r_[np.zeros(1990), np.full(10, 100.0)], "increase",
+     (6.5, 6.5)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "history", "direction", "expected"), SKEW_CASES, ids=[c[0] for c in SKEW_CASES]
+)
+def test_skew_threshold(name, history, direction, expected):
+    from gpuwarden.collector.detect.drift import skew_threshold
+
+    (got,) = skew_threshold(history[np.newaxis, :], 4.0, direction, 20)
+    assert expected[0] - 1e-9 <= got <= expected[1] + 1e-9, name
+
+
+def test_a_dip_a_skewed_worker_makes_by_chance_is_not_a_change():
+    """The same window statistics: a 4.5-sigma dip is a candidate when the bins are symmetric,
+    and not when they show the heavy slow tail that makes such dips routine."""
+    from gpuwarden.collector.detect.drift import evaluate
+
+    rng = np.random.default_rng(4)
+    bins, window = 600, 20
+    y = 100.0 + rng.normal(0, 1.0, bins)
+    y[-3:] = 100.0 - 4.5 * 1.4826 * np.median(np.abs(y[:-40] - np.median(y[:-40])))
+    params = replace(PARAMS, direction="decrease", min_relative_change=0.01)
+    rows = y[np.newaxis, :]
+
+    def judged(per_bin: np.ndarray | None):
+        return evaluate(rows, params, window_bins=window, bin_seconds=BIN, bin_values=per_bin)
+
+    plain = judged(None)
+    symmetric = judged(rng.normal(100, 30, (1, bins)))
+    skewed = judged(100 + 30 * bimodal(rng, bins)[np.newaxis, :])
+    assert plain.screen.candidate[0]
+    assert symmetric.screen.candidate[0]
+    assert not skewed.screen.candidate[0]
+    assert skewed.verdicts[0] == int(Verdict.CLEAR)
+
+
+def test_a_counter_rate_is_judged_with_the_threshold_its_bins_call_for():
+    """Through ``detect_drift``: a throughput counter whose batches are sometimes 4x slower is
+    judged with a raised threshold (in its evidence); a symmetric one with the rule's."""
+    rng = np.random.default_rng(5)
+    params = replace(PARAMS, statistic="rate", direction="decrease")
+    found = {}
+    for name, increments in (
+        ("skewed", 15.0 * bimodal(rng, N)),
+        ("symmetric", rng.normal(60.0, 3.0, N)),
+    ):
+        parts = np.column_stack([increments, np.zeros(N)])
+        subject = Binned(name, "samples", Kind.COUNTER, times(), parts, BIN)
+        (found[name],) = detect_drift([subject], params, rule_id="r", severity="warning")
+    assert found["symmetric"].evidence["threshold"] == 4.0
+    assert found["skewed"].evidence["threshold"] > 4.5  # type: ignore[operator]
+    assert {f.verdict for f in found.values()} == {Verdict.CLEAR}

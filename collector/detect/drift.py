@@ -15,6 +15,11 @@ Two stages, as everywhere in detection:
    fires when the current residual is outside it (``confirm_alpha``). With fewer than
    ``MIN_CONFIRM_POINTS`` history windows the screen decides alone, and the evidence says so.
 
+Skewed bins (:func:`skew_threshold`): when the statistic is a window mean of per-bin values (a
+counter's rate), the bins' skewness on the history moves the threshold by the Cornish-Fisher
+term, so a worker whose batches are sometimes 4x slower (PAI job 4, workers 5 and 6) needs a
+bigger dip than one whose batch times are symmetric: an A/A calibration on the series' own bins.
+
 Sampling noise (:mod:`.drift_noise`): a window with too few requests for its statistic (a p99
 needs 200) does not count, and the standard error of a window's quantile, read off its own
 histogram, is a floor under both stages' scale (a noisy p99 needs a bigger move).
@@ -67,6 +72,9 @@ CONFIRM_ALPHA = 1e-3
 WINSOR_SIGMAS = 5.0
 """History residuals are clipped this many robust sigmas from their median before the fit."""
 MAX_POINTS = 240
+MIN_SKEW_BINS = 60
+"""Per-bin history values needed before their skewness counts (see :func:`skew_threshold`)."""
+MAX_WINDOW_SKEW = 1.0
 RELATIVE_SCALE_FLOOR = 1e-3
 """The robust scale is at least this share of the baseline (a flat history is not infinitely
 sure of itself)."""
@@ -122,6 +130,8 @@ class Screen:
     """Bins before this index are the history (the current window and hold excluded)."""
     noise: FloatArray
     """The newest window's sampling standard error (NaN: not known)."""
+    threshold: FloatArray
+    """The z threshold each subject was judged with (see :func:`skew_threshold`)."""
 
 
 def run_model_drift(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
@@ -170,6 +180,7 @@ def detect_drift(
     window_bins = max(1, round(params.window_seconds / bin_seconds))
     y = np.vstack([window_statistic(s, params, window_bins) for s in usable])
     noise = np.vstack([quantile_noise(s, params.statistic, window_bins) for s in usable])
+    per_bin = np.vstack([bin_values(s, params.statistic) for s in usable])
     keys = [(rule_id, s.model, s.metric, params.window_seconds) for s in usable]
     judged = evaluate(
         y,
@@ -177,6 +188,7 @@ def detect_drift(
         window_bins=window_bins,
         bin_seconds=bin_seconds,
         noise=noise,
+        bin_values=per_bin,
         fits=fits,
         keys=keys,
     )
@@ -205,15 +217,26 @@ def evaluate(
     window_bins: int,
     bin_seconds: float,
     noise: FloatArray | None = None,
+    bin_values: FloatArray | None = None,
     fits: DriftFits | None = None,
     keys: Sequence[Hashable] | None = None,
 ) -> Evaluation:
     """Screen all rows of ``y`` (window statistics, subjects × bins), confirm the candidates.
 
     ``noise`` (same shape, NaN = none) is each window's sampling standard error
-    (:func:`.drift_noise.quantile_noise`), a floor under both stages' scale.
+    (:func:`.drift_noise.quantile_noise`), a floor under both stages' scale. ``bin_values``
+    (same shape, NaN = none) are the per-bin values whose window mean ``y`` is (see
+    :func:`bin_values`): the skewness of their deviations from ``y`` over the history calibrates
+    the threshold (:func:`skew_threshold`).
     """
-    screen = screen_drift(y, params, window_bins=window_bins, bin_seconds=bin_seconds, noise=noise)
+    screen = screen_drift(
+        y,
+        params,
+        window_bins=window_bins,
+        bin_seconds=bin_seconds,
+        noise=noise,
+        bin_values=bin_values,
+    )
     verdicts = np.where(screen.judged, int(Verdict.CLEAR), int(Verdict.UNKNOWN)).astype(np.int8)
     p_values = np.full(y.shape[0], np.nan)
     last = y.shape[1] - 1
@@ -260,6 +283,7 @@ def screen_drift(
     window_bins: int,
     bin_seconds: float,
     noise: FloatArray | None = None,
+    bin_values: FloatArray | None = None,
 ) -> Screen:
     """Stage one over ``subjects × bins`` window statistics (NaN = not enough data).
 
@@ -296,8 +320,13 @@ def screen_drift(
         z = (current - center[:, None]) / scale_now
         rel = (y[:, -hold:] - base_now) / np.abs(base_now)
     bad_z, bad_rel = _bad(z, params.direction), _bad(rel, params.direction)
+    threshold = np.full(n, params.threshold)
+    if bin_values is not None and history_end:
+        # each bin around its own window's value: the noise, not the traffic's daily swing
+        spread = bin_values[:, :history_end] - y[:, :history_end]
+        threshold = skew_threshold(spread, params.threshold, params.direction, window_bins)
     with np.errstate(invalid="ignore"):
-        flags = (bad_z >= params.threshold) & (bad_rel >= params.min_relative_change)
+        flags = (bad_z >= threshold[:, None]) & (bad_rel >= params.min_relative_change)
     known_now = ~np.isnan(current)
     held = held_for(flags, hold, known=known_now)[:, -1] & known_now.all(axis=1)
     judged = (known_hist >= min_known) & ~np.isnan(current[:, -1])
@@ -313,7 +342,44 @@ def screen_drift(
         y=y,
         history_end=history_end,
         noise=noise_now[:, -1],
+        threshold=threshold,
     )
+
+
+def bin_values(subject: Binned, statistic: str) -> FloatArray:
+    """Per bin, the value whose window mean the statistic is, in its unit (a counter's rate
+    over the bin for ``rate``); all NaN for statistics that are not window means (quantiles,
+    ratios)."""
+    if subject.kind is Kind.COUNTER and statistic == "rate":
+        return np.asarray(subject.parts[:, 0] / subject.bin_seconds, dtype=np.float64)
+    return np.full(subject.times.size, np.nan)
+
+
+def skew_threshold(
+    history: FloatArray, threshold: float, direction: str, window_bins: int
+) -> FloatArray:
+    """Per row, ``threshold`` moved to where a window mean of ``history``'s bins puts it.
+
+    The robust z assumes a Gaussian window statistic. A window mean of ``window_bins`` skewed
+    bins has skewness ``g / sqrt(window_bins)`` (``g``: the skewness of ``history``, the bins'
+    deviations from their local level), and the Cornish-Fisher expansion moves the quantile
+    that sits ``threshold`` sigmas out by ``(threshold**2 - 1) * skew / 6`` on the heavy
+    side. Only a heavy *bad* tail raises the threshold (a worker whose batches are sometimes
+    4x slower dips that far without any change); the skewness counted is capped at
+    ``MAX_WINDOW_SKEW`` (the expansion is only good for moderate skew). Rows without per-bin
+    values keep ``threshold``.
+    """
+    known = np.sum(~np.isnan(history), axis=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # rows without values
+        mean = np.nanmean(history, axis=1, keepdims=True)
+        dev = history - mean
+        m2 = np.nanmean(dev**2, axis=1)
+        m3 = np.nanmean(dev**3, axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            g = np.where((known >= MIN_SKEW_BINS) & (m2 > 0), m3 / m2**1.5, 0.0)
+    bad = np.clip(_bad(g, direction) / math.sqrt(max(window_bins, 1)), 0.0, MAX_WINDOW_SKEW)
+    return np.asarray(threshold + (threshold**2 - 1.0) * bad / 6.0, dtype=np.float64)
 
 
 def local_level(x: FloatArray, window_bins: int, windows: int = LOCAL_WINDOWS) -> FloatArray:
@@ -460,7 +526,7 @@ def _judge(
         "value": _f(screen.value[i]),
         "baseline": _f(screen.baseline[i]),
         "score": _f(screen.z[i]),
-        "threshold": params.threshold,
+        "threshold": _f(screen.threshold[i]),
         "relative_change": _f(screen.relative_change[i]),
         "min_relative_change": params.min_relative_change,
         "baseline_kind": "seasonal" if screen.seasonal[i] else "plain",
