@@ -184,12 +184,13 @@ def confirm_shift(
         params = kept.params
     else:
         params = np.asarray(
-            SARIMAX(hist_adj, order=(1, 0, 0), trend="c").fit(disp=False).params,
+            SARIMAX(hist_adj, order=(1, 0, 0), trend="c").fit(disp=False, cov_type="none").params,
             dtype=np.float64,
         )
         if cache is not None and key is not None:
             cache.put(key, HistoryFit(usable, profile, params))
-    applied = SARIMAX(adjusted, order=(1, 0, 0), trend="c").filter(params)
+    # cov_type="none": the parameters' covariance (half the filter's time) is never used
+    applied = SARIMAX(adjusted, order=(1, 0, 0), trend="c").filter(params, cov_type="none")
     resid = np.asarray(applied.resid, dtype=np.float64)[n_past:]
     sigma = math.sqrt(max(float(params[-1]), 1e-12))
     # The mean of n AR(1) one-step residuals has sd sigma / sqrt(n) (they are white).

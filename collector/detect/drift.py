@@ -489,9 +489,10 @@ def confirm_shift(
         model = SARIMAX(history, order=(1, 0, 0), trend="c")
         kept = fits.get(key) if fits is not None and key is not None else None
         if kept is not None:
-            fitted = model.filter(kept.params)  # the kept parameters on the new history
+            # the kept parameters on the new history; their covariance is never used
+            fitted = model.filter(kept.params, cov_type="none")
         else:
-            fitted = model.fit(disp=False)
+            fitted = model.fit(disp=False, cov_type="none")
             if fits is not None and key is not None:
                 fits.put(key, np.asarray(fitted.params, dtype=np.float64))
         forecast = fitted.get_forecast(steps=steps)
