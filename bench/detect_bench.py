@@ -17,9 +17,12 @@ series / injected bounds the speed-up of any screen at full recall) get a level 
 the window (±0.25 duty cycle or 6 robust sigmas, whichever is larger, from a random slot between
 60 and 240 of the 360).
 
-Prints: (a) the screen time (EWMA robust z vs the baseline hour held for 6 min + CUSUM, or a
+What runs is the ``level_shift`` detector's two stages (``collector/detect/level_shift.py``),
+with its default screen parameters and a 20 min STL period. Prints: (a) the screen time
+(``level_shift.screen_shifts``: EWMA robust z vs the baseline hour held for 6 min or the mean
+AR(1) residual outside the confirm's interval, with a CUSUM alarm and a break statistic; or a
 peer outlier in its node of 8 GPUs when the backgrounds are real peers) and its recall and
-precision against the injected shifts; (b) the confirm stage (``confirm.confirm_shift``: STL +
+precision against the injected shifts; (b) the confirm stage (``confirm.confirm_shifts``: STL +
 prewhitened break test + SARIMAX interval) on the candidates, total and per candidate, and the
 confirmed recall and precision; (c) the naive loop, the same statsmodels confirm on every series,
 timed on a sample (half injected, half clean) and extrapolated to all series (printed as such),
@@ -28,7 +31,8 @@ series; (d) the speed-up naive / (screen + confirm) of that first cycle, where e
 (e) the steady state: ``--cycles`` more cycles, each ``--cycle-slots`` slots (default 6, one
 minute) later, as the engine runs every cycle. The shifted series stay candidates and their
 confirm reuses the fits kept per series (``confirm.FitCache``: STL's seasonal profile and the
-SARIMAX parameters, refitted after 20 uses), while the naive loop refits every series every
+SARIMAX parameters, refitted after 20 uses; the reused rows judged together in numpy, as the
+detector does), while the naive loop refits every series every
 cycle. The default, 21 cycles, is one whole refit period (20 reuses, then the refit of every fit
 the first cycle made), so the mean per cycle carries the refits' share. Printed per cycle, with
 the recall of both on the sampled series at the last cycle, and next to a naive loop that also
@@ -53,23 +57,18 @@ from typing import TypeVar
 
 import numpy as np
 import pandas as pd
-from scipy.stats import norm
 
-from gpuwarden.collector.detect import screen
-from gpuwarden.collector.detect.confirm import FitCache, confirm_shift
+from gpuwarden.collector.detect import level_shift, screen
+from gpuwarden.collector.detect.confirm import FitCache, confirm_shift, confirm_shifts
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba_gentd26"
 COLUMNS = 360  # 1 h of 10 s samples
 GROUP = 8  # GPUs per node: the peer group
 PERIOD = 120  # STL period (20 min: the synthetic busy/idle cycle), same for both stages
-INTERVAL_Z = float(norm.ppf(0.995) / np.sqrt(2))
-"""The confirm's 99 % interval in ``shift_z`` units (window and baseline both 1 h)."""
-BREAK_SUP = 1.0
-"""Well below the confirm's cut (1.63, p = 0.01): it tests the STL remainder, the screen the
-raw series; measured to keep every shift the confirm finds on both backgrounds."""
-REFIT_EVERY = 20
+SCREEN = level_shift.ShiftScreen()
+"""The level_shift detector's screen with its default parameters (utilisation units)."""
+REFIT_EVERY = level_shift.REFIT_EVERY
 SCREEN_REPEATS = 3
-SCREEN_BLOCK = 250 * GROUP  # rows per screen block (measured: 2,000 rows ~ 10,000 when warm)
 T = TypeVar("T")
 
 
@@ -145,58 +144,44 @@ def inject(rng: np.random.Generator, data: np.ndarray, fraction: float = 0.01) -
 def screen_all(data: np.ndarray, use_peers: bool) -> np.ndarray:
     """Stage one on every series: candidate row indices.
 
-    Blocks of ``SCREEN_BLOCK`` rows (whole peer groups): every primitive is row-wise, and
-    block-sized temporaries are recycled by the allocator, whereas each fresh full-size one
-    (29 MB) costs about 60 ms of page faults on this VM the first time it is touched.
+    The ``level_shift`` detector's screen (:func:`level_shift.screen_shifts`, default
+    parameters: hold 6 min at 6 robust sigmas, both directions) on baseline hour and window;
+    when the groups are real peers, or a peer outlier in its node. In blocks of whole peer
+    groups, as the detector's screen blocks its rows.
     """
-    found = [
-        start + screen_block(data[start : start + SCREEN_BLOCK], use_peers)
-        for start in range(0, data.shape[0], SCREEN_BLOCK)
-    ]
+    found = []
+    for start in range(0, data.shape[0], level_shift.BLOCK_ROWS):
+        block = data[start : start + level_shift.BLOCK_ROWS]
+        base, window = block[:, :COLUMNS], block[:, COLUMNS:]
+        candidate = level_shift.screen_shifts(base, window, SCREEN).candidate
+        if use_peers:
+            groups = window.reshape(-1, GROUP, COLUMNS)
+            peers = screen.peer_outliers(
+                groups, tolerance=4.0, outside_fraction=0.3, min_scale=0.01
+            )
+            candidate |= peers.outlier.reshape(-1)
+        found.append(start + np.flatnonzero(candidate))
     return np.concatenate(found)
-
-
-def screen_block(data: np.ndarray, use_peers: bool) -> np.ndarray:
-    """Candidates among ``data``'s rows.
-
-    A candidate is a sustained shift: the CUSUM of the raw robust z alarms; the EWMA-smoothed
-    window is more than 6 robust sigmas (of the smoothed baseline hour) away for 36 known slots
-    (6 min) in a row, or the window's mean AR(1) one-step residual is where the confirm's
-    prediction interval would put it outside (``screen.ar1_tests``: bursty series, whose robust
-    sigmas are wide, still shift their mean); and the confirm's break statistic on the
-    prewhitened residuals passes ``BREAK_SUP``. Or, when the groups are real peers, a peer
-    outlier.
-    """
-    smooth = screen.ewma(data, alpha=0.1)
-    z_smooth = screen.robust_z(smooth[:, COLUMNS:], smooth[:, :COLUMNS], min_scale=0.01)
-    window_known = ~np.isnan(data[:, COLUMNS:])
-    held = screen.held_for(np.abs(z_smooth) > 6, 36, known=window_known).any(axis=1)
-    tests = screen.ar1_tests(data[:, :COLUMNS], data[:, COLUMNS:], min_scale=0.01)
-    z = screen.robust_z(data[:, COLUMNS:], data[:, :COLUMNS], min_scale=0.01)
-    drift = screen.cusum(np.clip(z, -5, 5), drift=1.0, threshold=20.0).alarm.any(axis=1)
-    with np.errstate(invalid="ignore"):
-        shifted = held | (np.abs(tests.shift_z) > INTERVAL_Z)
-        candidate = shifted & drift & (tests.break_sup > BREAK_SUP)
-    if use_peers:
-        groups = data[:, COLUMNS:].reshape(-1, GROUP, COLUMNS)
-        peers = screen.peer_outliers(groups, tolerance=4.0, outside_fraction=0.3, min_scale=0.01)
-        candidate |= peers.outlier.reshape(-1)
-    return np.flatnonzero(candidate)
 
 
 def confirm_rows(
     data: np.ndarray, rows: np.ndarray, cache: FitCache | None = None, start: int = 0
 ) -> np.ndarray:
     """Stage two on ``rows`` of a 2 h view starting at slot ``start``: the ones statsmodels
-    confirms. With ``cache``, each row's fit is kept (key: the row) and reused."""
-    confirmed = [
-        row
-        for row in rows.tolist()
-        if confirm_shift(
-            data[row, :COLUMNS], data[row, COLUMNS:], PERIOD, key=row, cache=cache, start=start
-        ).confirmed
-    ]
-    return np.array(confirmed, dtype=np.int64)
+    confirms. With ``cache``, each row's fit is kept (key: the row) and reused, the reused ones
+    judged together (``confirm.confirm_shifts``, as the detector does); without, one by one."""
+    if cache is None:
+        confirmed = [
+            row
+            for row in rows.tolist()
+            if confirm_shift(data[row, :COLUMNS], data[row, COLUMNS:], PERIOD).confirmed
+        ]
+        return np.array(confirmed, dtype=np.int64)
+    results = confirm_shifts(
+        data[rows, :COLUMNS], data[rows, COLUMNS:], PERIOD,
+        keys=rows.tolist(), cache=cache, start=start,
+    )  # fmt: skip
+    return rows[np.array([r.confirmed for r in results], dtype=np.bool_)].astype(np.int64)
 
 
 def recall_precision(found: np.ndarray, truth: np.ndarray) -> str:

@@ -325,6 +325,19 @@ def _check_reference(params: Mapping[str, ParamValue]) -> tuple[str, str] | None
     return None
 
 
+def _check_level_shift(params: Mapping[str, ParamValue]) -> tuple[str, str] | None:
+    window, hold = _num(params, "window_seconds"), _num(params, "hold_seconds")
+    total = window + _num(params, "baseline_seconds")
+    if hold > window:
+        return "hold_seconds", f"must not exceed window_seconds ({format_duration(window)})"
+    season = _num(params, "season_seconds")
+    if season > 0 and total < 2 * season:
+        return "season_seconds", (
+            f"baseline and window ({format_duration(total)}) must cover two seasons to remove one"
+        )
+    return None
+
+
 def _check_burn(params: Mapping[str, ParamValue]) -> tuple[str, str] | None:
     longs, shorts = _nums(params, "long_windows_seconds"), _nums(params, "short_windows_seconds")
     rates = _nums(params, "burn_rates")
@@ -538,6 +551,33 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType({spec.name: spec for sp
             max_series=_p(_T.INT, 200, 1, 5000,
                           "Series scored per cycle (about 30 ms each); the rest are reported."),
         ), requires=("metrics",)),
+    DetectorSpec(
+        "level_shift",
+        "A selected series moved to a new level and stayed there: screened on every series "
+        "at once, confirmed with statsmodels (STL, prewhitened break test, AR(1) interval).",
+        (_J, _N, _D), ("hw.gpu.utilization", "hw.power", "hw.temperature"),
+        _table(
+            window_seconds=_p(_T.DURATION, _HOUR, 10 * _MINUTE, 3 * _HOUR,
+                              "Window judged (full resolution: the store's recent ring)."),
+            baseline_seconds=_p(_T.DURATION, _HOUR, 10 * _MINUTE, 3 * _HOUR,
+                                "History before the window it is compared with."),
+            hold_seconds=_p(_T.DURATION, 6 * _MINUTE, _MINUTE, 3 * _HOUR,
+                            "How long the smoothed shift must hold (known samples)."),
+            z_above=_p(_T.FLOAT, 6.0, 2.0, 50.0,
+                       "Robust sigmas of the smoothed baseline that count as shifted."),
+            direction=_p(_T.STR, "both", None, None, "Which change counts.", _DIRECTIONS),
+            min_change=_p(_T.FLOAT, 0.0, 0.0, 1e12,
+                          "Smallest change of the window mean that matters (metric's unit)."),
+            ignore_below=_p(_T.FLOAT, -1e12, -1e12, 1e12,
+                            "A shift to a new level below this is left to other rules (e.g. "
+                            "utilisation fallen to idle: the idle rules'); default: none."),
+            noise_floor=_p(_T.FLOAT, 0.01, 1e-9, 1e12,
+                           "Smallest noise sigma assumed (metric's unit): flat series."),
+            season_seconds=_p(_T.DURATION, 0.0, 0.0, 3 * _HOUR,
+                              "Seasonal period STL removes before confirming (0: none)."),
+            max_fits=_p(_T.INT, 100, 1, 10_000,
+                        "New statsmodels fits per cycle (about 70 ms each); the rest wait."),
+        ), requires=("metrics",), check=_check_level_shift),
     DetectorSpec(
         "alertmanager",
         "An alert from the user's own Prometheus rules, received from Alertmanager's webhook "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuwarden.collector.detect.confirm import FitCache, confirm_shift
+from gpuwarden.collector.detect.confirm import FitCache, confirm_shift, confirm_shifts
 
 N, SPLIT, PERIOD = 400, 360, 48
 
@@ -132,3 +132,43 @@ def test_fit_is_redone_after_refit_every_uses_and_on_another_period():
     assert seasonal_call.detail["reused_fit"] == 0.0
     with pytest.raises(ValueError, match="refit_every"):
         FitCache(refit_every=-1)
+
+
+def test_batch_reuse_equals_one_by_one_statsmodels():
+    """``confirm_shifts`` judges rows with kept fits in numpy: the same verdicts and numbers as
+    ``confirm_shift`` one by one, whose reused path runs statsmodels' filter and break test."""
+    rng = np.random.default_rng(11)
+    rows, hist, win, period = 24, 240, 240, 48
+    t = np.arange(hist + win + 12)
+    data = 3 * np.sin(2 * np.pi * t / period)[np.newaxis, :] * rng.random((rows, 1))
+    data = data + rng.normal(0, 0.5, data.shape)
+    data[::3, 400:] += 2.0
+    data[rng.random(data.shape) < 0.03] = np.nan
+    keys = list(range(rows))
+    one, many = FitCache(rows), FitCache(rows)
+    for r in range(rows):
+        confirm_shift(data[r, :hist], data[r, hist : hist + win], period, key=r, cache=one)
+    head, tail = data[:, :hist], data[:, hist : hist + win]
+    first = confirm_shifts(head, tail, period, keys=keys, cache=many)
+    assert [f.detail["reused_fit"] for f in first] == [0.0] * rows
+    off = 12
+    past, ahead = data[:, off : off + hist], data[:, off + hist : off + hist + win]
+    expected = [
+        confirm_shift(past[r], ahead[r], period, key=r, cache=one, start=off) for r in range(rows)
+    ]
+    got = confirm_shifts(past, ahead, period, keys=keys, cache=many, start=off)
+    assert many.reused == rows
+    assert sum(e.confirmed for e in expected) >= rows // 3  # the shifted rows, at least
+    for e, g in zip(expected, got, strict=True):
+        assert g.confirmed is e.confirmed
+        assert g.p_value == pytest.approx(e.p_value, rel=1e-7, abs=1e-12)
+        assert g.score == pytest.approx(e.score, rel=1e-7)
+        assert g.baseline == pytest.approx(e.baseline, rel=1e-9)
+        assert dict(g.detail) == pytest.approx(dict(e.detail), rel=1e-7)
+
+
+def test_batch_checks_its_input():
+    with pytest.raises(ValueError, match="rows"):
+        confirm_shifts(np.zeros((2, 30)), np.zeros((3, 5)), None)
+    with pytest.raises(ValueError, match="keys"):
+        confirm_shifts(np.zeros((2, 30)), np.zeros((2, 5)), None, keys=["a"], cache=FitCache())

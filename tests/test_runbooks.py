@@ -54,6 +54,17 @@ SAMPLE_EVIDENCE: dict[str, dict[str, object]] = {
         "baseline_median": 42.0,
         "at": 1_800_000_540.0,
     },
+    "level_shift": {
+        "metric": "hw.gpu.utilization",
+        "node": "gpu-07",
+        "gpu": "GPU-5d1c",
+        "job": "slurm:a100:4242",
+        "baseline": 0.93,
+        "window_mean": 0.41,
+        "change": -0.52,
+        "p_value": 1e-9,
+        "score": 14.2,
+    },
     "alertmanager": {
         "node": "gpu-07",
         "gpu": "0",

@@ -19,6 +19,7 @@ from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.forecast import run_demand_forecast
 from gpuwarden.collector.detect.idle_rule import detect_idle_gpus
 from gpuwarden.collector.detect.incidents import IncidentTracker
+from gpuwarden.collector.detect.level_shift import run_level_shift
 from gpuwarden.collector.detect.metric_anomaly import run_metric_anomaly
 from gpuwarden.collector.detect.preemption import run_preemption
 from gpuwarden.collector.detect.slo import run_slo_burn
@@ -84,6 +85,7 @@ RUNNERS: Mapping[str, Runner] = {
     "straggler": run_straggler,
     "preemption": run_preemption,
     "metric_anomaly": run_metric_anomaly,
+    "level_shift": run_level_shift,
     "model_drift": run_model_drift,
     "deploy_regression": run_deploy_regression,
 }

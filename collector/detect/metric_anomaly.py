@@ -34,13 +34,16 @@ POINTS = 120
 _SUBJECT_ATTRIBUTES = ("model", "host.name", "hw.id", "gpuwarden.job.key", "service.name")
 
 
-def _subject(info: SeriesInfo) -> str:
+def series_subject(info: SeriesInfo) -> str:
+    """``metric{attr=value,...}``: a series' identity in findings (also other detectors')."""
     attrs = info.attributes
     parts = [f"{k}={attrs[k]}" for k in sorted(attrs) if attrs[k] not in (None, "")]
     return f"{info.metric}{{{','.join(parts)}}}"
 
 
-def _selected(rule: Rule, attrs: Mapping[str, object]) -> bool:
+def series_selected(rule: Rule, attrs: Mapping[str, object]) -> bool:
+    """Whether the rule's selector (teams, jobs, nodes, models) takes a series' attributes."""
+
     def text(*names: str) -> str | None:
         for name in names:
             value = attrs.get(name)
@@ -74,7 +77,7 @@ def run_metric_anomaly(service: CollectorService, rule: Rule, now: float) -> lis
             metric, selector=labels, start=end - history, end=end, resolution="long"
         )
         for row, info in enumerate(matrix.series):
-            if not _selected(rule, info.attributes):
+            if not series_selected(rule, info.attributes):
                 continue
             if scored >= limit:
                 log.warning(
@@ -98,7 +101,7 @@ def _judge(
     recent: float,
     threshold: float,
 ) -> Finding:
-    subject = _subject(info)
+    subject = series_subject(info)
     attrs = info.attributes
     known = np.isfinite(values)
     newest = times > end - recent
