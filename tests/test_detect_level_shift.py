@@ -130,7 +130,7 @@ def test_verdicts(tmp_path: Path, name, make, params, want, seed):
         assert ev["p_value"] < 0.01
         assert isinstance(ev["score"], float)
         assert ev["score"] > 1.0
-        assert "moved from" in finding.summary
+        assert "over the baseline" in finding.summary
         assert finding.points  # baseline and window to plot
     if want is U:
         assert "too little data" in finding.summary

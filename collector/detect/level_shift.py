@@ -43,7 +43,7 @@ from gpuwarden.collector.detect import screen
 from gpuwarden.collector.detect.confirm import Confirmation, FitCache, confirm_shifts
 from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.metric_anomaly import series_selected, series_subject
-from gpuwarden.collector.rules import Rule
+from gpuwarden.collector.rules import Rule, format_duration
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.store_types import SeriesInfo
 
@@ -99,9 +99,15 @@ class Screened:
     shift_z: FloatVector
     """z of the window's mean AR(1) residual against the baseline (sign = direction)."""
     break_sup: FloatVector
-    change: FloatVector
-    """Mean of the newest ``hold_slots`` minus the baseline's mean (the level now against the
-    level before), in the metric's unit."""
+    level: FloatVector
+    """Mean of the newest ``hold_slots``: the level now."""
+    baseline_mean: FloatVector
+    """Mean of the baseline: the level before."""
+
+    @property
+    def change(self) -> FloatVector:
+        """The level now minus the level before, in the metric's unit."""
+        return self.level - self.baseline_mean
 
 
 def screen_shifts(baseline: FloatMatrix, window: FloatMatrix, params: ShiftScreen) -> Screened:
@@ -114,13 +120,13 @@ def screen_shifts(baseline: FloatMatrix, window: FloatMatrix, params: ShiftScree
     ]
     if not parts:
         empty = np.zeros(0)
-        return Screened(np.zeros(0, dtype=np.bool_), empty, empty, empty)
+        return Screened(np.zeros(0, dtype=np.bool_), empty, empty, empty, empty)
     return Screened(*(np.concatenate(column) for column in zip(*parts, strict=True)))
 
 
 def _screen_block(
     baseline: FloatMatrix, window: FloatMatrix, params: ShiftScreen
-) -> tuple[BoolVector, FloatVector, FloatVector, FloatVector]:
+) -> tuple[BoolVector, FloatVector, FloatVector, FloatVector, FloatVector]:
     split = baseline.shape[1]
     smooth = screen.ewma(np.concatenate([baseline, window], axis=1), alpha=EWMA_ALPHA)
     z_smooth = screen.robust_z(smooth[:, split:], smooth[:, :split], min_scale=params.min_scale)
@@ -134,18 +140,19 @@ def _screen_block(
     z = screen.robust_z(window, baseline, min_scale=params.min_scale)
     drift = screen.cusum(np.clip(z, -CUSUM_CLIP, CUSUM_CLIP), CUSUM_DRIFT, CUSUM_THRESHOLD)
     with np.errstate(invalid="ignore"):
-        change = _row_mean(window[:, -params.hold_slots :]) - _row_mean(baseline)
+        level, before = _row_mean(window[:, -params.hold_slots :]), _row_mean(baseline)
+        change = level - before
         shifted = held.any(axis=1) | (np.abs(tests.shift_z) > interval_z)
         candidate = shifted & drift.alarm.any(axis=1) & (tests.break_sup > BREAK_SUP)
         if params.min_change > 0:
             candidate &= np.abs(change) >= params.min_change
         if params.ignore_below > -math.inf:
-            candidate &= _row_mean(window[:, -params.hold_slots :]) >= params.ignore_below
+            candidate &= level >= params.ignore_below
         if params.direction == "increase":
             candidate &= tests.shift_z > 0
         elif params.direction == "decrease":
             candidate &= tests.shift_z < 0
-    return candidate, tests.shift_z, tests.break_sup, change
+    return candidate, tests.shift_z, tests.break_sup, level, before
 
 
 def _row_mean(x: FloatMatrix) -> FloatVector:
@@ -198,7 +205,7 @@ def run_level_shift(service: CollectorService, rule: Rule, now: float) -> list[F
             service, rule, infos, matrix.times + step, values, split, params,
             period=round(season_s / step) if season_s > 0 else None,
             first_slot=round(float(matrix.times[0]) / step) if len(matrix.times) else 0,
-            max_fits=max_fits,
+            max_fits=max_fits, step=step,
         )  # fmt: skip
     return findings
 
@@ -215,6 +222,7 @@ def _judge_metric(
     period: int | None,
     first_slot: int,
     max_fits: int,
+    step: float,
 ) -> list[Finding]:
     baseline, window = values[:, :split], values[:, split:]
     known_base = np.mean(~np.isnan(baseline), axis=1) if split else np.zeros(len(infos))
@@ -249,6 +257,8 @@ def _judge_metric(
         else:
             verdict, summary = Verdict.CLEAR, ""
             evidence |= {
+                "level": _num(screened.level[i]),
+                "baseline_mean": _num(screened.baseline_mean[i]),
                 "change": _num(screened.change[i]),
                 "shift_z": _num(screened.shift_z[i]),
                 "break_sup": _num(screened.break_sup[i]),
@@ -259,10 +269,13 @@ def _judge_metric(
                 evidence |= _confirm_evidence(result)
                 if result.confirmed:
                     verdict = Verdict.FIRING
+                    hold = format_duration(params.hold_slots * step)
+                    level, before = screened.level[i], screened.baseline_mean[i]
                     summary = (
-                        f"{series_subject(info)} moved from {result.baseline:.4g} to "
-                        f"{result.detail['window_mean']:.4g} ({screened.change[i]:+.4g}; break "
-                        f"p={result.p_value:.2g}, {result.score:.1f}× the 99 % interval)"
+                        f"{series_subject(info)}: {level:.4g} over the last {hold}, against "
+                        f"{before:.4g} over the baseline ({level - before:+.4g}); break "
+                        f"p={result.p_value:.2g}, mean residual at {result.score:.1f}× the "
+                        "99 % prediction interval's half-width"
                     )
         out.append(_finding(rule, info, verdict, summary, evidence, times, values[i], window_start))
     return out
