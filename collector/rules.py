@@ -576,7 +576,8 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType({spec.name: spec for sp
             season_seconds=_p(_T.DURATION, 0.0, 0.0, 3 * _HOUR,
                               "Seasonal period STL removes before confirming (0: none)."),
             max_fits=_p(_T.INT, 100, 1, 10_000,
-                        "New statsmodels fits per cycle (about 70 ms each); the rest wait."),
+                        "Statsmodels fits per cycle (about 70 ms each): new series first, "
+                        "then due refits; the rest wait."),
         ), requires=("metrics",), check=_check_level_shift),
     DetectorSpec(
         "alertmanager",

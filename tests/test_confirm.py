@@ -172,3 +172,22 @@ def test_batch_checks_its_input():
         confirm_shifts(np.zeros((2, 30)), np.zeros((3, 5)), None)
     with pytest.raises(ValueError, match="keys"):
         confirm_shifts(np.zeros((2, 30)), np.zeros((2, 5)), None, keys=["a"], cache=FitCache())
+
+
+def test_a_due_refit_can_be_postponed_once_per_call():
+    cache = FitCache(4, refit_every=2)
+    rng = np.random.default_rng(12)
+    x = step(rng, 0.0)
+    confirm_shift(x[:SPLIT], x[SPLIT:], None, key="k", cache=cache)
+    assert cache.peek("k")
+    assert cache.kept("k")
+    assert not cache.kept("k", period=48)
+    assert cache.get("k") is not None
+    assert cache.get("k") is not None
+    assert not cache.peek("k")
+    assert cache.kept("k")
+    cache.postpone("k")
+    assert cache.get("k") is not None  # one more use
+    assert cache.get("k") is None
+    cache.postpone("missing")  # nothing kept: nothing happens
+    assert not cache.kept("missing")

@@ -204,3 +204,21 @@ def test_screen_blocks_agree_with_one_row_at_a_time():
 def test_screen_parameters_are_checked(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ShiftScreen(**kwargs)
+
+
+def test_refits_over_the_budget_reuse_their_fit_and_spread_over_cycles(tmp_path: Path):
+    rng = np.random.default_rng(7)
+    values = {f"g{i}": shifted(-0.5)(rng) for i in range(3)}
+    svc = make_service(tmp_path, END)
+    feed(svc, END - STEP * np.arange(SLOTS, 0, -1) + 1, series_points(values))
+    rule = default_rule(max_fits=1)
+    fitted, verdicts = [], []
+    for _ in range(level_shift.REFIT_EVERY + 8):
+        cache = level_shift._STORE_FITS.get(svc.store)
+        before = cache.fitted if cache is not None else 0
+        verdicts.append([f.verdict for f in run_level_shift(svc, rule, END)])
+        fitted.append(level_shift._STORE_FITS[svc.store].fitted - before)
+    assert max(fitted) == 1  # never more fits than the budget in one cycle
+    assert verdicts[0].count(U) == 2  # the first cycle fits one new series, two wait
+    assert all(v == [F, F, F] for v in verdicts[2:])  # once fitted, never UNKNOWN again
+    assert sum(fitted) == 3 + 3  # each series fitted, then refitted once its fit was due

@@ -114,6 +114,18 @@ class FitCache:
         fit = self._items.get(key)
         return fit is not None and fit.uses < self.refit_every and fit.period == period
 
+    def kept(self, key: Hashable, period: int | None = None) -> bool:
+        """Whether a fit for ``key`` and ``period`` is kept at all, young or due for a refit."""
+        fit = self._items.get(key)
+        return fit is not None and fit.period == period
+
+    def postpone(self, key: Hashable) -> None:
+        """Grant a kept fit that is due for a refit one more use: the refit waits for a later
+        call (a caller with a budget of fits per cycle spreads the refits out)."""
+        fit = self._items.get(key)
+        if fit is not None and fit.uses >= self.refit_every:
+            fit.uses = max(self.refit_every - 1, 0)
+
     def put(self, key: Hashable, fit: HistoryFit) -> None:
         """Keep a fresh fit for ``key``; evicts the least recently used beyond capacity."""
         self._items[key] = fit
