@@ -132,6 +132,8 @@ def test_verdicts(tmp_path: Path, name, make, params, want, seed):
         assert ev["score"] > 1.0
         assert "over the baseline" in finding.summary
         assert finding.points  # baseline and window to plot
+    else:
+        assert finding.points == ()  # only a firing finding's points are kept with an incident
     if want is U:
         assert "too little data" in finding.summary
 

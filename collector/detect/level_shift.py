@@ -329,15 +329,10 @@ def _finding(
     values: FloatVector,
     window_start: float,
 ) -> Finding:
-    """The finding, with the baseline and window as up to ``POINTS`` means to plot."""
-    groups = max(1, math.ceil(values.size / POINTS))
-    usable = values.size - values.size % groups
-    with np.errstate(invalid="ignore"):
-        blocks = values[values.size - usable :].reshape(-1, groups)
-        counts = (~np.isnan(blocks)).sum(axis=1)
-        means = np.where(counts > 0, np.nansum(blocks, axis=1) / np.maximum(counts, 1), np.nan)
-    at = times[values.size - usable :].reshape(-1, groups)[:, -1]
-    points = tuple((float(t), float(v)) for t, v in zip(at, means, strict=True) if math.isfinite(v))
+    """The finding; a firing one with the baseline and window as up to ``POINTS`` means to plot
+    (only firing findings' points are kept with an incident, and a fleet has thousands of the
+    others each cycle)."""
+    points = _plot_points(times, values) if verdict is Verdict.FIRING else ()
     return Finding(
         rule_id=rule.id,
         detector=DETECTOR,
@@ -350,3 +345,15 @@ def _finding(
         evidence={k: v for k, v in evidence.items() if isinstance(v, str | int | float | bool)},
         points=points,
     )
+
+
+def _plot_points(times: FloatVector, values: FloatVector) -> tuple[tuple[float, float], ...]:
+    """Means of consecutive slots, at most ``POINTS`` of them, each at its last slot's time."""
+    groups = max(1, math.ceil(values.size / POINTS))
+    usable = values.size - values.size % groups
+    with np.errstate(invalid="ignore"):
+        blocks = values[values.size - usable :].reshape(-1, groups)
+        counts = (~np.isnan(blocks)).sum(axis=1)
+        means = np.where(counts > 0, np.nansum(blocks, axis=1) / np.maximum(counts, 1), np.nan)
+    at = times[values.size - usable :].reshape(-1, groups)[:, -1]
+    return tuple((float(t), float(v)) for t, v in zip(at, means, strict=True) if math.isfinite(v))
