@@ -340,3 +340,39 @@ def test_orphaned_memory_fires_after_the_grace_only(tmp_path: Path):
     assert ev["pids"] == "100"
     assert ev["orphaned_memory_bytes"] == 10 * GIB
     assert found["a/GPU-a-2"].evidence["job"] is None
+
+
+def test_oscillation_alone_is_confirmed_by_a_stalled_regime(tmp_path: Path):
+    """A job that fires on oscillating utilisation alone (host unsaturated) is confirmed by the
+    two-regime Markov model: stalls to ~0 fire with the regimes' evidence, unimodal noise that
+    moves as much does not, and a strict alternation (no fit) keeps the screen's word."""
+    rng = np.random.default_rng(8)
+    times = np.arange(T0, INPUT_END, 10.0)
+    # 20 s busy, 20 s stalled: mean 0.46, mean |step| 0.44
+    stalls = np.clip(np.tile([0.9, 0.9, 0.02, 0.02], len(times) // 4 + 1)[: len(times)]
+                     + rng.normal(0, 0.03, len(times)), 0, 1)  # fmt: skip
+    noise = np.clip(rng.normal(0.3, 0.3, len(times)), 0, 1)
+    assert np.mean(np.abs(np.diff(noise))) > 0.25  # the screen calls it oscillating
+
+    def points(t: float) -> list[NumberPoint]:
+        i = round((t - T0) / 10)
+        out = gpu_points("e", 0, t, float(stalls[i])) + cpu_points("e", t, 0.2, 0.0)
+        out += gpu_points("f", 0, t, float(noise[i])) + cpu_points("f", t, 0.2, 0.0)
+        out += gpu_points("c", 0, t, 0.95 if i % 2 else 0.0) + cpu_points("c", t, 0.2, 0.0)
+        return out
+
+    svc = make_service(tmp_path, INPUT_END)
+    svc.registry.put([job(f"slurm:c:{n}", n, (0,), T0 - 60) for n in "efc"])
+    feed(svc, times, points)
+    found = {f.subject: f for f in run_input_bound(svc, rule_for("input_bound"), INPUT_END)}
+    assert {k: f.verdict for k, f in found.items()} == {
+        "slurm:c:e": F, "slurm:c:f": C, "slurm:c:c": F,
+    }  # fmt: skip
+    stalled = found["slurm:c:e"].evidence
+    assert stalled["stall_share"] == pytest.approx(0.5, abs=0.05)
+    assert stalled["mean_stall_seconds"] == pytest.approx(20, abs=4)
+    assert isinstance(stalled["regime_separation"], float)
+    assert stalled["regime_separation"] > 10
+    assert found["slurm:c:f"].evidence["starved_gpu_hours"] == 0.0
+    assert "no distinct stalled state" in str(found["slurm:c:f"].evidence["reasons"])
+    assert "not fitted" in str(found["slurm:c:c"].evidence["regimes"])

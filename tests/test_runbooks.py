@@ -54,6 +54,17 @@ SAMPLE_EVIDENCE: dict[str, dict[str, object]] = {
         "baseline_median": 42.0,
         "at": 1_800_000_540.0,
     },
+    "input_bound": {
+        "job": "slurm:a100:4242",
+        "node": "gpu-07",
+        "mean_gpu_utilization_ratio": 0.46,
+        "reasons": "oscillating utilisation",
+        "stall_share": 0.5,
+        "stall_level": 0.02,
+        "busy_level": 0.9,
+        "mean_stall_seconds": 20.0,
+        "regime_separation": 29.3,
+    },
     "level_shift": {
         "metric": "hw.gpu.utilization",
         "node": "gpu-07",
@@ -248,3 +259,16 @@ def test_markdown_to_html_covers_what_runbooks_use() -> None:
     assert "<tr><td>a</td><td>b</td></tr>\n<tr><td>1</td><td>2</td></tr>" in html
     assert "<pre><code>x &lt; y</code></pre>" in html
     assert '<a href="https://example.org/x">link</a>' in html
+
+
+def test_the_input_bound_runbook_describes_the_stalls_from_the_regimes(
+    renderer: RunbookRenderer,
+) -> None:
+    rule = next(r for r in RULES.rules if r.detector == "input_bound")
+    with_regimes = renderer.markdown(
+        rule.runbook, runbook_context(rule, LINKS, incident=sample_incident(rule), job=JOB)
+    )
+    stalls = "stalled 0.5 of the\ntime (at 0.02, against 0.9 busy), for\n20 s per stall"
+    assert stalls in with_regimes
+    plain = renderer.markdown(rule.runbook, runbook_context(rule, LINKS))
+    assert "stalled unknown of the" in plain

@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from gpuwarden.collector.accounting import UNALLOCATED, GpuTimeline, ownership
 from gpuwarden.collector.detect.findings import Finding, JsonScalar, Verdict
+from gpuwarden.collector.detect.regimes import busy_stall_regimes
 from gpuwarden.collector.model import Job, JobState
 from gpuwarden.collector.rules import Rule
 from gpuwarden.collector.service import CollectorService
@@ -432,8 +433,14 @@ def detect_input_bound(
             reasons.append(f"host CPU {100 * result.cpu_mean[j]:.0f} %")
         if result.iowait_mean[j] > IOWAIT_ABOVE:
             reasons.append(f"iowait {100 * result.iowait_mean[j]:.0f} %")
+        regime: dict[str, JsonScalar] = {}
         if result.oscillation[j] > OSCILLATION_ABOVE:
             reasons.append("oscillating utilisation")
+            if verdict is Verdict.FIRING and not reasons[:-1]:
+                # fired on oscillation alone: confirm a stalled regime apart from the busy one
+                verdict, regime = _confirm_stalls(g[index[key]], win.step)
+                if verdict is Verdict.CLEAR:
+                    reasons[-1] = "utilisation varies, with no distinct stalled state"
         starved = len(gpus) * hours * (1 - mean) if verdict is Verdict.FIRING else 0.0
         price = sum(_price(service, gpu, job)[0] for gpu in gpus) / len(gpus)
         nodes = sorted({gpu.node for gpu in gpus})
@@ -455,10 +462,30 @@ def detect_input_bound(
                     "reasons": "; ".join(reasons) or None,
                     "starved_gpu_hours": starved,
                     "wasted_usd": starved * price,
+                    **regime,
                 },
             )
         )  # fmt: skip
     return findings
+
+
+def _confirm_stalls(util: FloatMatrix, step: float) -> tuple[Verdict, dict[str, JsonScalar]]:
+    """The stage-two check of an oscillating job (:mod:`.regimes`): FIRING with the regimes'
+    evidence when its mean utilisation per slot has a stalled regime distinct from the busy
+    one, CLEAR when it has not; FIRING without evidence when the model cannot be fitted."""
+    with np.errstate(all="ignore"):
+        per_slot = np.nanmean(util, axis=0) if util.size else np.zeros(0)
+    found = busy_stall_regimes(per_slot)
+    if found is None:
+        return Verdict.FIRING, {"regimes": "not fitted (too few samples, or a strict alternation)"}
+    evidence: dict[str, JsonScalar] = {
+        "stall_share": round(found.stall_share, 4),
+        "stall_level": round(found.stall_level, 4),
+        "busy_level": round(found.busy_level, 4),
+        "mean_stall_seconds": round(found.stall_slots * step, 1),
+        "regime_separation": round(found.separation, 2),
+    }
+    return (Verdict.FIRING if found.distinct else Verdict.CLEAR), evidence
 
 
 def run_input_bound(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
