@@ -293,6 +293,11 @@ def _num(value: float) -> float | None:
     return round(float(value), 6) if math.isfinite(value) else None
 
 
+def _sig(value: float) -> float | None:
+    """Three significant figures (a p-value of 1e-9 must not read 0)."""
+    return float(f"{value:.3g}") if math.isfinite(value) else None
+
+
 def _base_evidence(info: SeriesInfo, known_base: float, known_window: float) -> dict[str, object]:
     attrs = info.attributes
     evidence: dict[str, object] = {
@@ -312,7 +317,7 @@ def _confirm_evidence(result: Confirmation) -> dict[str, object]:
     return {
         "baseline": _num(result.baseline),
         "window_mean": _num(result.detail.get("window_mean", math.nan)),
-        "p_value": _num(result.p_value),
+        "p_value": _sig(result.p_value),
         "score": _num(result.score),
         "phi": _num(result.detail.get("phi", math.nan)),
         "reused_fit": bool(result.detail.get("reused_fit", 0.0)),
