@@ -32,7 +32,7 @@ measurement error the state is the last observation, so the Kalman filter's one-
 the break test's statistic is the same closed form as ``breaks_cusumolsresid``'s, and its p-value
 the same ``kstwobign`` tail. ``tests/test_confirm.py`` checks the batch against the one-by-one
 path, which runs statsmodels' own ``filter`` and ``breaks_cusumolsresid``. A reused confirm costs
-about 1.8 ms alone and tens of microseconds in a batch.
+about 2 ms alone and about 0.1 ms per row in a batch of 40.
 
 Missing points: STL needs a complete series, so gaps are linearly interpolated for STL only; the
 break test and the model see the known points alone.
