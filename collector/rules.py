@@ -567,7 +567,8 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType({spec.name: spec for sp
                        "Robust sigmas of the smoothed baseline that count as shifted."),
             direction=_p(_T.STR, "both", None, None, "Which change counts.", _DIRECTIONS),
             min_change=_p(_T.FLOAT, 0.0, 0.0, 1e12,
-                          "Smallest change of the window mean that matters (metric's unit)."),
+                          "Smallest change that counts: the mean of the last hold_seconds "
+                          "against the baseline's mean (metric's unit)."),
             ignore_below=_p(_T.FLOAT, -1e12, -1e12, 1e12,
                             "A shift to a new level below this is left to other rules (e.g. "
                             "utilisation fallen to idle: the idle rules'); default: none."),
