@@ -373,3 +373,8 @@ def test_shapes_rejected():
         screen.robust_z(np.zeros((2, 3)), np.zeros((3, 3)))
     with pytest.raises(ValueError, match="slots"):
         screen.held_for(np.zeros((1, 3), bool), 0)
+
+
+def test_row_mean_skips_gaps_and_is_nan_without_a_known_value():
+    got = screen.row_mean([[1.0, np.nan, 3.0], [np.nan, np.nan, np.nan], [0.5, 0.5, 0.5]])
+    np.testing.assert_array_equal(got, [2.0, np.nan, 0.5])

@@ -44,7 +44,11 @@ from scipy.stats import norm
 from gpuwarden.collector.detect import screen
 from gpuwarden.collector.detect.confirm import Confirmation, FitCache, confirm_shifts
 from gpuwarden.collector.detect.findings import Finding, Verdict
-from gpuwarden.collector.detect.metric_anomaly import series_selected, series_subject
+from gpuwarden.collector.detect.metric_anomaly import (
+    series_identity,
+    series_selected,
+    series_subject,
+)
 from gpuwarden.collector.rules import Rule, format_duration
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.store_types import SeriesInfo
@@ -142,7 +146,7 @@ def _screen_block(
     z = screen.robust_z(window, baseline, min_scale=params.min_scale)
     drift = screen.cusum(np.clip(z, -CUSUM_CLIP, CUSUM_CLIP), CUSUM_DRIFT, CUSUM_THRESHOLD)
     with np.errstate(invalid="ignore"):
-        level, before = _row_mean(window[:, -params.hold_slots :]), _row_mean(baseline)
+        level, before = screen.row_mean(window[:, -params.hold_slots :]), screen.row_mean(baseline)
         change = level - before
         shifted = held.any(axis=1) | (np.abs(tests.shift_z) > interval_z)
         candidate = shifted & drift.alarm.any(axis=1) & (tests.break_sup > BREAK_SUP)
@@ -155,13 +159,6 @@ def _screen_block(
         elif params.direction == "decrease":
             candidate &= tests.shift_z < 0
     return candidate, tests.shift_z, tests.break_sup, level, before
-
-
-def _row_mean(x: FloatMatrix) -> FloatVector:
-    known = ~np.isnan(x)
-    count = known.sum(axis=1)
-    total = np.where(known, x, 0.0).sum(axis=1)
-    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
 _STORE_FITS: weakref.WeakKeyDictionary[object, FitCache] = weakref.WeakKeyDictionary()
@@ -299,18 +296,12 @@ def _sig(value: float) -> float | None:
 
 
 def _base_evidence(info: SeriesInfo, known_base: float, known_window: float) -> dict[str, object]:
-    attrs = info.attributes
-    evidence: dict[str, object] = {
+    return {
         "metric": info.metric,
         "known_baseline": round(float(known_base), 4),
         "known_window": round(float(known_window), 4),
+        **series_identity(info),
     }
-    for key, name in (("node", "host.name"), ("gpu", "hw.id"), ("model", "model")):
-        if attrs.get(name) not in (None, ""):
-            evidence[key] = str(attrs[name])
-    if attrs.get("gpuwarden.job.key") not in (None, ""):
-        evidence["job"] = str(attrs["gpuwarden.job.key"])
-    return evidence
 
 
 def _confirm_evidence(result: Confirmation) -> dict[str, object]:

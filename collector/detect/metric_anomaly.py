@@ -41,6 +41,14 @@ def series_subject(info: SeriesInfo) -> str:
     return f"{info.metric}{{{','.join(parts)}}}"
 
 
+def series_identity(info: SeriesInfo) -> dict[str, str]:
+    """The evidence keys that name what a series is about: node, model, GPU and job."""
+    attrs = info.attributes
+    names = (("node", "host.name"), ("model", "model"), ("gpu", "hw.id"),
+             ("job", "gpuwarden.job.key"))  # fmt: skip
+    return {key: str(attrs[name]) for key, name in names if attrs.get(name) not in (None, "")}
+
+
 def series_selected(rule: Rule, attrs: Mapping[str, object]) -> bool:
     """Whether the rule's selector (teams, jobs, nodes, models) takes a series' attributes."""
 
@@ -102,7 +110,6 @@ def _judge(
     threshold: float,
 ) -> Finding:
     subject = series_subject(info)
-    attrs = info.attributes
     known = np.isfinite(values)
     newest = times > end - recent
     base: dict[str, object] = {
@@ -110,11 +117,7 @@ def _judge(
         "threshold": threshold,
         "known_minutes": int(known.sum()),
     }
-    for key, name in (("node", "host.name"), ("model", "model"), ("gpu", "hw.id")):
-        if attrs.get(name) not in (None, ""):
-            base[key] = str(attrs[name])
-    if attrs.get("gpuwarden.job.key") not in (None, ""):
-        base["job"] = str(attrs["gpuwarden.job.key"])
+    base.update(series_identity(info))
     warmup = anomaly.AnomalyParams().warmup_rows
     if known.sum() <= warmup or not known[newest].any():
         why = "no data in the newest window" if known.sum() > warmup else "too little history"

@@ -369,6 +369,15 @@ def peer_outliers(
     return PeerOutliers(outlier=flag, fraction_outside=fraction)
 
 
+def row_mean(x: npt.ArrayLike) -> FloatVector:
+    """Per-row mean of the known values; NaN for a row with none (no warning)."""
+    values = as_matrix(x)
+    count = np.sum(~np.isnan(values), axis=1)
+    total = np.nansum(values, axis=1)
+    mean: FloatVector = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    return mean
+
+
 def _row_nanmean(values: FloatMatrix) -> FloatVector:
     known = ~np.isnan(values)
     count = known.sum(axis=1)

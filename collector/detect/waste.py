@@ -23,6 +23,7 @@ import numpy.typing as npt
 from gpuwarden.collector.accounting import UNALLOCATED, GpuTimeline, ownership
 from gpuwarden.collector.detect.findings import Finding, JsonScalar, Verdict
 from gpuwarden.collector.detect.regimes import busy_stall_regimes
+from gpuwarden.collector.detect.screen import row_mean
 from gpuwarden.collector.model import Job, JobState
 from gpuwarden.collector.rules import Rule
 from gpuwarden.collector.service import CollectorService
@@ -77,13 +78,6 @@ class InputBound:
     oscillation: npt.NDArray[np.float64]
 
 
-def _row_mean(x: FloatMatrix) -> npt.NDArray[np.float64]:
-    known = ~np.isnan(x)
-    total = np.nansum(x, axis=1)
-    count = known.sum(axis=1)
-    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
-
-
 def input_bound_verdicts(
     gpu: FloatMatrix,
     cpu: FloatMatrix,
@@ -108,9 +102,9 @@ def input_bound_verdicts(
     slots = max(gpu.shape[1], 1)
     g_cov = (~np.isnan(gpu)).sum(axis=1) / slots
     h_cov = (~np.isnan(cpu)).sum(axis=1) / slots
-    g_mean, c_mean, w_mean = _row_mean(gpu), _row_mean(cpu), _row_mean(iowait)
+    g_mean, c_mean, w_mean = row_mean(gpu), row_mean(cpu), row_mean(iowait)
     steps = np.abs(np.diff(gpu, axis=1))
-    osc = _row_mean(steps) if gpu.shape[1] > 1 else np.full(len(gpu), np.nan)
+    osc = row_mean(steps) if gpu.shape[1] > 1 else np.full(len(gpu), np.nan)
     g_ok = g_cov >= min_coverage
     h_ok = h_cov >= min_coverage
     starving = g_ok & (g_mean < gpu_below)
