@@ -58,8 +58,9 @@ from typing import TypeVar
 import numpy as np
 import pandas as pd
 
-from gpuwarden.collector.detect import level_shift, screen
-from gpuwarden.collector.detect.confirm import FitCache, confirm_shift, confirm_shifts
+from gpuwarden.collector.detect import level_shift
+from gpuwarden.collector.detect.numerics import screen
+from gpuwarden.collector.detect.numerics.confirm import FitCache, confirm_shift, confirm_shifts
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba_gentd26"
 COLUMNS = 360  # 1 h of 10 s samples

@@ -46,10 +46,10 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.collector.detect.drift import DriftParams, bin_values, evaluate, window_statistic
-from gpuwarden.collector.detect.drift_noise import quantile_noise
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.detect.model_series import Binned
-from gpuwarden.collector.store_types import Kind
+from gpuwarden.collector.detect.numerics.drift_noise import quantile_noise
+from gpuwarden.collector.store.types import Kind
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 BIN = 15.0

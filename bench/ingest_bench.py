@@ -76,20 +76,20 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from gpuwarden.agent.build import build_agent
 from gpuwarden.agent.config import AgentConfig, HttpConfig, SpoolConfig
 from gpuwarden.agent.config import CollectorConfig as AgentCollectorConfig
-from gpuwarden.collector.app import STATS, create_app
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.otlp import (
+from gpuwarden.collector.ingest.otlp import (
     PROTOBUF,
     attributes,
     decompress,
     number_columns,
     parse_request,
 )
-from gpuwarden.collector.registry import JobRegistry
+from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.storage_sqlite import MEMORY, SqliteStorage
-from gpuwarden.collector.store import WindowStore
-from gpuwarden.collector.tasks import SERVICE
+from gpuwarden.collector.storage.sqlite import MEMORY, SqliteStorage
+from gpuwarden.collector.store.window import WindowStore
+from gpuwarden.collector.web.app import STATS, create_app
+from gpuwarden.collector.web.tasks import SERVICE
 
 NS = 1_000_000_000
 STEP_S = 10

@@ -43,9 +43,10 @@ from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect import level_shift
 from gpuwarden.collector.detect.findings import Verdict
-from gpuwarden.collector.otlp import NumberPoint
-from gpuwarden.collector.rules import Selector, default_rules_dir, default_runbooks_dir, load_rules
-from gpuwarden.collector.store_types import AttrValue
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.model import Selector
+from gpuwarden.collector.store.types import AttrValue
 
 METRIC = "hw.gpu.utilization"
 STEP = 10

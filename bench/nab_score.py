@@ -1,4 +1,4 @@
-"""NAB scores of the stored reference detectors, by our own scorer (``collector/detect/nab.py``).
+"""NAB scores of the stored reference detectors, by our own scorer (``bench/nab.py``).
 
 Run: ``.venv/bin/python bench/nab_score.py [--detector-dir DIR] [--nab-dir DIR]`` (about 20 s).
 
@@ -10,7 +10,7 @@ threshold for the detector and profile (``config/thresholds.json``), which NAB t
 corpus (in-sample); the thresholds are not re-tuned per category. TP/FP/FN are for the standard
 profile: windows detected, alarms outside windows after the probationary rows, windows missed.
 
-Then ours: ``gpuwarden.collector.detect.anomaly.score_series`` run on the 58 data files
+Then ours: ``gpuwarden.collector.detect.numerics.anomaly.score_series`` run on the 58 data files
 (causal, about 15 s), scored at ``DEFAULT_THRESHOLD``, fixed before scoring as the standard-profile
 optimum on split A (the artificial files + every other real file by name); split B (the other
 real files) is held out and printed alone. The in-sample optimum over all 58 files is printed
@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuwarden.collector.detect import anomaly, nab
+from bench import nab
+from gpuwarden.collector.detect.numerics import anomaly
 
 NAB_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "nab"
 DETECTORS = ("numenta", "windowedGaussian", "null")

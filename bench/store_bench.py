@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from gpuwarden.agent.catalog import CATALOG, CLOCK_EVENT_REASONS, GPU_STATES, Scope, Shape
-from gpuwarden.collector.otlp import NumberPoint
-from gpuwarden.collector.store import WindowStore
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.store.window import WindowStore
 
 AGENTS, GPUS, ROUNDS, STEP_S = 100, 8, 120, 10
 T0 = 1_750_000_000

@@ -48,11 +48,12 @@ from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.detect.idle_rule import detect_idle_gpus
 from gpuwarden.collector.detect.waste import run_forgotten_gpu
-from gpuwarden.collector.model import GpuAllocation, Job, JobState
-from gpuwarden.collector.otlp import NumberPoint
-from gpuwarden.collector.rules import Rule, default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.store_types import AttrValue
+from gpuwarden.collector.store.types import AttrValue
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba_gentd26"
 MODEL = "NVIDIA H100 80GB HBM3"

@@ -7,21 +7,22 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpuwarden.agent.config import ConfigError
-from gpuwarden.collector.accounting import AccountingConfig
+from gpuwarden.collector.accounting.gpu_time import AccountingConfig
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.jobs import JobSourceError
-from gpuwarden.collector.model import JobSource
-from gpuwarden.collector.registry import JobRegistry
-from gpuwarden.collector.rules import RuleSet, default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.jobs.model import JobSource
+from gpuwarden.collector.jobs.registry import JobRegistry
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.model import RuleSet
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.storage_sqlite import SqliteStorage
-from gpuwarden.collector.store import WindowStore
+from gpuwarden.collector.storage.sqlite import SqliteStorage
+from gpuwarden.collector.store.window import WindowStore
 
 if TYPE_CHECKING:
-    from gpuwarden.collector.build_actuators import JobLookup
-    from gpuwarden.collector.notify.alert import Notifier
-    from gpuwarden.collector.remediate.actuator import Actuator
-    from gpuwarden.collector.remediate.web import Remediation
+    from gpuwarden.collector.alerts.model import Notifier
+    from gpuwarden.collector.remediate.actuators.base import Actuator
+    from gpuwarden.collector.remediate.actuators.build import JobLookup
+    from gpuwarden.collector.web.remediation import Remediation
 
 
 def load_configured_rules(config: CollectorConfig) -> RuleSet:
@@ -38,8 +39,8 @@ def load_configured_rules(config: CollectorConfig) -> RuleSet:
 def build_actuators(
     config: CollectorConfig, environ: Mapping[str, str], *, jobs: JobLookup | None = None
 ) -> list[Actuator]:
-    """The actuators the config enables: see :mod:`gpuwarden.collector.build_actuators`."""
-    from gpuwarden.collector.build_actuators import build_actuators as build
+    """The actuators the config enables (:mod:`~gpuwarden.collector.remediate.actuators.build`)."""
+    from gpuwarden.collector.remediate.actuators.build import build_actuators as build
 
     return build(config, environ, jobs=jobs)
 
@@ -72,8 +73,8 @@ def build_notifiers(config: CollectorConfig, environ: Mapping[str, str]) -> dict
         keys = parse_secrets(config.pagerduty_keys_file, "integration key")
         notifiers["pagerduty"] = PagerDutyNotifier(keys, events_url=config.pagerduty_events_url)
     if config.webhooks:
-        from gpuwarden.collector.build_actuators import load_webhooks
         from gpuwarden.collector.notify.webhook_notifier import WebhookNotifier
+        from gpuwarden.collector.remediate.actuators.build import load_webhooks
 
         notifiers["webhook"] = WebhookNotifier(load_webhooks(config, environ))
     if config.alerting.alertmanagers:
@@ -100,7 +101,7 @@ def build_remediation(
     Raises ``PolicyError`` for a rule naming an unknown action kind, ``ValueError`` for an
     unreadable or short approval secret.
     """
-    from gpuwarden.collector.remediate.web import create_remediation
+    from gpuwarden.collector.web.remediation import create_remediation
 
     return create_remediation(
         service.storage,
@@ -151,7 +152,7 @@ def build_service(
             job_sources.append(("kubernetes", source))
     scraper = None
     if config.model_servers:
-        from gpuwarden.collector.scrape import ModelServerScraper, ScrapeTarget
+        from gpuwarden.collector.ingest.scrape import ModelServerScraper, ScrapeTarget
 
         try:
             targets = [

@@ -12,14 +12,14 @@ import yaml
 
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.notify.settings import AlertingSettings, AlertingSettingsError
-from gpuwarden.collector.remediate.actuator_settings import (
+from gpuwarden.collector.remediate.actuators.http_router import RouteSpec
+from gpuwarden.collector.remediate.actuators.settings import (
     ACTUATOR_KEYS,
     TrafficTarget,
     WebhookEndpoint,
     actuator_problem,
 )
 from gpuwarden.collector.remediate.policy import PolicyError, RemediationSettings
-from gpuwarden.collector.remediate.routing_actuator import RouteSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,21 +15,21 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from gpuwarden.collector.accounting import (
+from gpuwarden.collector.accounting.gpu_time import (
     UNALLOCATED,
     AccountingConfig,
     GpuTimeline,
     Usage,
     account,
 )
-from gpuwarden.collector.otlp import HistogramPoint, NumberPoint, histogram_points
-from gpuwarden.collector.records import AccountingRow, Event, EventKind
-from gpuwarden.collector.registry import JobRegistry
-from gpuwarden.collector.scrape import ModelServerScraper
-from gpuwarden.collector.storage import Storage
-from gpuwarden.collector.store import WindowStore
-from gpuwarden.collector.store_types import IngestCounts
-from gpuwarden.collector.workloads import announcement
+from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint, histogram_points
+from gpuwarden.collector.ingest.scrape import ModelServerScraper
+from gpuwarden.collector.ingest.workloads import announcement
+from gpuwarden.collector.jobs.registry import JobRegistry
+from gpuwarden.collector.storage.base import Storage
+from gpuwarden.collector.storage.records import AccountingRow, Event, EventKind
+from gpuwarden.collector.store.types import IngestCounts
+from gpuwarden.collector.store.window import WindowStore
 
 log = logging.getLogger(__name__)
 

@@ -83,17 +83,17 @@ def _parser() -> argparse.ArgumentParser:
         help="keep serving the status page this many seconds after the report",
     )
 
-    from gpuwarden.collector.report import add_report_parser
+    from gpuwarden.collector.accounting.report import add_report_parser
 
     add_report_parser(sub)
-    from gpuwarden.collector.rules_cli import add_rules_parser
+    from gpuwarden.collector.cli.rules import add_rules_parser
 
     add_rules_parser(sub)
-    from gpuwarden.collector.remediate.cli import add_actions_parser, add_incidents_parser
+    from gpuwarden.collector.cli.actions import add_actions_parser, add_incidents_parser
 
     add_incidents_parser(sub)
     add_actions_parser(sub)
-    from gpuwarden.collector.backtest_cli import add_backtest_parser
+    from gpuwarden.collector.backtest.cli import add_backtest_parser
 
     add_backtest_parser(sub)
 
@@ -132,7 +132,7 @@ def _run_agent(args: argparse.Namespace) -> int:
 
 
 def _run_collector(args: argparse.Namespace) -> int:
-    from gpuwarden.collector.main import run_collector
+    from gpuwarden.collector.cli.collector import run_collector
 
     return run_collector(args.config, host=args.host, port=args.port, environ=os.environ)
 
@@ -151,31 +151,31 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_rules(args: argparse.Namespace) -> int:
-    from gpuwarden.collector.rules_cli import run_rules
+    from gpuwarden.collector.cli.rules import run_rules
 
     return run_rules(args)
 
 
 def _run_incidents(args: argparse.Namespace) -> int:
-    from gpuwarden.collector.remediate.cli import run_incidents
+    from gpuwarden.collector.cli.actions import run_incidents
 
     return run_incidents(args, os.environ)
 
 
 def _run_actions(args: argparse.Namespace) -> int:
-    from gpuwarden.collector.remediate.cli import run_actions
+    from gpuwarden.collector.cli.actions import run_actions
 
     return run_actions(args, os.environ)
 
 
 def _run_backtest(args: argparse.Namespace) -> int:
-    from gpuwarden.collector.backtest_cli import run_backtest_command
+    from gpuwarden.collector.backtest.cli import run_backtest_command
 
     return run_backtest_command(args)
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from gpuwarden.collector.report import run_report
+    from gpuwarden.collector.accounting.report import run_report
 
     return run_report(args)
 

@@ -38,16 +38,15 @@ from gpuwarden.agent.config import (
     SpoolConfig,
 )
 from gpuwarden.agent.sources.simulated import SimulatedSource
-from gpuwarden.collector.app import create_app
 from gpuwarden.collector.build import build_remediation, build_service, load_configured_rules
 from gpuwarden.collector.config import CollectorConfig as ServerConfig
 from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.notify.settings import AlertingSettings
-from gpuwarden.collector.records import Event, EventKind
-from gpuwarden.collector.remediate.actuator import Actuator
+from gpuwarden.collector.remediate.actuators.base import Actuator
+from gpuwarden.collector.remediate.actuators.http_router import HttpRouterActuator, RouteSpec
 from gpuwarden.collector.remediate.policy import SETTLE_SECONDS, PolicyConfig, RemediationSettings
-from gpuwarden.collector.remediate.routing_actuator import HttpRouterActuator, RouteSpec
-from gpuwarden.collector.remediate.serving_router import RouterState, create_router_app
+from gpuwarden.collector.storage.records import Event, EventKind
+from gpuwarden.collector.web.app import create_app
 from gpuwarden.demo_fleet import (
     FALLBACK_MODEL,
     NODES,
@@ -61,6 +60,7 @@ from gpuwarden.demo_fleet import (
     scenario,
 )
 from gpuwarden.demo_report import print_report, print_status
+from gpuwarden.demo_router import RouterState, create_router_app
 from gpuwarden.demo_serving import ServingProfile, SimulatedModelServer
 
 STEP_SECONDS = 1

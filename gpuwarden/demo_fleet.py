@@ -35,12 +35,13 @@ from gpuwarden.agent.sources.scenario import (
     XidFault,
 )
 from gpuwarden.agent.sources.simulated import SimulatedSource
-from gpuwarden.collector.model import GpuAllocation, Job, JobState
-from gpuwarden.collector.notify.alert import Alert, AlertStatus
-from gpuwarden.collector.records import Event, EventKind, ModelDeployment
-from gpuwarden.collector.remediate.actuator import ActionRequest, ActionResult, Outcome
-from gpuwarden.collector.rules import DETECTORS, ParamType, Rule, RuleSet
+from gpuwarden.collector.alerts.model import Alert, AlertStatus
+from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
+from gpuwarden.collector.remediate.actuators.base import ActionRequest, ActionResult, Outcome
+from gpuwarden.collector.rules.model import ParamType, Rule, RuleSet
+from gpuwarden.collector.rules.vocabulary import DETECTORS
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.records import Event, EventKind, ModelDeployment
 
 CLUSTER = "demo"
 GPUS_PER_NODE = 8

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from gpuwarden.collector.records import IncidentState
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.records import IncidentState
 
 
 def print_status(service: CollectorService, elapsed: float, speed: float) -> None:

@@ -9,10 +9,10 @@ from types import MappingProxyType
 
 from aiohttp import web
 
-from gpuwarden.collector.app import create_app
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.ingest.sink import SeriesLog
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.sink import SeriesLog
+from gpuwarden.collector.web.app import create_app
 
 TOKEN = "agent-token-for-tests-0123456789"
 

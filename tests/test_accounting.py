@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuwarden.collector.accounting import (
+from gpuwarden.collector.accounting.gpu_time import (
     UNALLOCATED,
     AccountingConfig,
     GpuTimeline,
@@ -15,7 +15,7 @@ from gpuwarden.collector.accounting import (
     slot_overlap,
     totals,
 )
-from gpuwarden.collector.model import GpuAllocation, Job, JobState
+from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 
 STEP = 10.0
 T0 = 1_000_000.0

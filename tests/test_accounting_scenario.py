@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collector.accounting import UNALLOCATED, totals
+from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, totals
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.model import GpuAllocation, Job, JobState
-from gpuwarden.collector.otlp import NumberPoint
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.store_types import AttrValue
+from gpuwarden.collector.store.types import AttrValue
 
 T0 = 1_767_225_600.0  # aligned to the minute
 STEP = 10

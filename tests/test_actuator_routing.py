@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import web
 
-from gpuwarden.collector.remediate.actuator import ActionRequest, ActionResult, Outcome
-from gpuwarden.collector.remediate.routing_actuator import HttpRouterActuator, RouteSpec
-from gpuwarden.collector.remediate.serving_router import (
+from gpuwarden.collector.remediate.actuators.base import ActionRequest, ActionResult, Outcome
+from gpuwarden.collector.remediate.actuators.http_router import HttpRouterActuator, RouteSpec
+from gpuwarden.demo_router import (
     RouteError,
     RouterState,
     create_router_app,

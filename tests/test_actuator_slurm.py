@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from gpuwarden.collector.remediate.actuator import ActionRequest, Outcome
-from gpuwarden.collector.remediate.slurm_actuator import SlurmActuator
+from gpuwarden.collector.remediate.actuators.base import ActionRequest, Outcome
+from gpuwarden.collector.remediate.actuators.slurm import SlurmActuator
 from tests.collector_server import free_port
 from tests.slurm.cluster import SlurmCluster
 

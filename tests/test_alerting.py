@@ -15,26 +15,22 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gpuwarden.collector.notify.alert import Alert, AlertStatus
+from gpuwarden.collector.alerts.model import Alert, AlertStatus
+from gpuwarden.collector.alerts.runbooks import Links
+from gpuwarden.collector.ingest.alertmanager import AlertReceiver, PayloadError, parse_payload
 from gpuwarden.collector.notify.alertmanager_notifier import (
     FINGERPRINT_LABEL,
     AlertmanagerNotifier,
 )
-from gpuwarden.collector.notify.am_receiver import AlertReceiver, PayloadError, parse_payload
 from gpuwarden.collector.notify.dispatcher import AlertDispatcher
 from gpuwarden.collector.notify.pagerduty_notifier import PagerDutyNotifier
 from gpuwarden.collector.notify.settings import AlertingSettings, AlertingSettingsError
 from gpuwarden.collector.notify.slack_notifier import SlackNotifier
-from gpuwarden.collector.records import AuditEntry, Incident, IncidentState
-from gpuwarden.collector.remediate.runbooks import Links
-from gpuwarden.collector.rules import (
-    Rule,
-    default_rules_dir,
-    default_runbooks_dir,
-    load_rules,
-)
-from gpuwarden.collector.storage import ActionRecord
-from gpuwarden.collector.storage_sqlite import SqliteStorage
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.model import Rule
+from gpuwarden.collector.storage.base import ActionRecord
+from gpuwarden.collector.storage.records import AuditEntry, Incident, IncidentState
+from gpuwarden.collector.storage.sqlite import SqliteStorage
 from tests.alertmanager_server import AlertmanagerServer, alertmanager_binary
 from tests.capture_servers import Capture, ServedApp, pagerduty_app, slack_app
 from tests.test_remediator import FakeClock
@@ -451,12 +447,12 @@ WEBHOOK_TOKEN = "am-0123456789abcdef01234"
 
 @pytest.fixture
 async def webhook(aiohttp_client, storage):
-    from gpuwarden.collector.app import CONFIG
+    from gpuwarden.collector.alerts.runbooks import RunbookRenderer
     from gpuwarden.collector.config import CollectorConfig
     from gpuwarden.collector.remediate.policy import PolicyConfig
     from gpuwarden.collector.remediate.remediator import Remediator
-    from gpuwarden.collector.remediate.runbooks import RunbookRenderer
-    from gpuwarden.collector.remediate.web import Remediation, setup_remediation
+    from gpuwarden.collector.web.app import CONFIG
+    from gpuwarden.collector.web.remediation import Remediation, setup_remediation
 
     app = web.Application()
     app[CONFIG] = CollectorConfig(tokens={WEBHOOK_TOKEN: "alertmanager"})
@@ -588,14 +584,14 @@ def test_two_hundred_simultaneous_faults_page_once_and_resolve_once(storage, ser
 
 
 def test_webhook_route_posts_a_signed_alert_and_retries_5xx(storage, clock):
-    from gpuwarden.collector.notify.webhook_notifier import WebhookNotifier
-    from gpuwarden.collector.remediate.webhook import (
+    from gpuwarden.collector.alerts.signing import (
         IDEMPOTENCY_HEADER,
         SIGNATURE_HEADER,
         TIMESTAMP_HEADER,
         Webhook,
         verify,
     )
+    from gpuwarden.collector.notify.webhook_notifier import WebhookNotifier
 
     secret = b"0123456789abcdef-webhook"
     capture = Capture(script=[503])

@@ -5,8 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuwarden.collector.detect import anomaly_streams
-from gpuwarden.collector.detect.anomaly import DEFAULT_THRESHOLD, AnomalyParams, score_series
+from gpuwarden.collector.detect.numerics import anomaly_streams
+from gpuwarden.collector.detect.numerics.anomaly import (
+    DEFAULT_THRESHOLD,
+    AnomalyParams,
+    score_series,
+)
 
 N, AT = 2000, 1400
 START = 500  # warm-up (300 rows) and the novelty stream's start-up

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collector.records import Incident
 from gpuwarden.collector.remediate.approvals import (
     SECRET_ENV,
     ApprovalError,
@@ -18,8 +17,9 @@ from gpuwarden.collector.remediate.approvals import (
     load_secret,
     token_sha256,
 )
-from gpuwarden.collector.storage import ActionRecord
-from gpuwarden.collector.storage_sqlite import SqliteStorage
+from gpuwarden.collector.storage.base import ActionRecord
+from gpuwarden.collector.storage.records import Incident
+from gpuwarden.collector.storage.sqlite import SqliteStorage
 
 SECRET = b"s" * 40
 

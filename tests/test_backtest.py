@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collector.backtest_cli import (
+from gpuwarden.collector.backtest.cli import (
     add_backtest_parser,
     add_rules_test_parser,
     run_backtest,
     run_rules_test,
 )
-from gpuwarden.collector.backtest_data import RELATIVE_ORIGIN, Label, Reading, load_dataset
-from gpuwarden.collector.backtest_run import Backtest, FoundIncident, points_for, score, waste_of
+from gpuwarden.collector.backtest.data import RELATIVE_ORIGIN, Label, Reading, load_dataset
+from gpuwarden.collector.backtest.replay import Backtest, FoundIncident, points_for, score, waste_of
 from gpuwarden.collector.detect.incidents import IncidentTracker
 
 GENTD26 = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba_gentd26"

@@ -11,31 +11,27 @@ from types import MappingProxyType
 import pytest
 
 from gpuwarden.agent.config import ConfigError
+from gpuwarden.collector.alerts.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 from gpuwarden.collector.build import build_actuators as build_actuators_from_build
-from gpuwarden.collector.build_actuators import build_actuators
 from gpuwarden.collector.config import CollectorConfig, load_collector_config
-from gpuwarden.collector.model import Job, JobState
-from gpuwarden.collector.remediate.actuator import ActionRequest, Actuator, Outcome
-from gpuwarden.collector.remediate.actuator_settings import (
+from gpuwarden.collector.jobs.model import Job, JobState
+from gpuwarden.collector.remediate.actuators.base import ActionRequest, Actuator, Outcome
+from gpuwarden.collector.remediate.actuators.build import build_actuators
+from gpuwarden.collector.remediate.actuators.http_router import HttpRouterActuator, RouteSpec
+from gpuwarden.collector.remediate.actuators.kubernetes import KubernetesActuator
+from gpuwarden.collector.remediate.actuators.ownership import NodeOwnership, OwnedActuator
+from gpuwarden.collector.remediate.actuators.routing import KubernetesRoutingActuator
+from gpuwarden.collector.remediate.actuators.settings import (
     HTTPRouteTarget,
     InferenceServiceTarget,
     WebhookEndpoint,
 )
-from gpuwarden.collector.remediate.kubernetes import KubernetesActuator
-from gpuwarden.collector.remediate.ownership import NodeOwnership, OwnedActuator
+from gpuwarden.collector.remediate.actuators.slurm import SlurmActuator
+from gpuwarden.collector.remediate.actuators.webhook import WebhookActuator
 from gpuwarden.collector.remediate.policy import PolicyConfig
 from gpuwarden.collector.remediate.remediator import Remediator, Targeted
-from gpuwarden.collector.remediate.routing import KubernetesRoutingActuator
-from gpuwarden.collector.remediate.routing_actuator import HttpRouterActuator, RouteSpec
-from gpuwarden.collector.remediate.serving_router import RouterState, create_router_app
-from gpuwarden.collector.remediate.slurm_actuator import SlurmActuator
-from gpuwarden.collector.remediate.webhook import (
-    SIGNATURE_HEADER,
-    TIMESTAMP_HEADER,
-    WebhookActuator,
-    verify,
-)
-from gpuwarden.collector.storage_sqlite import SqliteStorage
+from gpuwarden.collector.storage.sqlite import SqliteStorage
+from gpuwarden.demo_router import RouterState, create_router_app
 from tests.capture_servers import Capture, ServedApp, webhook_app
 from tests.k8s_stub import KubeApiStub
 from tests.test_remediator import FakeClock, make_rule, open_incident

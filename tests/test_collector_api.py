@@ -7,17 +7,17 @@ from types import MappingProxyType
 import pytest
 from aiohttp import web
 
-from gpuwarden.collector.api import MAX_ITEMS, add_readiness_problem, setup_api
-from gpuwarden.collector.app import create_app
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.exposition import setup_metrics
-from gpuwarden.collector.model import GpuAllocation, Job, JobState
-from gpuwarden.collector.otlp import NumberPoint
-from gpuwarden.collector.records import AccountingRow
-from gpuwarden.collector.registry import JobRegistry
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
+from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.storage_sqlite import SqliteStorage
-from gpuwarden.collector.store import WindowStore
+from gpuwarden.collector.storage.records import AccountingRow
+from gpuwarden.collector.storage.sqlite import SqliteStorage
+from gpuwarden.collector.store.window import WindowStore
+from gpuwarden.collector.web.api import MAX_ITEMS, add_readiness_problem, setup_api
+from gpuwarden.collector.web.app import create_app
+from gpuwarden.collector.web.exposition import setup_metrics
 
 NOW = 1_700_002_800.0  # a whole hour
 TOKEN = "api-token-for-tests-0123456789"

@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.agent.build import AgentRuntime, build_agent
 from gpuwarden.agent.config import AgentConfig, CollectorConfig, HttpConfig, SpoolConfig
-from gpuwarden.collector.records import Incident, IncidentState
-from gpuwarden.collector.storage_sqlite import SqliteStorage
+from gpuwarden.collector.storage.records import Incident, IncidentState
+from gpuwarden.collector.storage.sqlite import SqliteStorage
 from tests.collector_server import free_port
 
 TOKEN = "crash-test-token-0123456789abcdef"

@@ -16,7 +16,7 @@ from gpuwarden.agent.telemetry import points
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig as ServerConfig
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.store_types import label_text
+from gpuwarden.collector.store.types import label_text
 from tests.collector_server import TOKEN, CollectorThread
 from tests.fakenvml import control as fk
 from tests.fakenvml.control import FakeNvml

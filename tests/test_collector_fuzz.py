@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from gpuwarden.collector.otlp import (
+from gpuwarden.collector.ingest.otlp import (
     JSON,
     PROTOBUF,
     OtlpError,

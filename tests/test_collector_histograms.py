@@ -14,10 +14,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
-from gpuwarden.collector.app import create_app
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.store_types import series_key
+from gpuwarden.collector.store.types import series_key
+from gpuwarden.collector.web.app import create_app
 
 TOKEN = "histogram-test-token-0123456789"
 HEADERS = {"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {TOKEN}"}

@@ -13,9 +13,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from gpuwarden.collector.app import STATS, create_app
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.sink import SeriesLog
+from gpuwarden.collector.ingest.sink import SeriesLog
+from gpuwarden.collector.web.app import STATS, create_app
 
 TOKEN = "t0ken-for-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -82,8 +82,8 @@ def test_a_bad_remediation_section_stops_the_start_with_the_key(tmp_path):
 
 
 def test_incidents_and_actions_commands_read_the_database(tmp_path):
-    from gpuwarden.collector.records import Incident
-    from gpuwarden.collector.storage_sqlite import SqliteStorage
+    from gpuwarden.collector.storage.records import Incident
+    from gpuwarden.collector.storage.sqlite import SqliteStorage
 
     db = tmp_path / "c.db"
     with SqliteStorage(db) as storage:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuwarden.collector.detect.confirm import FitCache, confirm_shift, confirm_shifts
+from gpuwarden.collector.detect.numerics.confirm import FitCache, confirm_shift, confirm_shifts
 
 N, SPLIT, PERIOD = 400, 360, 48
 

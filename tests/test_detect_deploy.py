@@ -12,9 +12,10 @@ from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.deploy import run_deploy_regression, two_sample_p
 from gpuwarden.collector.detect.findings import Verdict
-from gpuwarden.collector.otlp import HistogramPoint, NumberPoint
-from gpuwarden.collector.records import Event, EventKind
-from gpuwarden.collector.rules import Rule, default_rules_dir, load_rules
+from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
+from gpuwarden.collector.rules.loader import default_rules_dir, load_rules
+from gpuwarden.collector.rules.model import Rule
+from gpuwarden.collector.storage.records import Event, EventKind
 
 T0 = 1_767_225_600.0
 STEP = 10

@@ -17,9 +17,9 @@ from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.deploy import run_deploy_regression
 from gpuwarden.collector.detect.drift import run_model_drift
 from gpuwarden.collector.detect.findings import Verdict
-from gpuwarden.collector.records import Event, EventKind
-from gpuwarden.collector.rules import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.records import Event, EventKind
 
 T0 = 1_767_225_600.0
 STEP = 10

@@ -19,13 +19,8 @@ from gpuwarden.collector.detect.distribution import (
     run_distribution_drift,
 )
 from gpuwarden.collector.detect.findings import Verdict
-from gpuwarden.collector.rules import (
-    ParamValue,
-    Rule,
-    default_rules_dir,
-    default_runbooks_dir,
-    load_rules,
-)
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.model import ParamValue, Rule
 from tests.test_detect_slo import make_service
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure_llm_inference_2023"

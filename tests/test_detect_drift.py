@@ -11,13 +11,13 @@ import pytest
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.drift import DriftParams, detect_drift, run_model_drift
-from gpuwarden.collector.detect.drift_noise import min_requests, quantile_noise
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.detect.model_series import Binned, quantiles
-from gpuwarden.collector.otlp import HistogramPoint
-from gpuwarden.collector.rules import default_rules_dir, load_rules
-from gpuwarden.collector.store_histograms import histogram_quantile
-from gpuwarden.collector.store_types import Kind
+from gpuwarden.collector.detect.numerics.drift_noise import min_requests, quantile_noise
+from gpuwarden.collector.ingest.otlp import HistogramPoint
+from gpuwarden.collector.rules.loader import default_rules_dir, load_rules
+from gpuwarden.collector.store.histograms import histogram_quantile
+from gpuwarden.collector.store.types import Kind
 
 BIN = 15.0
 BOUNDS = tuple(float(b) for b in np.geomspace(0.05, 50.0, 61))

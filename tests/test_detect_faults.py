@@ -12,9 +12,9 @@ from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.faults import detect_hardware_faults
 from gpuwarden.collector.detect.findings import Verdict
-from gpuwarden.collector.otlp import NumberPoint
+from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.store_types import AttrValue
+from gpuwarden.collector.store.types import AttrValue
 
 NOW = float(int(time.time()))
 RES: dict[str, AttrValue] = {"host.name": "n1"}

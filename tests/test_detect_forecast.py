@@ -17,19 +17,14 @@ from gpuwarden.collector.detect.forecast import (
     run_demand_forecast,
     saturation_capacity,
 )
-from gpuwarden.collector.otlp import NumberPoint
-from gpuwarden.collector.records import ModelDeployment
-from gpuwarden.collector.registry import JobRegistry
-from gpuwarden.collector.rules import (
-    ParamValue,
-    Rule,
-    default_rules_dir,
-    default_runbooks_dir,
-    load_rules,
-)
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.jobs.registry import JobRegistry
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.model import ParamValue, Rule
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.storage_sqlite import SqliteStorage
-from gpuwarden.collector.store import WindowStore
+from gpuwarden.collector.storage.records import ModelDeployment
+from gpuwarden.collector.storage.sqlite import SqliteStorage
+from gpuwarden.collector.store.window import WindowStore
 
 T0 = 1_767_225_600.0  # midnight UTC
 DAY = 86400.0

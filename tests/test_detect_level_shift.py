@@ -13,8 +13,8 @@ import pytest
 from gpuwarden.collector.detect import level_shift
 from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.level_shift import ShiftScreen, run_level_shift, screen_shifts
-from gpuwarden.collector.otlp import NumberPoint
-from gpuwarden.collector.rules import ParamValue, Rule, Selector
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.rules.model import ParamValue, Rule, Selector
 from tests.test_detect_waste import T0, feed, gauge, make_service, rule_for
 
 F, C, U = Verdict.FIRING, Verdict.CLEAR, Verdict.UNKNOWN

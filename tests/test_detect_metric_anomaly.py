@@ -10,8 +10,8 @@ import pytest
 
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.detect.metric_anomaly import run_metric_anomaly
-from gpuwarden.collector.otlp import NumberPoint
-from gpuwarden.collector.rules import Selector
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.rules.model import Selector
 from tests.test_detect_waste import T0, feed, gauge, make_service, rule_for
 
 F, C, U = Verdict.FIRING, Verdict.CLEAR, Verdict.UNKNOWN

@@ -16,9 +16,9 @@ from gpuwarden.collector.detect.preemption import (
     run_preemption,
     work_lost_seconds,
 )
-from gpuwarden.collector.model import JobState
-from gpuwarden.collector.otlp import NumberPoint
-from gpuwarden.collector.records import Event, EventKind
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.jobs.model import JobState
+from gpuwarden.collector.storage.records import Event, EventKind
 from tests.test_detect_waste import T0, feed, gpu_points, job, make_service, rule_for
 
 F, C = Verdict.FIRING, Verdict.CLEAR

@@ -28,18 +28,13 @@ from gpuwarden.collector.detect.waste import (
     run_orphaned_memory,
     run_overprovisioned_inference,
 )
-from gpuwarden.collector.model import GpuAllocation, Job, JobState
-from gpuwarden.collector.otlp import NumberPoint
-from gpuwarden.collector.records import ModelDeployment
-from gpuwarden.collector.rules import (
-    ParamValue,
-    Rule,
-    default_rules_dir,
-    default_runbooks_dir,
-    load_rules,
-)
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.model import ParamValue, Rule
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.store_types import AttrValue
+from gpuwarden.collector.storage.records import ModelDeployment
+from gpuwarden.collector.store.types import AttrValue
 
 T0 = 1_767_225_600.0
 MODEL = "NVIDIA H100 80GB HBM3"

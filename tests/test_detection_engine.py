@@ -11,8 +11,8 @@ import urllib.request
 from pathlib import Path
 
 from gpuwarden.collector.detect.engine import DetectionEngine
-from gpuwarden.collector.records import IncidentState
-from gpuwarden.collector.rules import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.storage.records import IncidentState
 from tests.collector_server import free_port
 from tests.test_accounting_scenario import T0, service  # noqa: F401 - the fixture
 

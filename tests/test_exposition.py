@@ -13,11 +13,11 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.collector.exposition import FleetMetrics
-from gpuwarden.collector.otlp import NumberPoint
-from gpuwarden.collector.records import Event, EventKind, Incident, ModelDeployment
+from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.storage import ActionRecord, BreakerRecord
+from gpuwarden.collector.storage.base import ActionRecord, BreakerRecord
+from gpuwarden.collector.storage.records import Event, EventKind, Incident, ModelDeployment
+from gpuwarden.collector.web.exposition import FleetMetrics
 from tests.test_collector_api import AUTH, GIB, H100, NOW, collector_app, fleet
 
 A0 = {"node": "node-a", "gpu": "GPU-A0", "gpu_model": H100, "job_key": "api:train-1",
@@ -187,7 +187,7 @@ async def test_a_failing_section_is_reported_and_the_others_still_served(
     aiohttp_client, service, caplog
 ):
     service.storage.close()
-    with caplog.at_level(logging.ERROR, logger="gpuwarden.collector.exposition"):
+    with caplog.at_level(logging.ERROR, logger="gpuwarden.collector.web.exposition"):
         text = await scrape(aiohttp_client, service)
     assert samples(text, "gpuwarden_collector_scrape_success") == expect(
         ("gpuwarden_collector_scrape_success", {"section": "gpus"}, 1.0),
@@ -379,7 +379,7 @@ async def test_remediation_actions_breaker_and_audit(aiohttp_client, service):
 
 
 async def test_pending_notifications_by_scheme_and_status(aiohttp_client, service):
-    from gpuwarden.collector.storage import NotificationRecord
+    from gpuwarden.collector.storage.base import NotificationRecord
 
     ids = []
     for i in range(3):

@@ -8,8 +8,8 @@ import pytest
 
 from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.incidents import IncidentTracker
-from gpuwarden.collector.records import IncidentState
-from gpuwarden.collector.storage_sqlite import SqliteStorage
+from gpuwarden.collector.storage.records import IncidentState
+from gpuwarden.collector.storage.sqlite import SqliteStorage
 
 F, C, U = Verdict.FIRING, Verdict.CLEAR, Verdict.UNKNOWN
 

@@ -21,7 +21,7 @@ from gpuwarden.collector.jobs.kubernetes import (
     MAX_LABELS,
     KubernetesJobSource,
 )
-from gpuwarden.collector.model import GpuAllocation, Job, JobState
+from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from tests.k8s_stub import KubeApiStub
 
 DATA = Path(__file__).parent / "data" / "k8s"

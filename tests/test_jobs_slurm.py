@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpuwarden.collector.jobs import JobSourceError
+from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.jobs.slurm import (
     SQUEUE_ARGS,
     NodeGpus,
@@ -28,7 +29,6 @@ from gpuwarden.collector.jobs.slurm import (
     slurm_state,
     slurm_time,
 )
-from gpuwarden.collector.model import GpuAllocation, Job, JobState
 from tests.slurm.cluster import SlurmCluster
 
 DATA = Path(__file__).parent / "data" / "slurm"

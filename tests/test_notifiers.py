@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.collector.notify.alert import Alert, AlertStatus, ProposedAction
+from gpuwarden.collector.alerts.model import Alert, AlertStatus, ProposedAction
 from gpuwarden.collector.notify.pagerduty_notifier import PagerDutyNotifier, dedup_key
 from gpuwarden.collector.notify.slack_notifier import SlackNotifier, slack_message
 from tests.capture_servers import Capture, ServedApp, pagerduty_app, slack_app

@@ -30,8 +30,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 )
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
 
-from gpuwarden.collector.app import _accept_parsed
-from gpuwarden.collector.otlp import (
+from gpuwarden.collector.ingest.otlp import (
     JSON,
     PROTOBUF,
     OtlpError,
@@ -41,10 +40,11 @@ from gpuwarden.collector.otlp import (
     parse_request,
     shape_key,
 )
-from gpuwarden.collector.registry import JobRegistry
+from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.service import Accepted, CollectorService
-from gpuwarden.collector.storage_sqlite import MEMORY, SqliteStorage
-from gpuwarden.collector.store import WindowStore
+from gpuwarden.collector.storage.sqlite import MEMORY, SqliteStorage
+from gpuwarden.collector.store.window import WindowStore
+from gpuwarden.collector.web.app import _accept_parsed
 
 NS = 1_000_000_000
 T0 = 1_000_000_000  # a multiple of every step

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuwarden.collector.rules import default_runbooks_dir
+from gpuwarden.collector.rules.loader import default_runbooks_dir
 
 RULES = Path(__file__).resolve().parents[1] / "rules" / "prometheus"
 RULE_FILE = RULES / "gpuwarden.rules.yml"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from gpuwarden.collector.detect.regimes import MIN_SEPARATION, busy_stall_regimes
+from gpuwarden.collector.detect.numerics.regimes import MIN_SEPARATION, busy_stall_regimes
 
 N = 180  # 30 min of 10 s samples
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from kubernetes.client import ApiClient, Configuration
 
-from gpuwarden.collector.remediate.actuator import ActionRequest, Outcome
-from gpuwarden.collector.remediate.kubernetes import KubeCalls, KubernetesActuator
+from gpuwarden.collector.remediate.actuators.base import ActionRequest, Outcome
+from gpuwarden.collector.remediate.actuators.kubernetes import KubeCalls, KubernetesActuator
 from tests.k8s_stub import KubeApiStub
 
 TOKEN = "remediate-token"

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient, Configuration
 
-from gpuwarden.collector.remediate.actuator import ActionRequest, Outcome
-from gpuwarden.collector.remediate.kubernetes import KubeCalls, KubernetesActuator
-from gpuwarden.collector.remediate.kueue import KueueRequeue
-from gpuwarden.collector.remediate.routing import CustomObjects
+from gpuwarden.collector.remediate.actuators.base import ActionRequest, Outcome
+from gpuwarden.collector.remediate.actuators.kubernetes import KubeCalls, KubernetesActuator
+from gpuwarden.collector.remediate.actuators.kueue import KueueRequeue
+from gpuwarden.collector.remediate.actuators.routing import CustomObjects
 from tests.k8s_stub import KubeApiStub
 
 TOKEN = "remediate-token"

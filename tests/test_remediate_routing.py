@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient, Configuration
 
-from gpuwarden.collector.remediate.actuator import ActionRequest, Outcome
-from gpuwarden.collector.remediate.routing import (
+from gpuwarden.collector.remediate.actuators.base import ActionRequest, Outcome
+from gpuwarden.collector.remediate.actuators.routing import (
     JSON_PATCH,
     MERGE_PATCH,
     CustomObjects,

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collector.records import IncidentState
+from gpuwarden.collector.remediate.actuators.slurm import SlurmActuator
 from gpuwarden.collector.remediate.remediator import ActionState
-from gpuwarden.collector.remediate.slurm_actuator import SlurmActuator
-from gpuwarden.collector.storage_sqlite import SqliteStorage
+from gpuwarden.collector.storage.records import IncidentState
+from gpuwarden.collector.storage.sqlite import SqliteStorage
 from tests.slurm.cluster import SlurmCluster
 from tests.test_remediator import FakeClock, World, open_incident
 
@@ -86,8 +86,8 @@ def test_dry_run_then_exactly_one_requeue_and_nothing_inside_the_cooldown(
 CRASHING = textwrap.dedent(
     """
     import os, signal, sys
-    from gpuwarden.collector.remediate.slurm_actuator import SlurmActuator
-    from gpuwarden.collector.storage_sqlite import SqliteStorage
+    from gpuwarden.collector.remediate.actuators.slurm import SlurmActuator
+    from gpuwarden.collector.storage.sqlite import SqliteStorage
     from tests.test_remediator import FakeClock, World, FakeActuator, RecordingNotifier
 
     class DiesBeforeActing(SlurmActuator):

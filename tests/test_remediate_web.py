@@ -14,21 +14,22 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from gpuwarden.collector.app import CONFIG
-from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.remediate.approvals import Approvals, TokenSigner
-from gpuwarden.collector.remediate.cli import (
+from gpuwarden.collector.alerts.runbooks import Links, RunbookRenderer
+from gpuwarden.collector.cli.actions import (
     add_actions_parser,
     add_incidents_parser,
     run_actions,
     run_incidents,
 )
+from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.remediate.approvals import Approvals, TokenSigner
 from gpuwarden.collector.remediate.policy import PolicyConfig
 from gpuwarden.collector.remediate.remediator import ActionState, Remediator
-from gpuwarden.collector.remediate.runbooks import Links, RunbookRenderer
-from gpuwarden.collector.remediate.web import Remediation, setup_remediation
-from gpuwarden.collector.rules import ActionMode, default_runbooks_dir
-from gpuwarden.collector.storage_sqlite import SqliteStorage
+from gpuwarden.collector.rules.loader import default_runbooks_dir
+from gpuwarden.collector.rules.model import ActionMode
+from gpuwarden.collector.storage.sqlite import SqliteStorage
+from gpuwarden.collector.web.app import CONFIG
+from gpuwarden.collector.web.remediation import Remediation, setup_remediation
 from tests.test_remediator import (
     SECRET,
     FakeActuator,
@@ -254,7 +255,7 @@ async def test_api_rejects_and_resets_the_breaker(client, setup) -> None:
     assert (await rejected.json())["state"] == "rejected"
     assert (await client.post("/v1/breaker/reset", headers=AUTH)).status == 409
     assert (await (await client.get("/v1/breaker", headers=AUTH)).json())["state"] == "closed"
-    from gpuwarden.collector.storage import BreakerRecord
+    from gpuwarden.collector.storage.base import BreakerRecord
 
     setup.storage.set_breaker(
         BreakerRecord("global", "open", updated_at=1.0, tripped_at=1.0), expect_state="closed"
@@ -334,7 +335,7 @@ async def test_cli_against_the_api(aiohttp_server, setup) -> None:
 async def test_create_remediation_from_settings(aiohttp_client, tmp_path) -> None:
     from gpuwarden.collector.remediate.approvals import SECRET_ENV
     from gpuwarden.collector.remediate.policy import RemediationSettings
-    from gpuwarden.collector.remediate.web import create_remediation
+    from gpuwarden.collector.web.remediation import create_remediation
 
     settings = RemediationSettings.from_mapping(
         {"external_url": "https://gw.example", "escalation_routes": ["pagerduty:oncall"]}, "x"

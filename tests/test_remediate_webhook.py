@@ -11,18 +11,18 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.collector.remediate.actuator import ActionRequest, Outcome
-from gpuwarden.collector.remediate.webhook import (
+from gpuwarden.collector.alerts.signing import (
     IDEMPOTENCY_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     Webhook,
-    WebhookActuator,
     WebhookConfigError,
     load_secret,
     signature,
     verify,
 )
+from gpuwarden.collector.remediate.actuators.base import ActionRequest, Outcome
+from gpuwarden.collector.remediate.actuators.webhook import WebhookActuator
 
 SECRET = b"s3cret-for-tests-only-0123456789"
 NOW = 1_795_321_400.0

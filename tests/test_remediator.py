@@ -14,9 +14,14 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.collector.notify.alert import Alert
-from gpuwarden.collector.records import Incident, IncidentState
-from gpuwarden.collector.remediate.actuator import ActionRequest, ActionResult, Actuator, Outcome
+from gpuwarden.collector.alerts.model import Alert
+from gpuwarden.collector.alerts.runbooks import Links
+from gpuwarden.collector.remediate.actuators.base import (
+    ActionRequest,
+    ActionResult,
+    Actuator,
+    Outcome,
+)
 from gpuwarden.collector.remediate.approvals import Approvals, TokenSigner
 from gpuwarden.collector.remediate.policy import (
     PolicyConfig,
@@ -26,9 +31,9 @@ from gpuwarden.collector.remediate.policy import (
     target_problem,
 )
 from gpuwarden.collector.remediate.remediator import ActionState, Remediator
-from gpuwarden.collector.remediate.runbooks import Links
-from gpuwarden.collector.rules import ActionMode, ActionSpec, Rule, Selector, Severity
-from gpuwarden.collector.storage_sqlite import SqliteStorage
+from gpuwarden.collector.rules.model import ActionMode, ActionSpec, Rule, Selector, Severity
+from gpuwarden.collector.storage.records import Incident, IncidentState
+from gpuwarden.collector.storage.sqlite import SqliteStorage
 
 SECRET = b"k" * 40
 

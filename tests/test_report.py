@@ -8,14 +8,14 @@ import json
 
 import pytest
 
-from gpuwarden.collector.report import (
+from gpuwarden.collector.accounting.report import (
     add_report_parser,
     parse_duration,
     parse_time,
     report_costs,
     run_report,
 )
-from gpuwarden.collector.storage_sqlite import SqliteStorage
+from gpuwarden.collector.storage.sqlite import SqliteStorage
 from tests.test_collector_api import NOW, ROWS
 
 

@@ -12,21 +12,18 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuwarden.collector.rules import (
-    ACTIONS,
-    DETECTORS,
+from gpuwarden.collector.cli.rules import add_rules_parser, run_rules
+from gpuwarden.collector.rules.durations import parse_duration
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.model import (
     MAX_FILE_BYTES,
     ActionMode,
     ParamType,
     RuleError,
     Selector,
     Severity,
-    default_rules_dir,
-    default_runbooks_dir,
-    load_rules,
-    parse_duration,
 )
-from gpuwarden.collector.rules_cli import add_rules_parser, run_rules
+from gpuwarden.collector.rules.vocabulary import ACTIONS, DETECTORS
 
 
 def _base(**changes: Any) -> dict[str, Any]:
@@ -464,7 +461,7 @@ def test_default_rules_match_the_issue():
 
 def test_default_rules_name_only_known_metrics():
     from gpuwarden.agent.catalog import metric_names
-    from gpuwarden.collector.scrape import MODEL_METRICS
+    from gpuwarden.collector.ingest.scrape import MODEL_METRICS
 
     known = set(metric_names()) | {metric.name for metric in MODEL_METRICS}
     loaded = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())

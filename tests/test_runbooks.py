@@ -8,24 +8,18 @@ from types import MappingProxyType
 
 import pytest
 
-from gpuwarden.collector.model import GpuAllocation, Job, JobState
-from gpuwarden.collector.records import Incident, ModelDeployment
-from gpuwarden.collector.remediate.runbooks import (
+from gpuwarden.collector.alerts.runbooks import (
     Links,
     RunbookError,
     RunbookRenderer,
     markdown_to_html,
     runbook_context,
 )
-from gpuwarden.collector.rules import (
-    Rule,
-    Selector,
-    Severity,
-    default_rules_dir,
-    default_runbooks_dir,
-    load_rules,
-)
-from gpuwarden.collector.storage import ActionRecord
+from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.model import Rule, Selector, Severity
+from gpuwarden.collector.storage.base import ActionRecord
+from gpuwarden.collector.storage.records import Incident, ModelDeployment
 
 LINKS = Links(base_url="http://collector:4318", dashboard_base_url="http://grafana:3000")
 RULES = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())

@@ -16,14 +16,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.otlp import HistogramPoint, NumberPoint
-from gpuwarden.collector.scrape import (
+from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
+from gpuwarden.collector.ingest.scrape import (
     MODEL_METRICS,
     ModelServerScraper,
     ScrapeTarget,
     convert,
 )
-from gpuwarden.collector.store_types import AttrValue, series_key
+from gpuwarden.collector.store.types import AttrValue, series_key
 
 DATA = Path(__file__).parent / "data" / "scrape"
 DOC = Path(__file__).parent.parent / "docs" / "model-metrics.md"
@@ -335,7 +335,7 @@ def test_a_failure_is_logged_once_per_streak(server, caplog):
     state = {"status": 503}
     server.httpd.routes["/flaky"] = lambda: (state["status"], page("vllm"), True)
     scraper = ModelServerScraper([ScrapeTarget(server.url("/flaky"), server="vllm")])
-    caplog.set_level(logging.INFO, logger="gpuwarden.collector.scrape")
+    caplog.set_level(logging.INFO, logger="gpuwarden.collector.ingest.scrape")
 
     def messages() -> list[tuple[str, str]]:
         return [(r.levelname, r.getMessage().split(": ")[0]) for r in caplog.records]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuwarden.collector.detect import screen
+from gpuwarden.collector.detect.numerics import screen
 
 N = np.nan
 PEERS = [[1.0, 1.0], [1.1, 1.1], [1.2, 1.2], [1.3, 1.3], [1.4, 1.4]]

@@ -21,18 +21,9 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.collector.model import GpuAllocation, Job, JobState
-from gpuwarden.collector.records import (
-    AccountingRow,
-    AuditEntry,
-    Event,
-    EventKind,
-    Incident,
-    IncidentState,
-    ModelDeployment,
-)
-from gpuwarden.collector.storage import SchemaVersionError, Storage, StorageError
-from gpuwarden.collector.storage_migrations import (
+from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
+from gpuwarden.collector.storage.base import SchemaVersionError, Storage, StorageError
+from gpuwarden.collector.storage.migrations import (
     LATEST_VERSION,
     MIGRATIONS,
     Migration,
@@ -41,7 +32,16 @@ from gpuwarden.collector.storage_migrations import (
     schema_version,
     split_statements,
 )
-from gpuwarden.collector.storage_sqlite import SqliteStorage
+from gpuwarden.collector.storage.records import (
+    AccountingRow,
+    AuditEntry,
+    Event,
+    EventKind,
+    Incident,
+    IncidentState,
+    ModelDeployment,
+)
+from gpuwarden.collector.storage.sqlite import SqliteStorage
 
 
 class FakeClock:
@@ -614,9 +614,9 @@ def test_threads_and_a_second_connection_share_the_database(tmp_path: Path) -> N
 BATCH = 10
 CHILD = f"""
 import sys, time
-from gpuwarden.collector.model import Job, JobState
-from gpuwarden.collector.records import AccountingRow, AuditEntry
-from gpuwarden.collector.storage_sqlite import SqliteStorage
+from gpuwarden.collector.jobs.model import Job, JobState
+from gpuwarden.collector.storage.records import AccountingRow, AuditEntry
+from gpuwarden.collector.storage.sqlite import SqliteStorage
 
 store = SqliteStorage(sys.argv[1])
 commits = 0

@@ -9,9 +9,9 @@ import threading
 import numpy as np
 import pytest
 
-from gpuwarden.collector.otlp import NumberPoint
-from gpuwarden.collector.store import WindowStore
-from gpuwarden.collector.store_types import AttrValue, IngestCounts, Kind, series_key
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.store.types import AttrValue, IngestCounts, Kind, series_key
+from gpuwarden.collector.store.window import WindowStore
 
 NS = 1_000_000_000
 T0 = 1_000_000_000  # a multiple of every step below

@@ -10,11 +10,11 @@ import pytest
 
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.otlp import NumberPoint
-from gpuwarden.collector.records import EventKind, ModelDeployment
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.ingest.workloads import announcement
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.store_types import AttrValue
-from gpuwarden.collector.workloads import announcement
+from gpuwarden.collector.storage.records import EventKind, ModelDeployment
+from gpuwarden.collector.store.types import AttrValue
 
 
 @pytest.fixture

@@ -31,9 +31,9 @@ from gpuwarden.collector.detect.model_series import (
     statistic_of,
     supports,
 )
-from gpuwarden.collector.records import Event, EventKind
-from gpuwarden.collector.rules import Rule
+from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.records import Event, EventKind
 
 FloatArray = npt.NDArray[np.float64]
 

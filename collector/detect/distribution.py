@@ -46,11 +46,11 @@ from gpuwarden.collector.detect.slo import (
     recent_seconds,
     rule_models,
 )
-from gpuwarden.collector.rules import Rule
+from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.store import WindowStore
-from gpuwarden.collector.store_histograms import histogram_quantile
-from gpuwarden.collector.store_types import SeriesKey
+from gpuwarden.collector.store.histograms import histogram_quantile
+from gpuwarden.collector.store.types import SeriesKey
+from gpuwarden.collector.store.window import WindowStore
 
 Counts = npt.NDArray[np.float64]
 METHODS = ("jensen_shannon", "wasserstein", "psi", "ks")

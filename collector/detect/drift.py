@@ -42,7 +42,6 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
-from gpuwarden.collector.detect.drift_noise import min_requests, quantile_noise, window_requests
 from gpuwarden.collector.detect.findings import Finding, JsonScalar, Verdict
 from gpuwarden.collector.detect.model_series import (
     Binned,
@@ -51,10 +50,15 @@ from gpuwarden.collector.detect.model_series import (
     supports,
     window_sums,
 )
-from gpuwarden.collector.detect.screen import held_for, nanmedian, robust_scale
-from gpuwarden.collector.rules import Rule
+from gpuwarden.collector.detect.numerics.drift_noise import (
+    min_requests,
+    quantile_noise,
+    window_requests,
+)
+from gpuwarden.collector.detect.numerics.screen import held_for, nanmedian, robust_scale
+from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.store_types import Kind
+from gpuwarden.collector.store.types import Kind
 
 FloatArray = npt.NDArray[np.float64]
 

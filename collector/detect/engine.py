@@ -30,7 +30,7 @@ from gpuwarden.collector.detect.waste import (
     run_orphaned_memory,
     run_overprovisioned_inference,
 )
-from gpuwarden.collector.rules import Rule, RuleSet
+from gpuwarden.collector.rules.model import Rule, RuleSet
 from gpuwarden.collector.service import CollectorService
 
 log = logging.getLogger(__name__)

@@ -48,10 +48,10 @@ from statsmodels.tsa.seasonal import STL
 
 from gpuwarden.collector.detect.findings import Finding, JsonScalar, Verdict
 from gpuwarden.collector.detect.slo import REQUESTS, model_of, number, rule_models
-from gpuwarden.collector.records import ModelDeployment
-from gpuwarden.collector.rules import Rule
+from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.store import WindowStore
+from gpuwarden.collector.storage.records import ModelDeployment
+from gpuwarden.collector.store.window import WindowStore
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from gpuwarden.collector.accounting import UNALLOCATED, ownership
+from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, ownership
 from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.idle import idle_verdicts
 from gpuwarden.collector.service import CollectorService

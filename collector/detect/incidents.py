@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuwarden.collector.detect.findings import Finding, Verdict
-from gpuwarden.collector.records import Incident, IncidentState
-from gpuwarden.collector.storage import Storage
+from gpuwarden.collector.storage.base import Storage
+from gpuwarden.collector.storage.records import Incident, IncidentState
 
 log = logging.getLogger(__name__)
 

@@ -41,17 +41,18 @@ import numpy as np
 import numpy.typing as npt
 from scipy.stats import norm
 
-from gpuwarden.collector.detect import screen
-from gpuwarden.collector.detect.confirm import Confirmation, FitCache, confirm_shifts
 from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.metric_anomaly import (
     series_identity,
     series_selected,
     series_subject,
 )
-from gpuwarden.collector.rules import Rule, format_duration
+from gpuwarden.collector.detect.numerics import screen
+from gpuwarden.collector.detect.numerics.confirm import Confirmation, FitCache, confirm_shifts
+from gpuwarden.collector.rules.durations import format_duration
+from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.store_types import SeriesInfo
+from gpuwarden.collector.store.types import SeriesInfo
 
 FloatMatrix = npt.NDArray[np.float64]
 FloatVector = npt.NDArray[np.float64]

@@ -21,11 +21,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from gpuwarden.collector.detect import anomaly
 from gpuwarden.collector.detect.findings import Finding, Verdict
-from gpuwarden.collector.rules import Rule
+from gpuwarden.collector.detect.numerics import anomaly
+from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.store_types import SeriesInfo
+from gpuwarden.collector.store.types import SeriesInfo
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.store import WindowStore
-from gpuwarden.collector.store_types import Kind, SeriesInfo, label_text
+from gpuwarden.collector.store.types import Kind, SeriesInfo, label_text
+from gpuwarden.collector.store.window import WindowStore
 
 FloatArray = npt.NDArray[np.float64]
 

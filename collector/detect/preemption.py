@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuwarden.collector.detect.findings import Finding, Verdict
-from gpuwarden.collector.model import Job, JobState
-from gpuwarden.collector.records import Event, EventKind
-from gpuwarden.collector.rules import Rule
+from gpuwarden.collector.jobs.model import Job, JobState
+from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.records import Event, EventKind
 
 #: job labels holding the Unix time of the job's last checkpoint (first present wins)
 LAST_CHECKPOINT_LABELS = ("gpuwarden.io/last-checkpoint", "gpuwarden.last_checkpoint")

@@ -30,11 +30,11 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuwarden.collector.detect.findings import Finding, JsonScalar, Verdict
-from gpuwarden.collector.records import ModelDeployment
-from gpuwarden.collector.rules import ParamValue, Rule
+from gpuwarden.collector.rules.model import ParamValue, Rule
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.store import WindowStore
-from gpuwarden.collector.store_types import SeriesInfo, SeriesKey
+from gpuwarden.collector.storage.records import ModelDeployment
+from gpuwarden.collector.store.types import SeriesInfo, SeriesKey
+from gpuwarden.collector.store.window import WindowStore
 
 REQUESTS = "gpuwarden.model.requests"
 LATENCY = "gpuwarden.model.request.latency"

@@ -26,9 +26,9 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.accounting import UNALLOCATED, ownership
+from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, ownership
 from gpuwarden.collector.detect.findings import Finding, Verdict
-from gpuwarden.collector.rules import Rule
+from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.service import CollectorService
 
 FloatMatrix = npt.NDArray[np.floating[Any]]

@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.accounting import UNALLOCATED, GpuTimeline, ownership
+from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, GpuTimeline, ownership
 from gpuwarden.collector.detect.findings import Finding, JsonScalar, Verdict
-from gpuwarden.collector.detect.regimes import busy_stall_regimes
-from gpuwarden.collector.detect.screen import row_mean
-from gpuwarden.collector.model import Job, JobState
-from gpuwarden.collector.rules import Rule
+from gpuwarden.collector.detect.numerics.regimes import busy_stall_regimes
+from gpuwarden.collector.detect.numerics.screen import row_mean
+from gpuwarden.collector.jobs.model import Job, JobState
+from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.service import CollectorService
 
 FloatMatrix = npt.NDArray[np.floating[Any]]

@@ -1,6 +1,7 @@
 """Scheduler adapters for the collector's job registry: one module per scheduler boundary.
 
-Each adapter implements :class:`gpuwarden.collector.model.JobSource`. ``slurm`` drives the Slurm
+Each adapter implements :class:`~gpuwarden.collector.jobs.model.JobSource`. ``slurm`` drives the
+Slurm
 CLI (``squeue --json``); ``kubernetes`` lists pods through the official client. Neither is
 imported here, so that importing the package pulls in no scheduler's dependencies.
 """

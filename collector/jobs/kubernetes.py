@@ -29,7 +29,7 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException, OpenApiException
 
 from gpuwarden.collector.jobs import JobSourceError
-from gpuwarden.collector.model import GpuAllocation, Job, JobState
+from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuwarden.collector.jobs import JobSourceError
-from gpuwarden.collector.model import GpuAllocation, Job, JobState
+from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 
 log = logging.getLogger(__name__)
 

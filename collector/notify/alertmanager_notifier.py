@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from gpuwarden.collector.notify.alert import Alert, AlertStatus
+from gpuwarden.collector.alerts.model import Alert, AlertStatus
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from typing import Protocol, runtime_checkable
 
-from gpuwarden.collector.records import AuditEntry
-from gpuwarden.collector.remediate.policy import redact
-from gpuwarden.collector.storage import Storage
+from gpuwarden.collector.alerts.redact import redact
+from gpuwarden.collector.storage.base import Storage
+from gpuwarden.collector.storage.records import AuditEntry
 
 log = logging.getLogger(__name__)
 

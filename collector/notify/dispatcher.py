@@ -26,14 +26,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
-from gpuwarden.collector.notify.alert import Alert, AlertStatus, Notifier, ProposedAction
+from gpuwarden.collector.alerts.model import Alert, AlertStatus, Notifier, ProposedAction
+from gpuwarden.collector.alerts.redact import redact
+from gpuwarden.collector.alerts.runbooks import UNKNOWN, Links
 from gpuwarden.collector.notify.audit_mirror import AuditMirror, ChangeEvents
 from gpuwarden.collector.notify.settings import AlertingSettings
-from gpuwarden.collector.records import Incident, IncidentState
-from gpuwarden.collector.remediate.policy import redact
-from gpuwarden.collector.remediate.runbooks import UNKNOWN, Links
-from gpuwarden.collector.rules import Rule
-from gpuwarden.collector.storage import NotificationRecord, Storage
+from gpuwarden.collector.rules.model import Rule
+from gpuwarden.collector.storage.base import NotificationRecord, Storage
+from gpuwarden.collector.storage.records import Incident, IncidentState
 
 log = logging.getLogger(__name__)
 

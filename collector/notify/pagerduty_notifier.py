@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuwarden.collector.notify.alert import Alert, AlertStatus
+from gpuwarden.collector.alerts.model import Alert, AlertStatus
 
 log = logging.getLogger(__name__)
 

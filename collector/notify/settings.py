@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gpuwarden.collector.rules import ROUTE_SCHEMES, Severity
+from gpuwarden.collector.rules.model import Severity
+from gpuwarden.collector.rules.vocabulary import ROUTE_SCHEMES
 
 
 class AlertingSettingsError(ValueError):

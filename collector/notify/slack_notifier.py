@@ -21,7 +21,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 )
 from slack_sdk.webhook import WebhookClient
 
-from gpuwarden.collector.notify.alert import Alert, AlertStatus
+from gpuwarden.collector.alerts.model import Alert, AlertStatus
 
 log = logging.getLogger(__name__)
 _SDK_LOG = logging.getLogger(f"{__name__}.sdk")

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gpuwarden.collector.notify.alert import Alert
-from gpuwarden.collector.remediate.webhook import (
+from gpuwarden.collector.alerts.model import Alert
+from gpuwarden.collector.alerts.signing import (
     IDEMPOTENCY_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.collector.storage import ApprovalRecord, Storage
+from gpuwarden.collector.storage.base import ApprovalRecord, Storage
 
 SECRET_ENV = "GPUWARDEN_APPROVAL_SECRET"  # noqa: S105 - a variable name, not a secret
 """Environment variable holding the approval secret (alternative to a secret file)."""

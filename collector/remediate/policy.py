@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gpuwarden.collector.rules import ACTIONS, ActionMode, Rule
+from gpuwarden.collector.rules.model import ActionMode, Rule
+from gpuwarden.collector.rules.vocabulary import ACTIONS
 
 #: Seconds until an action's effect can be judged. Slurm keeps a requeued job PENDING
 #: (BeginTime) for ~121 s (measured, reference §5.1): 150 s leaves margin. HPA/KEDA settle
@@ -42,7 +43,6 @@ TEMPORARY_KINDS = frozenset({"degrade"})
 NOTIFY_ONLY_KINDS = frozenset({"notify"})
 _ALL_WORDS = frozenset({"all", "any", "everything", "*", "%", "cluster", "fleet", "none", "null"})
 _GLOB = re.compile(r"[*?\[\]]")
-_SECRET_KEY = re.compile(r"secret|token|password|passwd|credential|authorization|api_?key", re.I)
 
 
 class PolicyError(ValueError):
@@ -166,19 +166,6 @@ def target_problem(target: str | None) -> str | None:
     if any(ch.isspace() or ord(ch) < 32 for ch in text):
         return f"target {target!r} contains whitespace or control characters"
     return None
-
-
-def redact(values: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``values`` for logs and the audit: secret-looking keys are masked."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if _SECRET_KEY.search(key):
-            out[key] = "[redacted]"
-        elif isinstance(value, Mapping):
-            out[key] = redact(value)
-        else:
-            out[key] = value
-    return out
 
 
 class Policy:

@@ -42,9 +42,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from gpuwarden.collector.notify.alert import Alert, AlertStatus, Notifier, ProposedAction
-from gpuwarden.collector.records import AuditEntry, Incident, IncidentState
-from gpuwarden.collector.remediate.actuator import ActionRequest, ActionResult, Actuator, Outcome
+from gpuwarden.collector.alerts.model import Alert, AlertStatus, Notifier, ProposedAction
+from gpuwarden.collector.alerts.redact import redact
+from gpuwarden.collector.alerts.runbooks import Links
+from gpuwarden.collector.remediate.actuators.base import (
+    ActionRequest,
+    ActionResult,
+    Actuator,
+    Outcome,
+)
 from gpuwarden.collector.remediate.approvals import Approvals
 from gpuwarden.collector.remediate.policy import (
     NOTIFY_ONLY_KINDS,
@@ -55,9 +61,7 @@ from gpuwarden.collector.remediate.policy import (
     PolicyState,
     Verdict,
     idempotency_key,
-    redact,
 )
-from gpuwarden.collector.remediate.runbooks import Links
 from gpuwarden.collector.remediate.states import (
     ACTOR,
     APPROVABLE,
@@ -79,8 +83,10 @@ from gpuwarden.collector.remediate.transitions import (
     reject_action,
     reset_breaker,
 )
-from gpuwarden.collector.rules import ACTIONS, ActionMode, ActionSpec, Rule, Subject
-from gpuwarden.collector.storage import ActionRecord, BreakerRecord, Storage
+from gpuwarden.collector.rules.model import ActionMode, ActionSpec, Rule, Subject
+from gpuwarden.collector.rules.vocabulary import ACTIONS
+from gpuwarden.collector.storage.base import ActionRecord, BreakerRecord, Storage
+from gpuwarden.collector.storage.records import AuditEntry, Incident, IncidentState
 
 __all__ = [  # the states and transitions moved out stay importable from here
     "ACTOR",

@@ -9,9 +9,9 @@ import enum
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from gpuwarden.collector.records import Incident, IncidentState
-from gpuwarden.collector.remediate.actuator import ActionRequest, ActionResult
-from gpuwarden.collector.storage import ActionRecord
+from gpuwarden.collector.remediate.actuators.base import ActionRequest, ActionResult
+from gpuwarden.collector.storage.base import ActionRecord
+from gpuwarden.collector.storage.records import Incident, IncidentState
 
 ACTOR = "gpuwarden"
 BREAKER_SCOPE = "global"

@@ -8,8 +8,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from gpuwarden.collector.records import AuditEntry
-from gpuwarden.collector.remediate.policy import redact
+from gpuwarden.collector.alerts.redact import redact
 from gpuwarden.collector.remediate.states import (
     ACTOR,
     APPROVABLE,
@@ -18,7 +17,8 @@ from gpuwarden.collector.remediate.states import (
     ActionState,
     ActionStateError,
 )
-from gpuwarden.collector.storage import ActionRecord, BreakerRecord, Storage
+from gpuwarden.collector.storage.base import ActionRecord, BreakerRecord, Storage
+from gpuwarden.collector.storage.records import AuditEntry
 
 log = logging.getLogger(__name__)
 

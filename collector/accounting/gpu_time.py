@@ -1,0 +1,239 @@
+"""Per-job GPU accounting: GPU-hours allocated, busy and idle, energy, cost and carbon.
+
+Pure functions over aligned arrays, so they are exact and testable without a store. A GPU's
+timeline is a fixed-step grid of slots; for every slot we know its utilisation (NaN when no
+sample arrived), the energy-counter increase in joules (resets already handled by the store), and
+which job held it. A job holds a GPU for the part of a slot its allocation overlaps, so jobs that
+start or end mid-slot are charged exactly.
+
+- busy: utilisation at or above ``idle_threshold_ratio``; idle: below it. A slot with no sample
+  is neither busy nor idle (``unknown``): missing data never counts as idle.
+- energy comes from the energy-counter deltas, never power × time.
+- cost is allocated GPU-hours × the price of that GPU model at the job's price tier (on-demand,
+  spot, reserved); carbon is kWh × the grid's intensity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuwarden.collector.jobs.model import Job, JobState
+
+FloatArray = npt.NDArray[np.floating[Any]]
+UNALLOCATED = ""
+TIERS = ("on-demand", "spot", "reserved")
+
+
+@dataclass(frozen=True, slots=True)
+class PriceTable:
+    """US dollars per GPU-hour by GPU model and price tier.
+
+    ``models`` maps a case-insensitive substring of the NVML model name (``"h100"``) to a
+    tier → price mapping; the first match in insertion order wins, then ``default``.
+    """
+
+    models: Mapping[str, Mapping[str, float]] = field(
+        default_factory=lambda: MappingProxyType(
+            {
+                "h100": MappingProxyType({"on-demand": 4.00, "spot": 1.60, "reserved": 2.60}),
+                "a100": MappingProxyType({"on-demand": 2.50, "spot": 1.00, "reserved": 1.60}),
+                "l4": MappingProxyType({"on-demand": 0.80, "spot": 0.30, "reserved": 0.50}),
+            }
+        )
+    )
+    default: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType(
+            {"on-demand": 2.00, "spot": 0.80, "reserved": 1.30}
+        )
+    )
+
+    def price(self, model: str, tier: str) -> float:
+        """$ per GPU-hour for this model at this tier (unknown tiers cost on-demand)."""
+        lowered = model.lower()
+        for pattern, tiers in self.models.items():
+            if pattern.lower() in lowered:
+                return tiers.get(tier, tiers.get("on-demand", 0.0))
+        return self.default.get(tier, self.default.get("on-demand", 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class AccountingConfig:
+    """Thresholds and prices for accounting."""
+
+    idle_threshold_ratio: float = 0.05
+    grid_intensity_grams_per_kwh: float = 400.0
+    prices: PriceTable = field(default_factory=PriceTable)
+    default_price_tier: str = "on-demand"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTimeline:
+    """One GPU over the accounting window, on the window's slot grid."""
+
+    node: str
+    uuid: str
+    index: int | None
+    model: str
+    price_tier: str
+    utilization_ratio: FloatArray
+    energy_joules: FloatArray
+    #: slot → job key from per-process attribution (the agent saw a job's process on this GPU)
+    process_jobs: Sequence[frozenset[str]] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Accounting of one job on one GPU over the window (job_key ``""`` = unallocated)."""
+
+    job_key: str
+    node: str
+    gpu_uuid: str
+    model: str
+    price_tier: str
+    gpu_seconds_allocated: float
+    gpu_seconds_busy: float
+    gpu_seconds_idle: float
+    gpu_seconds_unknown: float
+    energy_joules: float
+    cost_usd: float
+    carbon_grams: float
+
+
+def slot_overlap(times: FloatArray, step_seconds: float, start: float, end: float) -> FloatArray:
+    """Fraction of every slot ``[t, t + step)`` that ``[start, end)`` covers."""
+    lo = np.maximum(times, start)
+    hi = np.minimum(times + step_seconds, end)
+    return np.asarray(np.clip(hi - lo, 0.0, step_seconds) / step_seconds, dtype=np.float64)
+
+
+def _holds(job: Job, gpu: GpuTimeline) -> bool:
+    for alloc in job.allocations:
+        if alloc.node != gpu.node:
+            continue
+        if gpu.uuid in alloc.uuids:
+            return True
+        if gpu.index is not None and gpu.index in alloc.indices:
+            return True
+    return False
+
+
+def _span(job: Job, now: float) -> tuple[float, float] | None:
+    if job.start_time is None:
+        return None
+    if job.end_time is not None:
+        return job.start_time, job.end_time
+    if job.state in (JobState.RUNNING, JobState.SUSPENDED):
+        return job.start_time, now
+    return None
+
+
+def ownership(
+    gpu: GpuTimeline, jobs: Sequence[Job], times: FloatArray, step_seconds: float, now: float
+) -> dict[str, FloatArray]:
+    """Job key → per-slot share of this GPU the job held (scheduler allocations first).
+
+    Where no scheduler allocation covers a slot, a job whose process the agent saw on the GPU
+    holds it for that slot (the agent's attribution fills gaps, e.g. jobs outside a scheduler).
+    """
+    shares: dict[str, FloatArray] = {}
+    covered = np.zeros(len(times))
+    for job in jobs:
+        span = _span(job, now)
+        if span is None or not _holds(job, gpu):
+            continue
+        share = slot_overlap(times, step_seconds, *span)
+        share = np.minimum(share, 1.0 - covered)  # never more than the whole GPU
+        if share.any():
+            shares[job.key] = shares.get(job.key, np.zeros(len(times))) + share
+            covered += share
+    for slot, keys in enumerate(gpu.process_jobs):
+        free = 1.0 - covered[slot]
+        if not keys or free <= 0:
+            continue
+        for key in sorted(keys):
+            shares.setdefault(key, np.zeros(len(times)))[slot] += free / len(keys)
+        covered[slot] = 1.0
+    unallocated = 1.0 - covered
+    if unallocated.any():
+        shares[UNALLOCATED] = unallocated
+    return shares
+
+
+def account(
+    gpus: Sequence[GpuTimeline],
+    jobs: Sequence[Job],
+    times: FloatArray,
+    step_seconds: float,
+    now: float,
+    config: AccountingConfig,
+) -> list[Usage]:
+    """Usage per (job, GPU) over the window described by ``times`` (slot starts)."""
+    job_tier = {job.key: job.price_tier for job in jobs if job.price_tier}
+    rows = []
+    for gpu in gpus:
+        util = gpu.utilization_ratio
+        known = ~np.isnan(util)
+        busy = known & (util >= config.idle_threshold_ratio)
+        idle = known & ~busy
+        energy = np.nan_to_num(gpu.energy_joules, nan=0.0)
+        for key, share in ownership(gpu, jobs, times, step_seconds, now).items():
+            seconds = share * step_seconds
+            tier = job_tier.get(key, gpu.price_tier) or config.default_price_tier
+            allocated = float(seconds.sum())
+            energy_j = float((energy * share).sum())
+            cost = (
+                0.0
+                if key == UNALLOCATED
+                else allocated / 3600 * config.prices.price(gpu.model, tier)
+            )
+            rows.append(
+                Usage(
+                    job_key=key,
+                    node=gpu.node,
+                    gpu_uuid=gpu.uuid,
+                    model=gpu.model,
+                    price_tier=tier,
+                    gpu_seconds_allocated=allocated,
+                    gpu_seconds_busy=float(seconds[busy].sum()),
+                    gpu_seconds_idle=float(seconds[idle].sum()),
+                    gpu_seconds_unknown=float(seconds[~known].sum()),
+                    energy_joules=energy_j,
+                    cost_usd=cost,
+                    carbon_grams=energy_j / 3.6e6 * config.grid_intensity_grams_per_kwh,
+                )
+            )
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Usage summed over a group (team, job, model, ...)."""
+
+    group: str
+    gpu_hours_allocated: float
+    gpu_hours_busy: float
+    gpu_hours_idle: float
+    energy_kwh: float
+    cost_usd: float
+    carbon_kg: float
+
+
+def totals(rows: Sequence[Usage], group_of: Mapping[str, str] | None = None) -> list[Totals]:
+    """Sum usage by job key, or by ``group_of[job_key]`` (team, model) when given."""
+    acc: dict[str, list[float]] = {}
+    for row in rows:
+        group = row.job_key if group_of is None else group_of.get(row.job_key, "")
+        sums = acc.setdefault(group, [0.0] * 6)
+        sums[0] += row.gpu_seconds_allocated / 3600
+        sums[1] += row.gpu_seconds_busy / 3600
+        sums[2] += row.gpu_seconds_idle / 3600
+        sums[3] += row.energy_joules / 3.6e6
+        sums[4] += row.cost_usd
+        sums[5] += row.carbon_grams / 1000
+    return [Totals(group, *values) for group, values in sorted(acc.items())]

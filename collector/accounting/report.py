@@ -1,0 +1,272 @@
+"""``gpuwarden report costs``: GPU-hours, idle GPU-hours, energy, dollars and carbon per group.
+
+Reads the accounting rollups the collector wrote (``Storage.rollups``); never writes. Groups are
+a team, job, model (deployment) or node. Time allocated to no job is its own group,
+``(unallocated)``, so the idle capacity nobody holds is not charged to anyone; a job without a
+team or model is ``(none)``. Energy, cost and carbon sum the rows that have them: a total with
+rows missing them is marked partial (``*`` in the table, ``incomplete_rows`` elsewhere).
+
+Light on purpose: the CLI imports this module to build its parser, so the storage backend is
+imported only when a report runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from gpuwarden.collector.storage.base import Storage
+    from gpuwarden.collector.storage.records import RollupDimension, RollupTotal
+
+EXIT_OK, EXIT_ERROR = 0, 1
+UNALLOCATED_LABEL = "(unallocated)"
+NONE_LABEL = "(none)"
+BY_CHOICES = ("team", "job", "model", "node")
+FORMATS = ("table", "csv", "json")
+_DIMENSION: dict[str, RollupDimension] = {
+    "team": "team",
+    "job": "job_key",
+    "model": "model",
+    "node": "node",
+}
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``"90s"``, ``"15m"``, ``"24h"``, ``"7d"`` or ``"2w"`` (the unit is required)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None:
+        raise ValueError(
+            f"invalid duration {text!r}: use a number and a unit (s, m, h, d, w), e.g. 90m, 24h, 7d"
+        )
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_time(text: str, now: float) -> float:
+    """A time: ``"now"``, Unix seconds (``"1700000000"``) or a duration ago (``"24h"``)."""
+    value = text.strip().lower()
+    if value == "now":
+        return now
+    if _NUMBER.fullmatch(value):
+        return float(value)
+    try:
+        return now - parse_duration(value)
+    except ValueError:
+        raise ValueError(
+            f"invalid time {text!r}: use 'now', Unix seconds, or a duration ago such as 24h"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class CostLine:
+    """One group's totals in report units (hours, kWh, dollars, kilograms)."""
+
+    group: str
+    gpu_hours_allocated: float
+    gpu_hours_busy: float
+    gpu_hours_idle: float
+    gpu_hours_unknown: float
+    energy_kwh: float | None
+    cost_usd: float | None
+    carbon_kg: float | None
+    rows: int
+    incomplete_rows: int
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+def _scaled(value: float | None, divisor: float) -> float | None:
+    return None if value is None else value / divisor
+
+
+def cost_line(group: str, total: RollupTotal) -> CostLine:
+    """One rollup total in report units."""
+    return CostLine(
+        group=group,
+        gpu_hours_allocated=total.gpu_seconds_allocated / 3600,
+        gpu_hours_busy=total.gpu_seconds_busy / 3600,
+        gpu_hours_idle=total.gpu_seconds_idle / 3600,
+        gpu_hours_unknown=total.gpu_seconds_unknown / 3600,
+        energy_kwh=_scaled(total.energy_joules, 3.6e6),
+        cost_usd=total.cost_usd,
+        carbon_kg=_scaled(total.carbon_grams, 1000.0),
+        rows=total.rows,
+        incomplete_rows=total.rows_incomplete,
+    )
+
+
+def sum_lines(group: str, lines: Iterable[CostLine]) -> CostLine:
+    """Lines summed under a new group name (energy, cost, carbon stay None if no line has them)."""
+    out = CostLine(group, 0.0, 0.0, 0.0, 0.0, None, None, None, 0, 0)
+    for line in lines:
+        out = CostLine(
+            group=group,
+            gpu_hours_allocated=out.gpu_hours_allocated + line.gpu_hours_allocated,
+            gpu_hours_busy=out.gpu_hours_busy + line.gpu_hours_busy,
+            gpu_hours_idle=out.gpu_hours_idle + line.gpu_hours_idle,
+            gpu_hours_unknown=out.gpu_hours_unknown + line.gpu_hours_unknown,
+            energy_kwh=_add(out.energy_kwh, line.energy_kwh),
+            cost_usd=_add(out.cost_usd, line.cost_usd),
+            carbon_kg=_add(out.carbon_kg, line.carbon_kg),
+            rows=out.rows + line.rows,
+            incomplete_rows=out.incomplete_rows + line.incomplete_rows,
+        )
+    return out
+
+
+def cost_lines(storage: Storage, *, since: float, until: float, by: str) -> list[CostLine]:
+    """Totals per group of ``by`` (team, job, model or node), unallocated time apart."""
+    if by not in _DIMENSION:
+        raise ValueError(f"by must be one of {', '.join(BY_CHOICES)}, not {by!r}")
+    dimension = _DIMENSION[by]
+    # Grouping by job too tells "no team" from "no job at all" (unallocated time).
+    keys: tuple[RollupDimension, ...] = (
+        (dimension,) if dimension in ("job_key", "node") else (dimension, "job_key")
+    )
+    groups: dict[str, list[CostLine]] = {}
+    for total in storage.rollups(since=since, until=until, by=keys):
+        if dimension != "node" and total.group["job_key"] is None:
+            label = UNALLOCATED_LABEL
+        else:
+            label = total.group[dimension] or NONE_LABEL
+        groups.setdefault(label, []).append(cost_line(label, total))
+    return [sum_lines(label, parts) for label, parts in sorted(groups.items())]
+
+
+_COLUMNS = (  # CostLine field, table heading
+    ("gpu_hours_allocated", "GPU-h"),
+    ("gpu_hours_busy", "busy GPU-h"),
+    ("gpu_hours_idle", "idle GPU-h"),
+    ("gpu_hours_unknown", "no-data GPU-h"),
+    ("energy_kwh", "kWh"),
+    ("cost_usd", "USD"),
+    ("carbon_kg", "kg CO2e"),
+)
+
+
+def _table(lines: Sequence[CostLine], by: str, out: TextIO) -> None:
+    partial = any(line.incomplete_rows for line in lines)
+    rows = [[by, *(heading for _, heading in _COLUMNS)]]
+    for line in lines:
+        # A partial total is marked; the others keep the mark's column so the points align.
+        mark = "*" if line.incomplete_rows else " " if partial else ""
+        values = [getattr(line, f) for f, _ in _COLUMNS]
+        rows.append([line.group, *("-" if v is None else f"{v:.2f}" for v in values[:4])])
+        pad = " " if partial else ""
+        rows[-1] += [f"-{pad}" if v is None else f"{v:.2f}{mark}" for v in values[4:]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for n, row in enumerate(rows):
+        if n == len(rows) - 1:
+            out.write("  ".join("-" * w for w in widths) + "\n")
+        right = [c.rjust(w) for c, w in zip(row, widths, strict=True)]
+        out.write("  ".join([row[0].ljust(widths[0]), *right[1:]]).rstrip() + "\n")
+    if partial:
+        out.write("* partial: energy, cost or carbon missing for some accounting rows\n")
+
+
+def line_record(line: CostLine) -> dict[str, object]:
+    """A line as a JSON-ready dict, floats rounded to 6 decimals (no float noise in reports)."""
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(line).items()}
+
+
+def report_costs(
+    storage: Storage, *, since_seconds: float, until: float, by: str, fmt: str, out: TextIO
+) -> int:
+    """Print the cost report of ``[until - since_seconds, until)`` per group; return 0."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    since = until - since_seconds
+    lines = cost_lines(storage, since=since, until=until, by=by)
+    total = sum_lines("TOTAL", lines)
+    if fmt == "table":
+        _table([*lines, total], by, out)
+    elif fmt == "csv":
+        writer = csv.writer(out, lineterminator="\n")
+        header = ["group", *(f for f in CostLine.__dataclass_fields__ if f != "group")]
+        writer.writerow([by if h == "group" else h for h in header])
+        for line in [*lines, total]:
+            record = line_record(line)
+            writer.writerow(["" if record[h] is None else record[h] for h in header])
+    else:
+        doc = {
+            "since": since,
+            "until": until,
+            "by": by,
+            "groups": [line_record(line) for line in lines],
+            "total": line_record(total),
+        }
+        out.write(json.dumps(doc, indent=2) + "\n")
+    return EXIT_OK
+
+
+def _duration_arg(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_report_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``report costs`` to the CLI's subcommands."""
+    report = subparsers.add_parser("report", help="print reports from the collector's database")
+    kinds = report.add_subparsers(dest="report", required=True, metavar="REPORT")
+    costs = kinds.add_parser(
+        "costs",
+        help="GPU-hours, idle GPU-hours, kWh, dollars and carbon per team, job, model or node",
+        description="Sum the collector's accounting over a window ending now (or --until).",
+    )
+    costs.add_argument("--db", type=Path, required=True, help="the collector's SQLite database")
+    costs.add_argument(
+        "--since", type=_duration_arg, default=86400.0, help="window length, e.g. 24h, 7d"
+    )
+    costs.add_argument("--until", default="now", help="window end: now, Unix seconds, or 2h (ago)")
+    costs.add_argument("--by", choices=BY_CHOICES, default="team")
+    costs.add_argument("--format", choices=FORMATS, default="table", dest="fmt")
+
+
+def run_report(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
+    """Run ``gpuwarden report costs`` from parsed arguments; return the exit code."""
+    from gpuwarden.collector.storage.base import StorageError
+    from gpuwarden.collector.storage.sqlite import SqliteStorage
+
+    path: Path = args.db
+    if not path.is_file():
+        print(
+            f"gpuwarden report: {path}: no such database; point --db at the collector's "
+            "database file (the 'database' key of its config)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    try:
+        until = parse_time(args.until, time.time())
+    except ValueError as exc:
+        print(f"gpuwarden report: --until: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        with SqliteStorage(path) as storage:
+            return report_costs(
+                storage,
+                since_seconds=args.since,
+                until=until,
+                by=args.by,
+                fmt=args.fmt,
+                out=out if out is not None else sys.stdout,
+            )
+    except StorageError as exc:
+        print(f"gpuwarden report: {exc}", file=sys.stderr)
+        return EXIT_ERROR

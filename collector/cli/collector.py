@@ -1,0 +1,136 @@
+"""``gpuwarden collector``: load the config, fail fast on bad settings, serve until stopped."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import ssl
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from gpuwarden.agent.config import ConfigError
+from gpuwarden.collector.build import (
+    build_actuators,
+    build_notifiers,
+    build_remediation,
+    build_service,
+    load_configured_rules,
+)
+from gpuwarden.collector.config import CollectorConfig, load_collector_config
+from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.remediate.policy import PolicyError
+from gpuwarden.collector.rules.model import RuleError
+from gpuwarden.collector.storage.base import StorageError
+from gpuwarden.collector.web.app import create_app
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _StartupRefusedError(Exception):
+    """Start-up stops here: ``message`` for the operator, ``code`` for the shell."""
+
+    code: int
+    message: str
+
+
+def _config(config_path: Path | None, host: str | None, port: int | None) -> CollectorConfig:
+    try:
+        config = load_collector_config(config_path, {"host": host, "port": port})
+    except ConfigError as exc:
+        raise _StartupRefusedError(2, f"configuration error: {exc}") from None
+    if not config.tokens and not config.allow_unauthenticated:
+        raise _StartupRefusedError(
+            2,
+            "no agent tokens configured; set tokens_file in the config "
+            "(lines '<agent-name> <token>'), or allow_unauthenticated: true for a lab setup",
+        )
+    return config
+
+
+def _app(config: CollectorConfig, environ: Mapping[str, str]) -> web.Application:
+    """Rules, core and remediation; raises ``_StartupRefusedError`` with the reason."""
+    try:
+        rules = load_configured_rules(config)
+    except RuleError as exc:
+        raise _StartupRefusedError(
+            2,
+            f"bad rules, not starting: {exc} "
+            "(fix the file, or set skip_bad_rules: true to start without the bad rules)",
+        ) from None
+    for problem in rules.problems:
+        log.error("rule skipped: %s", problem)
+    try:
+        service = build_service(config)
+    except (OSError, StorageError) as exc:
+        message = f"cannot open the database {config.database}: {exc}"
+        raise _StartupRefusedError(1, message) from None
+    try:
+        remediation = build_remediation(
+            config,
+            service,
+            rules,
+            actuators=build_actuators(config, environ, jobs=service.registry.get),
+            notifiers=build_notifiers(config, environ),
+            environ=environ,
+        )
+    except (PolicyError, ValueError, ConfigError) as exc:
+        service.storage.close()
+        raise _StartupRefusedError(2, f"remediation: {exc}") from None
+    app = create_app(
+        config,
+        service=service,
+        detection=DetectionEngine(service, rules),
+        remediation=remediation,
+        rule_problems=[str(p) for p in rules.problems],
+    )
+
+    async def close_storage(_app: web.Application) -> None:
+        service.storage.close()
+
+    app.on_cleanup.append(close_storage)
+    return app
+
+
+def run_collector(
+    config_path: Path | None,
+    *,
+    host: str | None,
+    port: int | None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """Run the collector in the foreground; return the exit code."""
+    environ = os.environ if environ is None else environ
+    try:
+        config = _config(config_path, host, port)
+        app = _app(config, environ)
+    except _StartupRefusedError as refused:
+        print(f"gpuwarden collector: {refused.message}", file=sys.stderr)
+        return refused.code
+    ssl_context = None
+    if config.tls_cert_file is not None and config.tls_key_file is not None:
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(str(config.tls_cert_file), str(config.tls_key_file))
+    try:
+        web.run_app(
+            app,
+            host=config.host,
+            port=config.port,
+            ssl_context=ssl_context,
+            print=lambda line: log.info("%s", line),
+        )
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            print(
+                f"gpuwarden collector: {config.host}:{config.port} is in use; choose another "
+                "port with --port or stop the other process",
+                file=sys.stderr,
+            )
+            return 1
+        raise
+    return 0

@@ -1,0 +1,110 @@
+"""The job registry: one merged view of jobs from scheduler adapters and the HTTP API.
+
+Adapters are polled (their calls block, so the service runs them in a thread); a failing poll
+keeps the adapter's last good list, so a Slurm controller restart does not make every job look
+finished. Jobs are persisted on change so accounting and incidents survive a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gpuwarden.collector.jobs import JobSourceError
+from gpuwarden.collector.jobs.model import Job, JobSource
+from gpuwarden.collector.storage.base import Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PollResult:
+    """What one poll of every adapter did."""
+
+    jobs: int
+    changed: int
+    failed_sources: tuple[str, ...]
+
+
+class JobRegistry:
+    """Jobs by key, from adapters (``sources``) and the API; persisted to ``storage``."""
+
+    def __init__(self, storage: Storage, sources: Sequence[tuple[str, JobSource]] = ()) -> None:
+        self._storage = storage
+        self._sources = list(sources)
+        self._by_source: dict[str, dict[str, Job]] = {}
+        self._api: dict[str, Job] = {
+            job.key: job for job in storage.jobs() if job.scheduler == "api"
+        }
+        self._known: dict[str, Job] = {job.key: job for job in storage.jobs()}
+        self._lock = threading.Lock()
+
+    def poll(self, now: float) -> PollResult:
+        """Ask every adapter for its jobs; keep the last good list of those that fail."""
+        failed = []
+        for name, source in self._sources:
+            try:
+                jobs = source.jobs(now)
+            except JobSourceError as exc:
+                log.warning("job source %s failed (keeping its last good list): %s", name, exc)
+                failed.append(name)
+                continue
+            with self._lock:
+                self._by_source[name] = {job.key: job for job in jobs}
+        changed = self._persist(self.jobs())
+        return PollResult(len(self.jobs()), changed, tuple(failed))
+
+    def put(self, jobs: Iterable[Job]) -> int:
+        """Register or update jobs announced over the API; return how many changed."""
+        jobs = list(jobs)
+        with self._lock:
+            for job in jobs:
+                self._api[job.key] = job
+        return self._persist(jobs)
+
+    def _persist(self, jobs: Sequence[Job]) -> int:
+        with self._lock:
+            changed = [job for job in jobs if self._known.get(job.key) != job]
+            for job in changed:
+                self._known[job.key] = job
+        if changed:
+            self._storage.upsert_jobs(changed)
+        return len(changed)
+
+    def jobs(self) -> list[Job]:
+        """Current jobs: adapters' latest lists, then API jobs, by key (adapters win)."""
+        with self._lock:
+            merged = dict(self._api)
+            for jobs in self._by_source.values():
+                merged.update(jobs)
+            return list(merged.values())
+
+    def known(self) -> list[Job]:
+        """Every job seen since start, including ones the schedulers no longer list."""
+        with self._lock:
+            return list(self._known.values())
+
+    def get(self, key: str) -> Job | None:
+        """A job by key, current or remembered."""
+        with self._lock:
+            return self._known.get(key)
+
+    def resolve(self, scheduler: str, ident: str, node: str) -> str:
+        """The registry key for a job the agent attributed a process to.
+
+        Kubernetes pods are keyed by pod UID. A Slurm job id is unique per cluster: prefer a
+        known Slurm job with that id that runs on ``node``, then any with that id.
+        """
+        if scheduler == "kubernetes":
+            return f"k8s:{ident}"
+        candidates = [
+            job for job in self.known() if job.scheduler == "slurm" and job.job_id == ident
+        ]
+        for job in candidates:
+            if any(alloc.node == node for alloc in job.allocations):
+                return job.key
+        if candidates:
+            return candidates[0].key
+        return f"{scheduler}:{ident}"

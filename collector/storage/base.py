@@ -1,0 +1,329 @@
+"""The collector's persistent state behind one interface: jobs, models, events, accounting,
+incidents and the remediation audit log.
+
+:class:`Storage` is what the rest of the collector depends on. The default implementation is
+:class:`gpuwarden.collector.storage.sqlite.SqliteStorage` (also the test fake, with ``":memory:"``);
+a PostgreSQL backend for several collector shards implements the same protocol over the same
+schema (see :mod:`gpuwarden.collector.storage.migrations`).
+
+Contract for every implementation:
+
+* each method is atomic (one transaction) and durable when it returns;
+* methods are safe to call from several threads at once;
+* reads return fresh objects; records are frozen, so nothing a caller holds changes under it;
+* the audit log is append-only: there is no API to change or remove an entry, and the backend
+  refuses ``UPDATE``/``DELETE`` on it at the database level too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from gpuwarden.collector.jobs.model import Job, JobState
+from gpuwarden.collector.storage.records import (
+    AccountingRow,
+    AuditEntry,
+    Event,
+    EventKind,
+    Incident,
+    IncidentState,
+    ModelDeployment,
+    RollupDimension,
+    RollupTotal,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """One row of ``remediation_actions``: an action of one incident on one target.
+
+    ``state`` belongs to the remediator (see :mod:`gpuwarden.collector.remediate.remediator`);
+    ``params`` is a JSON object the remediator owns (rule parameters, the actuator's ``undo``...).
+    ``action_id`` is assigned by the storage.
+    """
+
+    incident_id: int
+    idempotency_key: str
+    action: str
+    target: str
+    mode: str
+    dry_run: bool
+    state: str
+    created_at: float
+    updated_at: float
+    attempts: int = 0
+    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    next_attempt_at: float | None = None
+    cooldown_until: float | None = None
+    verify_at: float | None = None
+    last_error: str | None = None
+    action_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    """One approval link: only the SHA-256 of its token is stored, never the token."""
+
+    action_id: int
+    token_sha256: str
+    created_at: float
+    expires_at: float
+    used_at: float | None = None
+    used_by: str | None = None
+    approval_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerRecord:
+    """A blast-radius breaker: ``closed`` lets automation act, ``open`` stops it."""
+
+    scope: str
+    state: str
+    updated_at: float
+    reason: str | None = None
+    tripped_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NotificationRecord:
+    """What one route was told about one incident (``status``) and whether it accepted it."""
+
+    incident_id: int
+    route: str
+    status: str  # firing | resolved
+    delivered: bool
+    first_at: float
+    sent_at: float | None = None
+    attempts: int = 0
+    next_attempt_at: float | None = None
+    last_error: str | None = None
+    silence_id: str | None = None
+    silenced_until: float | None = None
+    group_key: str | None = None
+    acked_at: float | None = None
+
+
+class StorageError(Exception):
+    """The store cannot be used (cannot open, wrong schema, closed)."""
+
+
+class SchemaVersionError(StorageError):
+    """The database was written by a newer gpuwarden than this one."""
+
+    def __init__(self, location: str, database_version: int, supported_version: int) -> None:
+        super().__init__(
+            f"{location}: database schema version {database_version} is newer than the "
+            f"newest this gpuwarden knows ({supported_version}); upgrade gpuwarden, or point it "
+            f"at another database (a newer database is never downgraded)"
+        )
+        self.database_version = database_version
+        self.supported_version = supported_version
+
+
+class Storage(Protocol):
+    """Persistent state of one collector (or of several sharing a PostgreSQL database)."""
+
+    # Jobs ------------------------------------------------------------------------------------
+
+    def upsert_jobs(self, jobs: Sequence[Job]) -> int:
+        """Insert or replace jobs by ``key``; return how many were new or changed."""
+        ...
+
+    def jobs(
+        self, *, since: float | None = None, states: Collection[JobState] | None = None
+    ) -> list[Job]:
+        """Jobs ordered by key; ``since``: only those not ended before it (end unknown or later)."""
+        ...
+
+    def job(self, key: str) -> Job | None:
+        """One job by its scheduler-qualified key."""
+        ...
+
+    # Models and events -----------------------------------------------------------------------
+
+    def upsert_model(self, model: ModelDeployment) -> bool:
+        """Insert or replace the deployment of ``model.name``; return whether anything changed."""
+        ...
+
+    def models(self) -> list[ModelDeployment]:
+        """Every model deployment, ordered by name."""
+        ...
+
+    def model(self, name: str) -> ModelDeployment | None:
+        """One model deployment by name."""
+        ...
+
+    def record_event(self, event: Event) -> bool:
+        """Store an event; ``False`` when this ``(time, kind, subject)`` was already stored."""
+        ...
+
+    def events(
+        self,
+        *,
+        since: float | None = None,
+        kinds: Collection[EventKind] | None = None,
+        subject: str | None = None,
+    ) -> list[Event]:
+        """Events at or after ``since``, oldest first, optionally of some kinds or one subject."""
+        ...
+
+    # Accounting ------------------------------------------------------------------------------
+
+    def write_rollups(self, rows: Sequence[AccountingRow]) -> int:
+        """Store accounting rows; return how many rows the batch holds.
+
+        A batch is authoritative for every ``(period_start, gpu_uuid)`` it mentions: stored rows
+        of that GPU and period are replaced by the batch's, so re-writing a period is idempotent
+        and a recomputed period replaces the old one even when the GPU changed jobs.
+        """
+        ...
+
+    def accounting_rows(self, *, since: float, until: float) -> list[AccountingRow]:
+        """Rows with ``since <= period_start < until``, by period, GPU, then job."""
+        ...
+
+    def rollups(
+        self, *, since: float, until: float, by: Sequence[RollupDimension] = ()
+    ) -> list[RollupTotal]:
+        """Rows with ``since <= period_start < until`` summed per group of ``by`` (in order)."""
+        ...
+
+    # Incidents -------------------------------------------------------------------------------
+
+    def open_incident(self, incident: Incident) -> int | None:
+        """Insert an open incident; its id, or ``None`` if ``fingerprint`` already has one open."""
+        ...
+
+    def update_incident(self, incident: Incident) -> bool:
+        """Save state, severity, times, evidence and counters of ``incident.incident_id``.
+
+        ``fingerprint``, ``rule_id`` and ``first_seen`` are fixed at open. ``False`` when no
+        incident has that id.
+        """
+        ...
+
+    def incident(self, incident_id: int) -> Incident | None:
+        """One incident by id."""
+        ...
+
+    def open_incident_for(self, fingerprint: str) -> Incident | None:
+        """The open incident with this fingerprint, if any."""
+        ...
+
+    def incidents(self, *, state: IncidentState | None = None) -> list[Incident]:
+        """Incidents (optionally in one state), ordered by id."""
+        ...
+
+    # Audit -----------------------------------------------------------------------------------
+
+    def append_audit(self, entry: AuditEntry) -> int:
+        """Append to the audit log; return the new entry's id (rising in append order)."""
+        ...
+
+    def audit(
+        self, *, since: float | None = None, limit: int | None = None, after_id: int = 0
+    ) -> list[AuditEntry]:
+        """Entries at or after ``since`` and with an id above ``after_id``, oldest first."""
+        ...
+
+    def audit_entry(self, entry_id: int) -> AuditEntry | None:
+        """One audit entry by id."""
+        ...
+
+    def count_logged(
+        self, *, since: float, result: str, dry_run: bool
+    ) -> tuple[int, frozenset[str]]:
+        """Entries at or after ``since`` with this ``result`` and ``dry_run``: (count, targets)."""
+        ...
+
+    # Remediation actions, approvals, breaker ---------------------------------------------------
+
+    def insert_action(self, record: ActionRecord, audit: AuditEntry | None = None) -> int | None:
+        """Insert a new action (and its audit entry, in the same transaction).
+
+        Returns its id, or ``None`` (and appends nothing) when ``(incident_id,
+        idempotency_key)`` already has a row: the idempotency check is the database's.
+        """
+        ...
+
+    def update_action(
+        self, record: ActionRecord, *, expect_state: str, audit: AuditEntry | None = None
+    ) -> bool:
+        """Compare-and-set: save ``record``'s mutable fields if the stored state is still
+        ``expect_state``, and append ``audit`` in the same transaction. ``False`` (nothing
+        written) when another writer moved the action first."""
+        ...
+
+    def action(self, action_id: int) -> ActionRecord | None:
+        """One action by id."""
+        ...
+
+    def action_for(self, incident_id: int, idempotency_key: str) -> ActionRecord | None:
+        """The action of this incident with this idempotency key."""
+        ...
+
+    def actions(
+        self,
+        *,
+        states: Collection[str] | None = None,
+        incident_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[ActionRecord]:
+        """Actions (optionally in some states or of one incident), newest first."""
+        ...
+
+    def cooldown_until(self, action: str, target: str, *, dry_run: bool) -> float | None:
+        """The latest ``cooldown_until`` of ``action`` on ``target`` (real or dry-run rows)."""
+        ...
+
+    def insert_approval(self, record: ApprovalRecord) -> int:
+        """Store an approval link's token hash; return its id."""
+        ...
+
+    def approval(self, token_sha256: str) -> ApprovalRecord | None:
+        """The approval with this token hash."""
+        ...
+
+    def use_approval(self, token_sha256: str, *, now: float, used_by: str) -> bool:
+        """Mark the approval used, once: ``False`` when unknown, already used or expired."""
+        ...
+
+    def breaker(self, scope: str) -> BreakerRecord | None:
+        """The breaker of ``scope``; ``None`` when it never changed (closed)."""
+        ...
+
+    def set_breaker(
+        self, record: BreakerRecord, *, expect_state: str, audit: AuditEntry | None = None
+    ) -> bool:
+        """Compare-and-set the breaker (a missing row counts as ``closed``), appending
+        ``audit`` in the same transaction; ``False`` when its state was not ``expect_state``."""
+        ...
+
+    def save_notification(self, record: NotificationRecord) -> None:
+        """Insert or replace the state of (incident, route)."""
+        ...
+
+    def notifications(
+        self,
+        *,
+        incident_id: int | None = None,
+        status: str | None = None,
+        delivered: bool | None = None,
+    ) -> list[NotificationRecord]:
+        """Notification states, optionally of one incident, one status, delivered or not."""
+        ...
+
+    def cursor(self, name: str) -> int:
+        """Where the reader ``name`` got to in an append-only log (0: the start)."""
+        ...
+
+    def set_cursor(self, name: str, position: int) -> None:
+        """Move the reader ``name`` to ``position``."""
+        ...
+
+    def close(self) -> None:
+        """Release the backend's resources; the store cannot be used afterwards. Idempotent."""
+        ...

@@ -1,0 +1,334 @@
+"""The storage schema, as an ordered list of migrations, and the function that applies them.
+
+Each migration is applied in its own transaction together with its row in
+``schema_migrations(version, name, applied_at)``: a failed migration leaves the database at the
+previous version, never half-way. Migrations are append-only: once released, a migration is never
+edited; a change is a new migration with the next version.
+
+Conventions of the schema (a PostgreSQL backend keeps the same tables and columns):
+
+* times are ``REAL`` Unix seconds; ``NULL`` means unknown, never 0;
+* JSON columns hold canonical text (sorted keys) written by
+  :mod:`~gpuwarden.collector.storage.records`;
+* booleans are ``INTEGER`` 0/1 with a ``CHECK``;
+* vocabularies owned by later work (remediation states, policy verdicts) are not ``CHECK``-ed,
+  so that adding a state does not need a table rebuild.
+
+Needs SQLite 3.24 or later (``INSERT ... ON CONFLICT DO UPDATE``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuwarden.collector.storage.base import SchemaVersionError
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One schema step: ``version`` counts up from 1 without gaps."""
+
+    version: int
+    name: str
+    sql: str
+
+
+_CORE = """
+CREATE TABLE jobs (
+    key           TEXT PRIMARY KEY,     -- scheduler-qualified: slurm:<cluster>:<id>, k8s:<uid>
+    scheduler     TEXT NOT NULL,
+    job_id        TEXT NOT NULL,
+    state         TEXT NOT NULL,        -- JobState value
+    name          TEXT,
+    owner         TEXT,
+    team          TEXT,
+    gpus          INTEGER NOT NULL,
+    allocations   TEXT NOT NULL,        -- JSON [{"indices": [...], "node": ..., "uuids": [...]}]
+    submit_time   REAL,
+    start_time    REAL,
+    end_time      REAL,
+    priority      INTEGER,
+    model         TEXT,
+    price_tier    TEXT,
+    restarts      INTEGER NOT NULL,
+    labels        TEXT NOT NULL,        -- JSON object of strings
+    first_seen    REAL NOT NULL,        -- when this collector first stored the job
+    updated_at    REAL NOT NULL         -- last time a field changed
+);
+CREATE INDEX jobs_end_time ON jobs (end_time);
+CREATE INDEX jobs_state ON jobs (state);
+
+CREATE TABLE models (
+    name                     TEXT PRIMARY KEY,
+    version                  TEXT NOT NULL,
+    replicas                 INTEGER NOT NULL,
+    slo_latency_p99_seconds  REAL,
+    slo_error_ratio          REAL,
+    fallback_model           TEXT,      -- a model name; not a foreign key: may be known later
+    labels                   TEXT NOT NULL,
+    updated_at               REAL NOT NULL
+);
+
+CREATE TABLE events (
+    event_id     INTEGER PRIMARY KEY,
+    time         REAL NOT NULL,
+    kind         TEXT NOT NULL,         -- EventKind value
+    subject      TEXT NOT NULL,         -- model name, job key, node or GPU UUID
+    attributes   TEXT NOT NULL,         -- JSON object
+    recorded_at  REAL NOT NULL,
+    UNIQUE (time, kind, subject)        -- re-reporting an event is a no-op
+);
+CREATE INDEX events_time ON events (time);
+
+-- One GPU's share of one period for one job; job_key '' = allocated to no job (a NULL would
+-- make the primary key non-unique). Re-writing a (period_start, gpu_uuid) replaces its rows.
+CREATE TABLE accounting (
+    period_start           REAL NOT NULL,
+    period_seconds         REAL NOT NULL CHECK (period_seconds > 0),
+    job_key                TEXT NOT NULL,
+    gpu_uuid               TEXT NOT NULL,
+    team                   TEXT,
+    model                  TEXT,
+    node                   TEXT NOT NULL,
+    price_tier             TEXT,
+    gpu_seconds_allocated  REAL NOT NULL,
+    gpu_seconds_busy       REAL NOT NULL,
+    gpu_seconds_idle       REAL NOT NULL,
+    gpu_seconds_unknown    REAL NOT NULL,  -- allocated, without a utilisation sample
+    energy_joules          REAL,
+    cost_usd               REAL,
+    carbon_grams           REAL,
+    written_at             REAL NOT NULL,
+    PRIMARY KEY (period_start, job_key, gpu_uuid)
+);
+CREATE INDEX accounting_period_gpu ON accounting (period_start, gpu_uuid);
+"""
+
+_INCIDENTS_AND_REMEDIATION = """
+CREATE TABLE incidents (
+    incident_id           INTEGER PRIMARY KEY,
+    fingerprint           TEXT NOT NULL,
+    rule_id               TEXT NOT NULL,
+    state                 TEXT NOT NULL CHECK (state IN ('open', 'resolved')),
+    severity              TEXT NOT NULL,
+    first_seen            REAL NOT NULL,
+    last_seen             REAL NOT NULL,
+    resolved_time         REAL,
+    evidence              TEXT NOT NULL,  -- JSON object
+    consecutive_breaches  INTEGER NOT NULL DEFAULT 0,  -- hysteresis: cycles in a row firing
+    consecutive_clears    INTEGER NOT NULL DEFAULT 0,  -- ... and not firing
+    updated_at            REAL NOT NULL
+);
+-- Deduplication in the database, so that shards sharing one database open an incident once.
+CREATE UNIQUE INDEX incidents_one_open ON incidents (fingerprint) WHERE state = 'open';
+CREATE INDEX incidents_state ON incidents (state, last_seen);
+
+-- Append-only: the triggers below refuse UPDATE and DELETE.
+CREATE TABLE audit_log (
+    entry_id              INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: rises forever
+    time                  REAL NOT NULL,
+    actor                 TEXT NOT NULL,  -- 'gpuwarden' or the approving human
+    action                TEXT NOT NULL,  -- what
+    target                TEXT NOT NULL,
+    reason                TEXT NOT NULL,  -- why
+    verdict               TEXT NOT NULL,  -- policy verdict
+    dry_run               INTEGER NOT NULL CHECK (dry_run IN (0, 1)),
+    result                TEXT NOT NULL,
+    inputs                TEXT NOT NULL,  -- JSON object: the facts the decision used
+    incident_fingerprint  TEXT,
+    idempotency_key       TEXT
+);
+CREATE INDEX audit_log_time ON audit_log (time);
+CREATE INDEX audit_log_key ON audit_log (idempotency_key);
+CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+BEGIN
+    SELECT RAISE(ABORT, 'audit_log is append-only: UPDATE refused');
+END;
+CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+BEGIN
+    SELECT RAISE(ABORT, 'audit_log is append-only: DELETE refused');
+END;
+
+-- For the remediation issue: one row per (incident, fingerprint+action+target); a retry updates
+-- the row (attempts, state), a second decision for the same incident finds it (idempotency).
+CREATE TABLE remediation_actions (
+    action_id        INTEGER PRIMARY KEY,
+    incident_id      INTEGER NOT NULL REFERENCES incidents (incident_id),
+    idempotency_key  TEXT NOT NULL,   -- fingerprint + action + target
+    action           TEXT NOT NULL,
+    target           TEXT NOT NULL,
+    mode             TEXT NOT NULL,   -- auto | approve | notify
+    dry_run          INTEGER NOT NULL CHECK (dry_run IN (0, 1)),
+    state            TEXT NOT NULL,   -- proposed, awaiting_approval, running, verifying, ...
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    params           TEXT NOT NULL,   -- JSON object
+    created_at       REAL NOT NULL,
+    updated_at       REAL NOT NULL,
+    next_attempt_at  REAL,
+    cooldown_until   REAL,            -- no new action of this kind on this target before it
+    verify_at        REAL,            -- when to check that the action helped
+    last_error       TEXT,
+    UNIQUE (incident_id, idempotency_key)
+);
+CREATE INDEX remediation_actions_target ON remediation_actions (target, action, cooldown_until);
+CREATE INDEX remediation_actions_state ON remediation_actions (state);
+
+CREATE TABLE approvals (
+    approval_id   INTEGER PRIMARY KEY,
+    action_id     INTEGER NOT NULL REFERENCES remediation_actions (action_id),
+    token_sha256  TEXT NOT NULL UNIQUE,  -- hex digest; the token itself is never stored
+    created_at    REAL NOT NULL,
+    expires_at    REAL NOT NULL,
+    used_at       REAL,
+    used_by       TEXT
+);
+
+-- The blast-radius circuit breaker(s): 'global', or a narrower scope.
+CREATE TABLE breaker_state (
+    scope       TEXT PRIMARY KEY,
+    state       TEXT NOT NULL,       -- closed | open | half_open
+    reason      TEXT,
+    tripped_at  REAL,
+    updated_at  REAL NOT NULL
+);
+"""
+
+_NOTIFICATIONS = """
+-- What each route was told about each incident, so a restart neither re-pages nor forgets
+-- to send a resolve; undelivered notices are retried from here.
+CREATE TABLE notifications (
+    incident_id     INTEGER NOT NULL REFERENCES incidents (incident_id),
+    route           TEXT NOT NULL,
+    status          TEXT NOT NULL,      -- firing | resolved: what the route should know
+    delivered       INTEGER NOT NULL,   -- 1 once the route accepted that status
+    first_at        REAL NOT NULL,      -- when this status was first due
+    sent_at         REAL,               -- last accepted push
+    attempts        INTEGER NOT NULL,   -- failed pushes of this status
+    next_attempt_at REAL,
+    last_error      TEXT,
+    silence_id      TEXT,               -- Alertmanager silence while an action settles
+    silenced_until  REAL,
+    group_key       TEXT,               -- told as part of this grouped alert
+    acked_at        REAL,               -- acknowledged (automation acts on it for real)
+    PRIMARY KEY (incident_id, route)
+);
+CREATE INDEX notifications_pending ON notifications (delivered, status);
+
+-- Where a reader of an append-only log got to (e.g. the audit's PagerDuty mirror).
+CREATE TABLE cursors (
+    name        TEXT PRIMARY KEY,
+    position    INTEGER NOT NULL,
+    updated_at  REAL NOT NULL
+);
+"""
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "jobs, models, events, accounting", _CORE),
+    Migration(
+        2,
+        "incidents, audit log, remediation actions, approvals, breaker",
+        _INCIDENTS_AND_REMEDIATION,
+    ),
+    Migration(3, "notification state per incident and route, log cursors", _NOTIFICATIONS),
+)
+LATEST_VERSION = MIGRATIONS[-1].version
+
+_CREATE_VERSIONS = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version     INTEGER PRIMARY KEY,
+    name        TEXT NOT NULL,
+    applied_at  REAL NOT NULL
+)
+"""
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split a script into complete statements (``;`` inside literals and triggers are kept).
+
+    ``sqlite3.Connection.executescript`` would do this, but it commits first, so a migration and
+    its version row could not share one transaction.
+    """
+    statements: list[str] = []
+    pending = ""
+    *pieces, tail = sql.split(";")
+    for piece in pieces:
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            statements.append(pending.strip())
+            pending = ""
+    pending += tail
+    rest = [line for line in pending.splitlines() if line.strip() and not _comment(line)]
+    if rest:
+        raise ValueError(f"incomplete SQL statement at the end of the script: {rest[0].strip()!r}")
+    return statements
+
+
+def _comment(line: str) -> bool:
+    return line.strip().startswith("--")
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    """The newest applied migration, 0 for an empty database."""
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+    ).fetchone()
+    if exists is None:
+        return 0
+    (version,) = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()
+    return int(version)
+
+
+def check_order(migrations: Sequence[Migration]) -> None:
+    """Refuse a migration list whose versions do not count 1, 2, 3... (a programming error)."""
+    versions = [m.version for m in migrations]
+    if versions != list(range(1, len(versions) + 1)):
+        raise ValueError(f"migration versions must be 1..n in order, got {versions}")
+
+
+def migrate(
+    conn: sqlite3.Connection,
+    *,
+    now: float,
+    location: str,
+    migrations: Sequence[Migration] = MIGRATIONS,
+) -> list[int]:
+    """Bring the database up to the newest migration; return the versions applied now.
+
+    ``conn`` must be in autocommit mode (``isolation_level=None``). Each migration runs in its own
+    ``BEGIN IMMEDIATE`` transaction, and re-reads the version inside it, so two processes opening
+    the same new database apply each migration once.
+
+    Raises:
+        SchemaVersionError: the database is newer than ``migrations`` (named by ``location``).
+    """
+    check_order(migrations)
+    latest = migrations[-1].version if migrations else 0
+    applied: list[int] = []
+    conn.execute(_CREATE_VERSIONS)
+    for migration in migrations:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            current = schema_version(conn)
+            if current > latest:
+                raise SchemaVersionError(location, current, latest)
+            if migration.version <= current:
+                conn.execute("COMMIT")
+                continue
+            for statement in split_statements(migration.sql):
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                (migration.version, migration.name, now),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        applied.append(migration.version)
+    current = schema_version(conn)
+    if current > latest:
+        raise SchemaVersionError(location, current, latest)
+    return applied

@@ -1,0 +1,470 @@
+"""HTTP routes of remediation: runbook pages, approval links, and the incidents/actions API.
+
+* ``GET /runbooks/{rule}`` and ``GET /incidents/{id}/runbook``: rendered runbooks (HTML, or
+  Markdown with ``?format=md``) at stable URLs. They carry no bearer token (browsers follow them
+  from Slack); put the collector behind the organisation's SSO proxy when incidents are private.
+* ``GET /approve/{token}`` shows a confirmation page and never changes anything (chat apps
+  prefetch links); ``POST /approve/{token}`` approves, once. The signed token is the authority.
+* ``/v1/incidents``, ``/v1/actions``, ``/v1/actions/{id}/approve|reject``, ``/v1/breaker`` and
+  ``/v1/breaker/reset`` need the collector's bearer token; the token's name is the actor.
+
+Storage and actuator calls block, so handlers run them in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from jinja2.sandbox import SandboxedEnvironment
+
+from gpuwarden.collector.alerts.model import Notifier
+from gpuwarden.collector.alerts.redact import redact
+from gpuwarden.collector.alerts.runbooks import (
+    Links,
+    RunbookError,
+    RunbookRenderer,
+    runbook_context,
+)
+from gpuwarden.collector.ingest.alertmanager import AlertReceiver, PayloadError, parse_payload
+from gpuwarden.collector.notify.dispatcher import AlertDispatcher
+from gpuwarden.collector.notify.settings import AlertingSettings
+from gpuwarden.collector.remediate.actuators.base import Actuator
+from gpuwarden.collector.remediate.approvals import (
+    SECRET_ENV,
+    ApprovalError,
+    Approvals,
+    TokenProblem,
+    TokenSigner,
+    load_secret,
+)
+from gpuwarden.collector.remediate.policy import RemediationSettings
+from gpuwarden.collector.remediate.remediator import Remediator
+from gpuwarden.collector.remediate.states import ActionStateError
+from gpuwarden.collector.rules.model import Rule
+from gpuwarden.collector.storage.base import ActionRecord, Storage, StorageError
+from gpuwarden.collector.storage.records import Incident, IncidentState
+from gpuwarden.collector.web.app import CONFIG, authenticate
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MAX_LIST = 1000
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+_APPROVER = re.compile(r"[\w.@+-]{1,64}")
+_NO_STORE = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
+_TOKEN_STATUS = {
+    TokenProblem.MALFORMED: 400,
+    TokenProblem.BAD_SIGNATURE: 403,
+    TokenProblem.UNKNOWN: 404,
+    TokenProblem.EXPIRED: 410,
+    TokenProblem.USED: 410,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Remediation:
+    """What the routes need."""
+
+    storage: Storage
+    remediator: Remediator
+    renderer: RunbookRenderer
+    links: Links
+    rules: Mapping[str, Rule]
+    approvals: Approvals | None = None
+    dispatcher: AlertDispatcher | None = None
+
+
+REMEDIATION = web.AppKey("remediation", Remediation)
+
+
+def create_remediation(
+    storage: Storage,
+    rules: Iterable[Rule],
+    settings: RemediationSettings,
+    *,
+    actuators: Sequence[Actuator],
+    notifiers: Mapping[str, Notifier],
+    runbooks_dir: Path,
+    environ: Mapping[str, str],
+    fleet_size: Callable[[], int | None] = lambda: None,
+    alerting: AlertingSettings | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Remediation:
+    """Assemble the remediator, runbooks and approval links the settings describe.
+
+    Raises:
+        PolicyError: a rule names an unknown action kind.
+        ValueError: the approval secret is configured but unreadable or too short.
+    """
+    rules = list(rules)
+    links = Links(settings.external_url, settings.runbook_base_url, settings.dashboard_base_url)
+    approvals = None
+    if settings.approval_secret_file or environ.get(SECRET_ENV):
+        path = Path(settings.approval_secret_file) if settings.approval_secret_file else None
+        signer = TokenSigner(load_secret(path, environ), clock=clock)
+        ttl = settings.policy.approval_ttl_seconds
+        approvals = Approvals(storage, signer, ttl_seconds=ttl, clock=clock)
+    else:
+        log.info("no approval secret: approval links off (approve with the CLI or the API)")
+    remediator = Remediator(
+        storage,
+        rules,
+        actuators,
+        config=settings.policy,
+        notifiers=notifiers,
+        escalation_routes=settings.escalation_routes,
+        approvals=approvals,
+        links=links,
+        fleet_size=fleet_size,
+        clock=clock,
+    )
+    return Remediation(
+        storage=storage,
+        remediator=remediator,
+        renderer=RunbookRenderer(runbooks_dir),
+        links=links,
+        rules={rule.id: rule for rule in rules},
+        approvals=approvals,
+        dispatcher=None
+        if alerting is None
+        else AlertDispatcher(storage, rules, notifiers, alerting, links, clock=clock),
+    )
+
+
+ACTOR = web.RequestKey("actor", str)
+
+_PAGE = SandboxedEnvironment(autoescape=True).from_string(
+    """<!doctype html><html lang="en"><head><meta charset="utf-8">
+<meta name="referrer" content="no-referrer"><title>{{ title }}</title></head>
+<body style="font-family:sans-serif;max-width:40em;margin:2em auto">
+<h1>{{ title }}</h1>{% for line in lines %}<p>{{ line }}</p>{% endfor %}
+{% if form %}<form method="post">
+<label>Your name <input name="approver" pattern="[A-Za-z0-9_.@+-]{1,64}"></label>
+<button type="submit">Approve</button></form>{% endif %}
+</body></html>"""
+)
+
+
+def _page(title: str, lines: list[str], *, status: int = 200, form: bool = False) -> web.Response:
+    body = _PAGE.render(title=title, lines=lines, form=form)
+    return web.Response(text=body, content_type="text/html", status=status, headers=_NO_STORE)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _record(record: Any) -> dict[str, Any]:
+    return {f.name: _jsonable(getattr(record, f.name)) for f in fields(record)}
+
+
+def incident_json(incident: Incident) -> dict[str, Any]:
+    """An incident as the API shows it."""
+    return _record(incident)
+
+
+def action_json(action: ActionRecord) -> dict[str, Any]:
+    """An action as the API shows it (parameters redacted like the audit)."""
+    out = _record(action)
+    out["params"] = _jsonable(redact(action.params))
+    return out
+
+
+def _authed(handler: Handler) -> Handler:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        who = authenticate(request.app[CONFIG], request.headers.get("Authorization"))
+        if who is None:
+            return web.json_response(
+                {"error": "missing or invalid bearer token"},
+                status=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        request[ACTOR] = who
+        try:
+            return await handler(request)
+        except StorageError as exc:
+            log.warning("storage unavailable: %s", exc)
+            return _error(503, f"storage unavailable: {exc}")
+
+    return wrapped
+
+
+def _int(request: web.Request, name: str) -> int:
+    text = request.match_info.get(name) or request.query.get(name) or ""
+    if not text.isdigit() or len(text) > 18:
+        raise web.HTTPBadRequest(text=f"{name}: expected a positive integer\n")
+    return int(text)
+
+
+# Runbooks ---------------------------------------------------------------------------------------
+
+
+def _rendered(
+    r: Remediation, request: web.Request, name: str, context: Mapping[str, Any], title: str
+) -> web.Response:
+    try:
+        if request.query.get("format") == "md":
+            text = r.renderer.markdown(name, context)
+            return web.Response(text=text, content_type="text/markdown")
+        return web.Response(
+            text=r.renderer.html(name, context, title=title), content_type="text/html"
+        )
+    except RunbookError as exc:
+        log.error("runbook cannot be rendered: %s", exc)
+        return web.Response(status=500, text=f"runbook error: {exc}\n")
+
+
+async def rule_runbook(request: web.Request) -> web.Response:
+    """``GET /runbooks/{rule}``: a rule's runbook with placeholder facts (or a runbook file of
+    that name, e.g. for the Prometheus alerts' ``runbook_url``)."""
+    r = request.app[REMEDIATION]
+    name = request.match_info["rule"]
+    rule = r.rules.get(name)
+    if rule is not None:
+        file = rule.runbook
+    elif _NAME.fullmatch(name) and (r.renderer.runbooks_dir / f"{name}.md").is_file():
+        file = f"{name}.md"
+    else:
+        raise web.HTTPNotFound(text=f"no rule or runbook named {name!r}\n")
+    context = runbook_context(rule, r.links)
+    return await asyncio.to_thread(_rendered, r, request, file, context, f"runbook: {name}")
+
+
+async def incident_runbook(request: web.Request) -> web.Response:
+    """``GET /incidents/{id}/runbook``: the rule's runbook with this incident's facts."""
+    r = request.app[REMEDIATION]
+    incident_id = _int(request, "id")
+
+    def render() -> web.Response:
+        incident = r.storage.incident(incident_id)
+        if incident is None:
+            raise web.HTTPNotFound(text=f"no incident {incident_id}\n")
+        rule = r.rules.get(incident.rule_id)
+        if rule is None:
+            raise web.HTTPNotFound(text=f"incident {incident_id}: rule {incident.rule_id} gone\n")
+        job_key, model = incident.evidence.get("job"), incident.evidence.get("model")
+        context = runbook_context(
+            rule,
+            r.links,
+            incident=incident,
+            job=r.storage.job(str(job_key)) if job_key else None,
+            model=r.storage.model(str(model)) if model else None,
+            actions=r.storage.actions(incident_id=incident_id),
+        )
+        title = f"incident {incident_id}: {rule.id}"
+        return _rendered(r, request, rule.runbook, context, title)
+
+    return await asyncio.to_thread(render)
+
+
+# Approval links ---------------------------------------------------------------------------------
+
+
+def _approvals(r: Remediation) -> Approvals:
+    if r.approvals is None:
+        raise web.HTTPNotFound(text="approval links are not configured\n")
+    return r.approvals
+
+
+async def approve_page(request: web.Request) -> web.Response:
+    """``GET /approve/{token}``: what would be approved. Never changes state."""
+    r = request.app[REMEDIATION]
+    approvals = _approvals(r)
+    token = request.match_info["token"]
+
+    def look() -> web.Response:
+        try:
+            claim = approvals.peek(token)
+        except ApprovalError as exc:
+            return _page("Approval link not valid", [str(exc)], status=_TOKEN_STATUS[exc.reason])
+        action = r.storage.action(claim.action_id)
+        if action is None:
+            return _page("Approval link not valid", ["unknown action"], status=404)
+        lines = [
+            f"Action {action.action_id}: {action.action} on {action.target}",
+            f"Incident {action.incident_id}, rule {action.params.get('rule_id', '?')}; "
+            f"state {action.state}; {'dry run' if r.remediator.config.dry_run else 'real'}",
+            "Approving runs it through the policy (cooldown, breaker, dry-run still apply).",
+        ]
+        return _page("Approve this action?", lines, form=True)
+
+    return await asyncio.to_thread(look)
+
+
+async def approve_post(request: web.Request) -> web.Response:
+    """``POST /approve/{token}``: approve, once."""
+    r = request.app[REMEDIATION]
+    approvals = _approvals(r)
+    token = request.match_info["token"]
+    form = await request.post()
+    approver = str(form.get("approver") or "anonymous")
+    if not _APPROVER.fullmatch(approver):
+        return _page("Not approved", ["approver: letters, digits and _.@+- only"], status=400)
+
+    def approve() -> web.Response:
+        try:
+            claim = approvals.redeem(token, used_by=approver)
+        except ApprovalError as exc:
+            return _page("Not approved", [str(exc)], status=_TOKEN_STATUS[exc.reason])
+        try:
+            action = r.remediator.approve(claim.action_id, actor=f"link:{approver}")
+        except ActionStateError as exc:
+            return _page("Not approved", [str(exc)], status=409)
+        lines = [f"Action {action.action_id} ({action.action} {action.target}): {action.state}"]
+        return _page("Approved", lines)
+
+    return await asyncio.to_thread(approve)
+
+
+# API ------------------------------------------------------------------------------------------
+
+
+@_authed
+async def list_incidents(request: web.Request) -> web.Response:
+    """``GET /v1/incidents?state=open|resolved``."""
+    r = request.app[REMEDIATION]
+    state = request.query.get("state")
+    if state is not None and state not in tuple(IncidentState):
+        return _error(400, "state: expected open or resolved")
+    value = IncidentState(state) if state else None
+    incidents = await asyncio.to_thread(r.storage.incidents, state=value)
+    return web.json_response({"incidents": [incident_json(i) for i in incidents[-MAX_LIST:]]})
+
+
+@_authed
+async def show_incident(request: web.Request) -> web.Response:
+    """``GET /v1/incidents/{id}``: the incident and its actions."""
+    r = request.app[REMEDIATION]
+    incident_id = _int(request, "id")
+    incident = await asyncio.to_thread(r.storage.incident, incident_id)
+    if incident is None:
+        return _error(404, f"no incident {incident_id}")
+    actions = await asyncio.to_thread(r.storage.actions, incident_id=incident_id)
+    out = incident_json(incident)
+    out["actions"] = [action_json(a) for a in actions]
+    out["runbook_url"] = r.links.incident_runbook_url(incident_id)
+    return web.json_response(out)
+
+
+@_authed
+async def list_actions(request: web.Request) -> web.Response:
+    """``GET /v1/actions?state=...&incident=...&limit=...`` (newest first)."""
+    r = request.app[REMEDIATION]
+    states = request.query.getall("state", []) or None
+    incident = _int(request, "incident") if "incident" in request.query else None
+    limit = min(_int(request, "limit"), MAX_LIST) if "limit" in request.query else MAX_LIST
+    rows = await asyncio.to_thread(
+        r.storage.actions, states=states, incident_id=incident, limit=limit
+    )
+    return web.json_response({"actions": [action_json(a) for a in rows]})
+
+
+@_authed
+async def show_action(request: web.Request) -> web.Response:
+    """``GET /v1/actions/{id}``."""
+    r = request.app[REMEDIATION]
+    action_id = _int(request, "id")
+    row = await asyncio.to_thread(r.storage.action, action_id)
+    if row is None:
+        return _error(404, f"no action {action_id}")
+    return web.json_response(action_json(row))
+
+
+@_authed
+async def decide_action(request: web.Request) -> web.Response:
+    """``POST /v1/actions/{id}/approve`` and ``.../reject``; the token's name is the actor."""
+    r = request.app[REMEDIATION]
+    action_id = _int(request, "id")
+    verb = request.match_info["verb"]
+    actor = request[ACTOR]
+    call = r.remediator.approve if verb == "approve" else r.remediator.reject
+    try:
+        row = await asyncio.to_thread(call, action_id, actor=actor)
+    except ActionStateError as exc:
+        status = 404 if str(exc).startswith("no action") else 409
+        return _error(status, str(exc))
+    return web.json_response(action_json(row))
+
+
+@_authed
+async def show_breaker(request: web.Request) -> web.Response:
+    """``GET /v1/breaker``."""
+    r = request.app[REMEDIATION]
+    record = await asyncio.to_thread(r.storage.breaker, "global")
+    if record is None:
+        return web.json_response({"scope": "global", "state": "closed"})
+    return web.json_response(_record(record))
+
+
+@_authed
+async def reset_breaker(request: web.Request) -> web.Response:
+    """``POST /v1/breaker/reset``: close the breaker; 409 when it was not open."""
+    r = request.app[REMEDIATION]
+    done = await asyncio.to_thread(r.remediator.reset_breaker, actor=request[ACTOR])
+    if not done:
+        return _error(409, "the breaker is not open")
+    return web.json_response({"scope": "global", "state": "closed"})
+
+
+ALERT_RECEIVER = web.AppKey("alert_receiver", AlertReceiver)
+MAX_WEBHOOK_BYTES = 1024 * 1024
+
+
+@_authed
+async def alertmanager_webhook(request: web.Request) -> web.Response:
+    """``POST /v1/alertmanager``: Alertmanager's webhook. 4xx for a payload that will never
+    be accepted (Alertmanager does not retry those), 503 when storage is busy (it retries)."""
+    receiver = request.app[ALERT_RECEIVER]
+    if request.content_length is not None and request.content_length > MAX_WEBHOOK_BYTES:
+        return _error(413, f"payload over {MAX_WEBHOOK_BYTES} bytes")
+    raw = await request.content.read(MAX_WEBHOOK_BYTES + 1)
+    if len(raw) > MAX_WEBHOOK_BYTES:
+        return _error(413, f"payload over {MAX_WEBHOOK_BYTES} bytes")
+    try:
+        alerts = parse_payload(json.loads(raw))
+    except (ValueError, UnicodeDecodeError) as exc:  # PayloadError is a ValueError
+        reason = str(exc) if isinstance(exc, PayloadError) else "not JSON"
+        log.warning("alertmanager webhook from %s refused: %s", request[ACTOR], reason)
+        return _error(400, f"bad Alertmanager payload: {reason}")
+    try:
+        result = await asyncio.to_thread(receiver.receive, alerts, now=time.time())
+    except (sqlite3.Error, OSError) as exc:
+        log.warning("alertmanager webhook: storage unavailable: %s", exc)
+        return _error(503, "storage unavailable, retry")
+    return web.json_response(asdict(result))
+
+
+def setup_remediation(app: web.Application, remediation: Remediation) -> None:
+    """Add the routes; ``app[CONFIG]`` must hold the collector config (for the API tokens)."""
+    app[REMEDIATION] = remediation
+    app.router.add_get("/runbooks/{rule}", rule_runbook)
+    app.router.add_get("/incidents/{id}/runbook", incident_runbook)
+    app.router.add_get("/approve/{token}", approve_page)
+    app.router.add_post("/approve/{token}", approve_post)
+    app.router.add_get("/v1/incidents", list_incidents)
+    app.router.add_get("/v1/incidents/{id}", show_incident)
+    app.router.add_get("/v1/actions", list_actions)
+    app.router.add_get("/v1/actions/{id}", show_action)
+    app.router.add_post("/v1/actions/{id}/{verb:approve|reject}", decide_action)
+    app.router.add_get("/v1/breaker", show_breaker)
+    app.router.add_post("/v1/breaker/reset", reset_breaker)
+    app[ALERT_RECEIVER] = AlertReceiver(remediation.storage, remediation.rules.values())
+    app.router.add_post("/v1/alertmanager", alertmanager_webhook)

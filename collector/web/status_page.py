@@ -1,0 +1,310 @@
+"""The status page: fleet overview, open incidents with their evidence plotted, waste, actions.
+
+Server-rendered: Jinja2 templates in a sandboxed environment with autoescaping, and SVG charts
+built by ``status_svg`` (the only markup marked safe). No JavaScript. ``GET /status`` and
+``GET /status/incidents/{id}`` are read-only and, like ``/metrics``, need no token: they show
+what ``/metrics`` shows (GPUs, jobs, teams, costs); keep the collector on a private network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from jinja2 import PackageLoader, select_autoescape
+from jinja2.sandbox import SandboxedEnvironment
+from markupsafe import Markup
+
+from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.base import ActionRecord
+from gpuwarden.collector.storage.records import Incident, IncidentState
+from gpuwarden.collector.web.exposition import gpu_statuses
+from gpuwarden.collector.web.status_svg import Series, line_chart
+
+REFRESH_SECONDS = 15
+CHART_WINDOW_SECONDS = 3600.0
+MAX_ACTIONS = 50
+MAX_AUDIT = 30
+MAX_WASTE_ROWS = 15
+PALETTE = ("#2f6fb0", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490", "#a16207")
+_HIDDEN_FACTS = frozenset({"points", "summary", "subject"})
+_SERVICE = web.AppKey("status_service", CollectorService)
+_ENV = web.AppKey("status_env", SandboxedEnvironment)
+
+
+def environment() -> SandboxedEnvironment:
+    """The templates' sandboxed, autoescaping environment."""
+    return SandboxedEnvironment(
+        loader=PackageLoader("gpuwarden.collector.web", "templates"),
+        autoescape=select_autoescape(["html"]),
+    )
+
+
+def _when(unix_seconds: float | None) -> str:
+    if unix_seconds is None:
+        return "—"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(unix_seconds))
+
+
+def _fact(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return "—" if value is None else str(value).lower()
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "—"
+        return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    if isinstance(value, list | tuple):
+        return ", ".join(_fact(v) for v in value[:20])
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentView:
+    """An incident as the page shows it."""
+
+    id: int
+    rule: str
+    severity: str
+    state: str
+    summary: str
+    since: str
+    last_seen: str
+    facts: tuple[tuple[str, str], ...]
+    chart: Markup
+
+
+def incident_view(incident: Incident) -> IncidentView:
+    """Facts and the chart of the points the incident's latest finding carried."""
+    evidence = incident.evidence
+    raw = evidence.get("points") or []
+    points = [
+        (float(p[0]), float(p[1]))
+        for p in raw
+        if isinstance(p, list | tuple) and len(p) == 2
+        if isinstance(p[0], int | float) and isinstance(p[1], int | float)
+    ]
+    threshold = None
+    for key in ("threshold_ratio", "threshold", "utilization_below"):
+        value = evidence.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            threshold = float(value)
+            break
+    subject = str(evidence.get("subject", incident.fingerprint))
+    chart = line_chart(
+        [Series(subject, points)],
+        title=f"{incident.rule_id}: {subject}",
+        threshold=threshold,
+    )
+    facts = tuple(
+        (key, _fact(value)) for key, value in evidence.items() if key not in _HIDDEN_FACTS
+    )
+    return IncidentView(
+        id=incident.incident_id or 0,
+        rule=incident.rule_id,
+        severity=incident.severity,
+        state=str(incident.state),
+        summary=str(evidence.get("summary", "")),
+        since=_when(incident.first_seen),
+        last_seen=_when(incident.last_seen),
+        facts=facts,
+        chart=Markup(chart),  # noqa: S704 - built by status_svg, which escapes every text
+    )
+
+
+def _action_rows(actions: Sequence[ActionRecord]) -> list[dict[str, object]]:
+    return [
+        {
+            "id": a.action_id,
+            "kind": a.action,
+            "target": a.target,
+            "mode": a.mode,
+            "state": a.state,
+            "dry_run": "yes" if a.dry_run else "no",
+            "incident": a.incident_id,
+            "updated": _when(a.updated_at),
+        }
+        for a in actions
+    ]
+
+
+def _fleet(service: CollectorService, now: float) -> dict[str, object]:
+    gpus = gpu_statuses(service, now)
+    nodes: dict[str, list[Any]] = {}
+    for gpu in gpus:
+        nodes.setdefault(gpu.node, []).append(gpu)
+    util = [g.readings["utilization_ratio"] for g in gpus if "utilization_ratio" in g.readings]
+    power = sum(g.readings.get("power_watts", 0.0) for g in gpus)
+    idle = sum(1 for g in gpus if g.job_key and g.readings.get("utilization_ratio", 1.0) < 0.05)
+    not_ok = sum(1 for g in gpus if g.state in ("degraded", "failed"))
+    rows = []
+    series = []
+    matrix = service.store.matrix("hw.gpu.utilization", start=now - CHART_WINDOW_SECONDS, end=now)
+    for i, (name, members) in enumerate(sorted(nodes.items())):
+        node_util = [
+            m.readings["utilization_ratio"] for m in members if "utilization_ratio" in m.readings
+        ]
+        rows.append(
+            {
+                "name": name,
+                "gpus": len(members),
+                "utilization": f"{sum(node_util) / len(node_util):.0%}" if node_util else "—",
+                "power": f"{sum(m.readings.get('power_watts', 0.0) for m in members):,.0f} W",
+                "not_ok": sum(1 for m in members if m.state in ("degraded", "failed")),
+                "jobs": ", ".join(sorted({m.job_key for m in members if m.job_key})) or "—",
+            }
+        )
+        mine = [
+            k
+            for k, info in enumerate(matrix.series)
+            if info.attributes.get("host.name") == name
+            and info.attributes.get("hw.gpu.task", "general") == "general"
+        ]
+        if mine and matrix.values.size:
+            with np.errstate(all="ignore"):
+                block = matrix.values[mine]
+                counts = (~np.isnan(block)).sum(axis=0)
+                means = np.where(
+                    counts > 0, np.nansum(block, axis=0) / np.maximum(counts, 1), np.nan
+                )
+            series.append(
+                Series(
+                    name,
+                    list(zip(matrix.times.tolist(), means.tolist(), strict=True)),
+                    PALETTE[i % len(PALETTE)],
+                )
+            )
+    chart = line_chart(
+        series, title="mean GPU utilisation per node, last hour", y_min=0.0, y_max=1.0
+    )
+    return {
+        "gpus": len(gpus),
+        "utilization": f"{sum(util) / len(util):.0%}" if util else "—",
+        "idle_allocated": idle,
+        "not_ok": not_ok,
+        "power": f"{power / 1000:,.1f} kW",
+        "nodes": rows,
+        "chart": Markup(chart),  # noqa: S704 - built by status_svg, which escapes every text
+    }
+
+
+def _waste(service: CollectorService, now: float) -> list[dict[str, str]]:
+    totals = service.storage.rollups(since=now - 86400, until=now, by=("job_key", "team"))
+    rows = []
+    for total in totals:
+        if total.group.get("job_key") is None or total.gpu_seconds_idle <= 0:
+            continue
+        share = (
+            total.gpu_seconds_idle / total.gpu_seconds_allocated
+            if total.gpu_seconds_allocated > 0
+            else 0.0
+        )
+        idle_usd = total.cost_usd * share if total.cost_usd is not None else None
+        rows.append((idle_usd or 0.0, total.gpu_seconds_idle, total, idle_usd))
+    rows.sort(key=lambda r: (-r[0], -r[1]))
+    return [
+        {
+            "job": str(total.group["job_key"]),
+            "team": str(total.group.get("team") or "—"),
+            "idle_hours": f"{total.gpu_seconds_idle / 3600:,.2f}",
+            "allocated_hours": f"{total.gpu_seconds_allocated / 3600:,.2f}",
+            "idle_usd": "—" if idle_usd is None else f"${idle_usd:,.2f}",
+            "cost_usd": "—" if total.cost_usd is None else f"${total.cost_usd:,.2f}",
+        }
+        for _, _, total, idle_usd in rows[:MAX_WASTE_ROWS]
+    ]
+
+
+def status_context(service: CollectorService, now: float) -> dict[str, object]:
+    """Everything ``status.html`` shows."""
+    storage = service.storage
+    incidents = storage.incidents(state=IncidentState.OPEN)
+    incidents.sort(key=lambda i: (-_severity_rank(i.severity), -i.first_seen))
+    actions = storage.actions()[-MAX_ACTIONS:][::-1]
+    audit = storage.audit(since=now - 86400)[-MAX_AUDIT:][::-1]
+    return {
+        "fleet": _fleet(service, now),
+        "incidents": [incident_view(i) for i in incidents],
+        "waste": _waste(service, now),
+        "actions": _action_rows(actions),
+        "audit": [
+            {
+                "time": _when(e.time),
+                "actor": e.actor,
+                "action": e.action,
+                "target": e.target,
+                "verdict": e.verdict,
+                "result": e.result,
+                "dry_run": "yes" if e.dry_run else "no",
+                "reason": e.reason,
+            }
+            for e in audit
+        ],
+    }
+
+
+def _severity_rank(severity: str) -> int:
+    return {"page": 3, "critical": 2, "warning": 1}.get(severity, 0)
+
+
+def _page(env: SandboxedEnvironment, template: str, context: Mapping[str, object]) -> str:
+    return env.get_template(template).render(
+        **context,
+        generated=_when(time.time()),
+        refresh_seconds=REFRESH_SECONDS,
+    )
+
+
+async def status(request: web.Request) -> web.Response:
+    """``GET /status``."""
+    service, env = request.app[_SERVICE], request.app[_ENV]
+
+    def render() -> str:
+        return _page(env, "status.html", status_context(service, service.clock()))
+
+    text = await asyncio.to_thread(render)
+    return web.Response(text=text, content_type="text/html", headers=_HEADERS)
+
+
+async def incident_page(request: web.Request) -> web.Response:
+    """``GET /status/incidents/{id}``."""
+    service, env = request.app[_SERVICE], request.app[_ENV]
+    try:
+        incident_id = int(request.match_info["id"])
+    except ValueError:
+        raise web.HTTPBadRequest(text="incident ids are integers\n") from None
+
+    def render() -> str | None:
+        incident = service.storage.incident(incident_id)
+        if incident is None:
+            return None
+        context = {
+            "incident": incident_view(incident),
+            "actions": _action_rows(service.storage.actions(incident_id=incident_id)),
+        }
+        return _page(env, "incident.html", context)
+
+    text = await asyncio.to_thread(render)
+    if text is None:
+        raise web.HTTPNotFound(text=f"no incident {incident_id}\n")
+    return web.Response(text=text, content_type="text/html", headers=_HEADERS)
+
+
+_HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+def setup_status_page(app: web.Application, service: CollectorService) -> None:
+    """Add ``GET /status`` and ``GET /status/incidents/{id}``."""
+    app[_SERVICE] = service
+    app[_ENV] = environment()
+    app.router.add_get("/status", status)
+    app.router.add_get("/status/incidents/{id}", incident_page)
