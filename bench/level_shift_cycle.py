@@ -42,9 +42,10 @@ from bench.detect_bench import COLUMNS, PERIOD, backgrounds, inject
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect import level_shift
+from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.ingest.otlp import NumberPoint
-from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import Selector
 from gpuwarden.collector.store.types import AttrValue
 
@@ -129,12 +130,11 @@ def main(argv: list[str] | None = None) -> int:
             began = time.perf_counter()
             svc.store.matrix(METRIC, start=end - 7200, end=end)
             read = time.perf_counter() - began
-            cache = level_shift._STORE_FITS.get(svc.store)
-            fits_before = cache.fitted if cache is not None else 0
+            fits_before = svc.detection_view.cache(level_shift.new_fit_cache).fitted
             began = time.perf_counter()
-            findings = level_shift.run_level_shift(svc, rule, end)
+            findings = level_shift.DETECTOR.detect(svc.detection_view, rule, end)
             wall = time.perf_counter() - began
-            fits = level_shift._STORE_FITS[svc.store].fitted - fits_before
+            fits = svc.detection_view.cache(level_shift.new_fit_cache).fitted - fits_before
             firing = {str(f.evidence["gpu"]) for f in findings if f.verdict is Verdict.FIRING}
             waiting = sum(
                 f.verdict is Verdict.UNKNOWN and "max_fits" in f.summary for f in findings

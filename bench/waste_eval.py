@@ -3,9 +3,9 @@
 Run: ``.venv/bin/python bench/waste_eval.py [--cycle-seconds S] [--seed N] [--gentd26-dir DIR]``.
 
 Everything goes through the whole path: OTLP points → ``CollectorService.accept`` → WindowStore →
-``timelines`` / ownership → the detector (``detect_idle_gpus``, ``run_forgotten_gpu``) on a
-simulated clock, one detection cycle every ``--cycle-seconds``. Truth is computed separately, on
-the raw samples, never through the store:
+``timelines`` / ownership → the shipped default rule through its detector (``idle_gpu``,
+``forgotten_gpu``) on a simulated clock, one detection cycle every ``--cycle-seconds``. Truth is
+computed separately, on the raw samples, never through the store:
 
 - idle (window W, threshold θ): a job held the GPU for all of ``[t−W, t)``, the raw samples in it
   cover at least ``min_coverage`` of it and all are below θ. One sample at or above θ makes it
@@ -45,12 +45,11 @@ import numpy as np
 
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.detect.catalog import DETECTORS, load_rules
 from gpuwarden.collector.detect.findings import Verdict
-from gpuwarden.collector.detect.idle_rule import detect_idle_gpus
-from gpuwarden.collector.detect.waste import run_forgotten_gpu
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
-from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.store.types import AttrValue
@@ -267,20 +266,13 @@ def evaluate(
             )  # fmt: skip
             if holder:
                 holder_row[holder] = i
-    rule = _forgotten_rule(window_seconds, threshold, min_coverage) if forgotten else None
+    detector = "forgotten_gpu" if forgotten else "idle_gpu"
+    rule = _default_rule(detector, window_seconds, threshold, min_coverage)
+    view = svc.detection_view
     for c, t in enumerate(cycles):
-        if rule is not None:
-            for f in run_forgotten_gpu(svc, rule, float(t)):
-                if f.verdict is Verdict.FIRING:
-                    fired[holder_row[f.subject], c] = True
-            continue
-        found = detect_idle_gpus(
-            svc, rule_id="idle-gpu", severity="warning", window_seconds=window_seconds,
-            threshold_ratio=threshold, min_coverage=min_coverage, now=float(t),
-        )  # fmt: skip
-        for f in found:
+        for f in DETECTORS[detector].detect(view, rule, float(t)):
             if f.verdict is Verdict.FIRING:
-                fired[row[f.subject], c] = True
+                fired[(holder_row if forgotten else row)[f.subject], c] = True
 
     def onset(r: int, first: float) -> float:
         raw = raws[r]
@@ -294,9 +286,10 @@ def evaluate(
     return score(name, truth, fired, cycles, onset)
 
 
-def _forgotten_rule(window: float, threshold: float, coverage: float) -> Rule:
+def _default_rule(detector: str, window: float, threshold: float, coverage: float) -> Rule:
+    """The shipped default rule of ``detector`` with the window, threshold and coverage set."""
     rules = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
-    rule = next(r for r in rules.rules if r.detector == "forgotten_gpu")
+    rule = next(r for r in rules.rules if r.detector == detector)
     params = {
         **rule.parameters,
         "window_seconds": window,

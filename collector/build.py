@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.accounting.gpu_time import AccountingConfig
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.jobs import JobSourceError
 from gpuwarden.collector.jobs.model import JobSource
 from gpuwarden.collector.jobs.registry import JobRegistry
-from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import RuleSet
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.sqlite import SqliteStorage

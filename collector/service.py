@@ -10,14 +10,16 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar, cast
 
 import numpy as np
 
 from gpuwarden.collector.accounting.gpu_time import (
     UNALLOCATED,
     AccountingConfig,
+    GpuRef,
     GpuTimeline,
     Usage,
     account,
@@ -25,13 +27,15 @@ from gpuwarden.collector.accounting.gpu_time import (
 from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint, histogram_points
 from gpuwarden.collector.ingest.scrape import ModelServerScraper
 from gpuwarden.collector.ingest.workloads import announcement
+from gpuwarden.collector.jobs.model import Job
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.storage.base import Storage
-from gpuwarden.collector.storage.records import AccountingRow, Event, EventKind
+from gpuwarden.collector.storage.records import AccountingRow, Event, EventKind, ModelDeployment
 from gpuwarden.collector.store.types import IngestCounts
 from gpuwarden.collector.store.window import WindowStore
 
 log = logging.getLogger(__name__)
+C = TypeVar("C")
 
 #: Resource attributes of an agent that the collector keeps per node.
 NODE_FACTS = (
@@ -67,17 +71,6 @@ class Accepted:
     """Of ``points``, those the store refused."""
 
 
-@dataclass(frozen=True, slots=True)
-class GpuRef:
-    """One GPU the collector knows from the agents' ``gpuwarden.gpu.info``."""
-
-    node: str
-    uuid: str
-    index: int | None
-    model: str
-    parent_uuid: str | None = None
-
-
 @dataclass
 class CollectorService:
     """Everything the collector holds, with the operations the app and CLI need."""
@@ -97,6 +90,7 @@ class CollectorService:
     _new_series: dict[str, tuple[float, int]] = field(default_factory=dict)
     _announced: set[tuple[tuple[str, str | int | float | bool], ...]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _view: DetectionView | None = None
 
     # --- ingest -------------------------------------------------------------------------------
 
@@ -373,6 +367,79 @@ class CollectorService:
     def poll_jobs(self, now: float | None = None) -> int:
         """Poll the job adapters (blocking); return the number of jobs."""
         return self.registry.poll(self.clock() if now is None else now).jobs
+
+    # --- detection ----------------------------------------------------------------------------
+
+    @property
+    def detection_view(self) -> DetectionView:
+        """The read view detectors get (one per service, so its fit caches persist)."""
+        with self._lock:
+            if self._view is None:
+                self._view = DetectionView(self)
+            return self._view
+
+
+class DetectionView:
+    """The service seen as a detector sees it (``detect.contract.DetectionContext``): read-only
+    data, the clock and the detectors' caches; no ingest, no storage writes."""
+
+    def __init__(self, service: CollectorService) -> None:
+        self._service = service
+        self._caches: dict[object, object] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> WindowStore:
+        """The time series."""
+        return self._service.store
+
+    def now(self) -> float:
+        """The collector's clock."""
+        return self._service.clock()
+
+    def gpus(self) -> list[GpuRef]:
+        """Every GPU the agents described."""
+        return self._service.gpus()
+
+    def timelines(self, start: float, end: float) -> tuple[np.ndarray, list[GpuTimeline]]:
+        """Each physical GPU's timeline over ``[start, end)``."""
+        return self._service.timelines(start, end)
+
+    def jobs(self) -> list[Job]:
+        """Every job known."""
+        return self._service.registry.known()
+
+    def job(self, key: str) -> Job | None:
+        """One job by key."""
+        return self._service.registry.get(key)
+
+    def resolve_job(self, scheduler: str, ident: str, node: str) -> str:
+        """The job key for a process's scheduler attributes."""
+        return self._service.registry.resolve(scheduler, ident, node)
+
+    def deployments(self) -> list[ModelDeployment]:
+        """The model deployments known."""
+        return self._service.storage.models()
+
+    def events(self, *, since: float, kinds: Collection[EventKind]) -> list[Event]:
+        """Events of some kinds at or after ``since``."""
+        return self._service.storage.events(since=since, kinds=kinds)
+
+    def price(self, gpu_model: str, tier: str) -> float:
+        """Dollars per GPU-hour."""
+        return self._service.accounting.prices.price(gpu_model, tier)
+
+    @property
+    def default_price_tier(self) -> str:
+        """The tier of GPUs and jobs that name none."""
+        return self._service.accounting.default_price_tier
+
+    def cache(self, kind: Callable[[], C]) -> C:
+        """The detector state of this kind, made on first use."""
+        with self._lock:
+            if kind not in self._caches:
+                self._caches[kind] = kind()
+            return cast("C", self._caches[kind])
 
 
 def _gpu_key(attrs: Mapping[str, object]) -> tuple[str, str]:

@@ -222,7 +222,9 @@ class _Demo:
         app = create_app(
             self.config,
             service=self.service,
-            detection=DetectionEngine(self.service, rules),
+            detection=DetectionEngine(
+                self.service.detection_view, rules, storage=self.service.storage
+            ),
             remediation=remediation,
         )
         self.runners.append(await _serve(app, self.port))

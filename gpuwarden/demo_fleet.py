@@ -36,10 +36,10 @@ from gpuwarden.agent.sources.scenario import (
 )
 from gpuwarden.agent.sources.simulated import SimulatedSource
 from gpuwarden.collector.alerts.model import Alert, AlertStatus
+from gpuwarden.collector.detect.catalog import SPECS as DETECTORS
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, ActionResult, Outcome
 from gpuwarden.collector.rules.model import ParamType, Rule, RuleSet
-from gpuwarden.collector.rules.vocabulary import DETECTORS
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import Event, EventKind, ModelDeployment
 

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gpuwarden.collector.alerts.model import Alert, AlertStatus
 from gpuwarden.collector.alerts.runbooks import Links
+from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.ingest.alertmanager import AlertReceiver, PayloadError, parse_payload
 from gpuwarden.collector.notify.alertmanager_notifier import (
     FINGERPRINT_LABEL,
@@ -26,7 +27,7 @@ from gpuwarden.collector.notify.dispatcher import AlertDispatcher
 from gpuwarden.collector.notify.pagerduty_notifier import PagerDutyNotifier
 from gpuwarden.collector.notify.settings import AlertingSettings, AlertingSettingsError
 from gpuwarden.collector.notify.slack_notifier import SlackNotifier
-from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.storage.base import ActionRecord
 from gpuwarden.collector.storage.records import AuditEntry, Incident, IncidentState

@@ -10,12 +10,14 @@ import pytest
 
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.detect.deploy import run_deploy_regression, two_sample_p
+from gpuwarden.collector.detect.catalog import load_rules
+from gpuwarden.collector.detect.deploy import two_sample_p
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
-from gpuwarden.collector.rules.loader import default_rules_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir
 from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.storage.records import Event, EventKind
+from tests.detectors import run_rule
 
 T0 = 1_767_225_600.0
 STEP = 10
@@ -96,7 +98,7 @@ def rule_with(**params: float | str) -> Rule:
 @pytest.mark.parametrize("test", ["mann_whitney", "ks", "welch"])
 def test_a_slower_deploy_fires_and_an_unchanged_one_does_not(service, test):
     rule = rule_with(test=test)
-    found = {f.evidence["model"]: f for f in run_deploy_regression(service, rule, END)}
+    found = {f.evidence["model"]: f for f in run_rule(service, rule, END)}
     assert set(found) == {"slower", "same"}
     slow = found["slower"]
     assert slow.verdict is Verdict.FIRING, slow.summary
@@ -113,18 +115,18 @@ def test_a_slower_deploy_fires_and_an_unchanged_one_does_not(service, test):
 def test_error_ratio_after_a_deploy(service):
     rule = rule_with(statistic="error_ratio", min_relative_change=0.5)
     rule = replace(rule, selector=replace(rule.selector, metrics=("gpuwarden.model.requests",)))
-    found = {f.evidence["model"]: f for f in run_deploy_regression(service, rule, END)}
+    found = {f.evidence["model"]: f for f in run_rule(service, rule, END)}
     assert found["slower"].verdict is Verdict.FIRING, found["slower"].summary
     assert found["same"].verdict is Verdict.CLEAR, found["same"].summary
 
 
 def test_direction_decrease_ignores_a_slowdown(service):
-    found = run_deploy_regression(service, rule_with(direction="decrease"), END)
+    found = run_rule(service, rule_with(direction="decrease"), END)
     assert all(f.verdict is Verdict.CLEAR for f in found)
 
 
 def test_a_deploy_is_not_judged_before_its_after_window_is_complete(service):
-    assert run_deploy_regression(service, rule_with(), DEPLOY + 1200) == []
+    assert run_rule(service, rule_with(), DEPLOY + 1200) == []
 
 
 def test_a_deploy_without_data_after_it_is_unknown(tmp_path: Path):
@@ -134,7 +136,7 @@ def test_a_deploy_without_data_after_it_is_unknown(tmp_path: Path):
     before_only = latency_points(np.ones(N // 2), "m")  # points stop at the deploy
     svc.accept_histograms(before_only, "test")
     svc.storage.record_event(Event(time=DEPLOY, kind=EventKind.DEPLOY, subject="m"))
-    (finding,) = run_deploy_regression(svc, rule_with(), END)
+    (finding,) = run_rule(svc, rule_with(), END)
     assert finding.verdict is Verdict.UNKNOWN
 
 

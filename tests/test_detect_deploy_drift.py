@@ -14,12 +14,12 @@ import pytest
 
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.detect.deploy import run_deploy_regression
-from gpuwarden.collector.detect.drift import run_model_drift
+from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.detect.findings import Verdict
-from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import Event, EventKind
+from tests.detectors import run_rule
 
 T0 = 1_767_225_600.0
 STEP = 10
@@ -90,7 +90,7 @@ def test_deploy_regression_compares_before_and_after(
     service.storage.record_event(Event(deploy, EventKind.DEPLOY, "llama", {"to": "v2"}))
     rule = rules.get("deploy-regression")
     assert rule is not None
-    findings = [f for f in run_deploy_regression(service, rule, now) if METRIC in f.subject]
+    findings = [f for f in run_rule(service, rule, now) if METRIC in f.subject]
     assert [f.verdict for f in findings] == [expected]
     evidence = findings[0].evidence
     assert evidence["model"] == "llama"
@@ -107,7 +107,7 @@ def test_deploy_regression_without_data_after_the_deploy_is_unknown(tmp_path, ru
     service.storage.record_event(Event(deploy, EventKind.DEPLOY, "llama", {"to": "v2"}))
     rule = rules.get("deploy-regression")
     assert rule is not None
-    findings = [f for f in run_deploy_regression(service, rule, now) if METRIC in f.subject]
+    findings = [f for f in run_rule(service, rule, now) if METRIC in f.subject]
     assert [f.verdict for f in findings] == [Verdict.UNKNOWN]
 
 
@@ -118,7 +118,7 @@ def test_no_deploy_no_finding(tmp_path, rules, services):
     feed(service, [(0, 0.3)], hours=3.0)
     rule = rules.get("deploy-regression")
     assert rule is not None
-    assert run_deploy_regression(service, rule, now) == []
+    assert run_rule(service, rule, now) == []
 
 
 @pytest.mark.parametrize(
@@ -138,7 +138,7 @@ def test_model_drift_flags_a_lasting_shift_against_history(
     feed(service, steps, hours=5.5)
     rule = rules.get("model-latency-drift")
     assert rule is not None
-    findings = [f for f in run_model_drift(service, rule, now) if METRIC in f.subject]
+    findings = [f for f in run_rule(service, rule, now) if METRIC in f.subject]
     assert [f.verdict for f in findings] == [expected]
 
 
@@ -149,6 +149,6 @@ def test_model_drift_with_a_gap_in_the_current_window_is_unknown(tmp_path, rules
     feed(service, [(0, 0.3)], hours=4.0)  # 1.5 h without data at the end
     rule = rules.get("model-latency-drift")
     assert rule is not None
-    findings = [f for f in run_model_drift(service, rule, now) if METRIC in f.subject]
+    findings = [f for f in run_rule(service, rule, now) if METRIC in f.subject]
     assert findings
     assert all(f.verdict is Verdict.UNKNOWN for f in findings)

@@ -11,16 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuwarden.collector.detect.distribution import (
-    METHODS,
-    DriftTracker,
-    calibrate,
-    distance,
-    run_distribution_drift,
-)
+from gpuwarden.collector.detect.catalog import load_rules
+from gpuwarden.collector.detect.distribution import METHODS, DriftTracker, calibrate, distance
 from gpuwarden.collector.detect.findings import Verdict
-from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import ParamValue, Rule
+from tests.detectors import run_rule
 from tests.test_detect_slo import make_service
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure_llm_inference_2023"
@@ -250,14 +246,14 @@ def test_the_runner_reads_window_histograms_from_the_store(tmp_path):
     svc = make_service(tmp_path, end)
     feed_latency(svc, T0, end, shift_at=end - 20 * 60)
     rule = drift_rule(window_seconds=300.0, reference_seconds=3 * HOUR, same_phase=False)
-    before = run_distribution_drift(svc, rule, end - 20 * 60)
+    before = run_rule(svc, rule, end - 20 * 60)
     got = {f.subject: f for f in before}
     ttft = got["llama:gpuwarden.model.time_to_first_token"]
     assert ttft.verdict is Verdict.CLEAR, dict(ttft.evidence)
     samples = ttft.evidence["aa_samples"]
     assert isinstance(samples, int)
     assert samples >= 10
-    after = {f.subject: f for f in run_distribution_drift(svc, rule, end)}
+    after = {f.subject: f for f in run_rule(svc, rule, end)}
     ttft = after["llama:gpuwarden.model.time_to_first_token"]
     assert ttft.verdict is Verdict.FIRING, dict(ttft.evidence)
     assert ttft.evidence["drifted_windows_in_a_row"] == 4

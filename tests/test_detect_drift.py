@@ -10,14 +10,16 @@ import pytest
 
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.detect.drift import DriftParams, detect_drift, run_model_drift
+from gpuwarden.collector.detect.catalog import load_rules
+from gpuwarden.collector.detect.drift import DriftParams, detect_drift
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.detect.model_series import Binned, quantiles
 from gpuwarden.collector.detect.numerics.drift_noise import min_requests, quantile_noise
 from gpuwarden.collector.ingest.otlp import HistogramPoint
-from gpuwarden.collector.rules.loader import default_rules_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir
 from gpuwarden.collector.store.histograms import histogram_quantile
 from gpuwarden.collector.store.types import Kind
+from tests.detectors import make_rule, run_rule
 
 BIN = 15.0
 BOUNDS = tuple(float(b) for b in np.geomspace(0.05, 50.0, 61))
@@ -33,6 +35,8 @@ PARAMS = DriftParams(
     min_relative_change=0.1,
     bin_seconds=BIN,
 )
+
+DRIFT_RULE = make_rule("model_drift")
 
 
 def histogram_bins(factor: np.ndarray, seed: int = 0, per_bin: int = 150) -> np.ndarray:
@@ -99,7 +103,7 @@ def test_drift_verdicts(name, factor, missing, params, expected):
     if missing is not None:
         parts = gap(parts, N - missing[0], N - missing[1])
     subject = Binned("m", "lat", Kind.HISTOGRAM, times(), parts, BIN, BOUNDS)
-    (finding,) = detect_drift([subject], params, rule_id="r", severity="warning")
+    (finding,) = detect_drift([subject], params, rule=DRIFT_RULE)
     assert finding.verdict is expected, (name, dict(finding.evidence), finding.summary)
     if expected is Verdict.FIRING:
         ev = finding.evidence
@@ -135,7 +139,7 @@ def test_low_traffic_windows_are_not_judged(name, busy, now, size, expected, rea
     if now == 0:
         parts[-20:] = np.nan
     subject = Binned("m", "lat", Kind.HISTOGRAM, times(), parts, BIN, BOUNDS)
-    (finding,) = detect_drift([subject], PARAMS, rule_id="r", severity="warning")
+    (finding,) = detect_drift([subject], PARAMS, rule=DRIFT_RULE)
     assert finding.verdict is expected, (name, finding.summary, dict(finding.evidence))
     if reason is not None:
         assert reason in finding.summary
@@ -183,7 +187,7 @@ def test_a_noisy_window_needs_a_bigger_move():
             [histogram_bins(factor[:-20], per_bin=150), histogram_bins(factor[-20:], 1, now)]
         )
         subject = Binned("m", "lat", Kind.HISTOGRAM, times(), parts, BIN, BOUNDS)
-        (finding,) = detect_drift([subject], PARAMS, rule_id="r", severity="warning")
+        (finding,) = detect_drift([subject], PARAMS, rule=DRIFT_RULE)
         assert finding.verdict is verdict, (now, dict(finding.evidence))
         assert isinstance(finding.evidence["noise"], float)
 
@@ -191,7 +195,7 @@ def test_a_noisy_window_needs_a_bigger_move():
 def test_missing_data_is_never_clear_nor_firing():
     parts = np.full((N, len(BOUNDS) + 2), np.nan)
     subject = Binned("m", "lat", Kind.HISTOGRAM, times(), parts, BIN, BOUNDS)
-    (finding,) = detect_drift([subject], PARAMS, rule_id="r", severity="warning")
+    (finding,) = detect_drift([subject], PARAMS, rule=DRIFT_RULE)
     assert finding.verdict is Verdict.UNKNOWN
 
 
@@ -208,10 +212,10 @@ def test_seasonal_baseline_absorbs_a_daily_pattern_and_still_finds_a_step():
         sub = Binned(
             "m", "lat", Kind.HISTOGRAM, t[:start], histogram_bins(factor)[:start], BIN, BOUNDS
         )
-        (found,) = detect_drift([sub], params, rule_id="r", severity="warning")
+        (found,) = detect_drift([sub], params, rule=DRIFT_RULE)
         assert found.evidence["baseline_kind"] == "seasonal"
         if expected is Verdict.CLEAR:
-            plain = detect_drift([sub], PARAMS, rule_id="r", severity="warning")[0]
+            plain = detect_drift([sub], PARAMS, rule=DRIFT_RULE)[0]
             assert plain.verdict is Verdict.FIRING  # what the season is there to prevent
         assert found.verdict is expected, dict(found.evidence)
 
@@ -279,11 +283,11 @@ def test_runner_reads_histograms_from_the_store(tmp_path: Path, rule, size, expe
     factor = np.ones(n)
     factor[-24:] = size  # the last 4 min
     feed(svc, factor)
-    found = run_model_drift(svc, rule, end)
+    found = run_rule(svc, rule, end)
     assert [f.subject for f in found] == ["llama/gpuwarden.model.request.latency/p99"]
     assert found[0].verdict is expected, dict(found[0].evidence)
     # an hour later with no new points: the window is empty, so UNKNOWN (never healthy)
-    later = run_model_drift(svc, rule, end + 3600)
+    later = run_rule(svc, rule, end + 3600)
     assert later[0].verdict is Verdict.UNKNOWN
 
 
@@ -297,8 +301,8 @@ def test_confirm_fits_are_reused_then_refitted():
     for cycle in range(7):
         end = N - 6 + cycle  # the window slides one bin per cycle, the step stays inside it
         subject = Binned("m", "lat", Kind.HISTOGRAM, times()[:end], parts[:end], BIN, BOUNDS)
-        (kept,) = detect_drift([subject], PARAMS, rule_id="r", severity="warning", fits=fits)
-        (fresh,) = detect_drift([subject], PARAMS, rule_id="r", severity="warning")
+        (kept,) = detect_drift([subject], PARAMS, rule=DRIFT_RULE, fits=fits)
+        (fresh,) = detect_drift([subject], PARAMS, rule=DRIFT_RULE)
         assert (kept.verdict, fresh.verdict) == (Verdict.FIRING, Verdict.FIRING), cycle
     assert (fits.fitted, fits.reused) == (2, 5)  # fit, 3 reuses, refit, 2 reuses
 
@@ -370,7 +374,7 @@ def test_a_counter_rate_is_judged_with_the_threshold_its_bins_call_for():
     ):
         parts = np.column_stack([increments, np.zeros(N)])
         subject = Binned(name, "samples", Kind.COUNTER, times(), parts, BIN)
-        (found[name],) = detect_drift([subject], params, rule_id="r", severity="warning")
+        (found[name],) = detect_drift([subject], params, rule=DRIFT_RULE)
     assert found["symmetric"].evidence["threshold"] == 4.0
     assert found["skewed"].evidence["threshold"] > 4.5  # type: ignore[operator]
     assert {f.verdict for f in found.values()} == {Verdict.CLEAR}

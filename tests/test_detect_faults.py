@@ -15,9 +15,11 @@ from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.store.types import AttrValue
+from tests.detectors import make_rule
 
 NOW = float(int(time.time()))
 RES: dict[str, AttrValue] = {"host.name": "n1"}
+HW = make_rule("hardware_fault", "hw", "critical")
 
 
 def status(gpu: str, state: str, t: float) -> list[NumberPoint]:
@@ -90,7 +92,10 @@ def test_each_fault_kind_fires_and_healthy_gpus_clear(service):
     found = {
         f.subject: f
         for f in detect_hardware_faults(
-            service, rule_id="hw", severity="critical", window_seconds=300, now=NOW
+            service.detection_view,
+            HW,
+            window_seconds=300,
+            now=NOW,
         )
     }
     verdicts = {s.split("/")[1]: f.verdict for s, f in found.items()}
@@ -111,7 +116,10 @@ def test_gpus_without_data_in_the_window_are_not_judged(service):
     later = NOW + 3600  # nothing in this window
     assert (
         detect_hardware_faults(
-            service, rule_id="hw", severity="critical", window_seconds=300, now=later
+            service.detection_view,
+            HW,
+            window_seconds=300,
+            now=later,
         )
         == []
     )
@@ -128,15 +136,17 @@ def test_a_first_xid_shows_through_the_degraded_status(tmp_path):
     found = {
         f.subject.split("/")[1]: f
         for f in detect_hardware_faults(
-            svc, rule_id="hw", severity="critical", window_seconds=300, now=NOW
+            svc.detection_view,
+            HW,
+            window_seconds=300,
+            now=NOW,
         )
     }
     assert found["GPU-new"].verdict is Verdict.FIRING
     assert found["GPU-new"].evidence["reasons"] == "GPU degraded (XID of concern or remap)"
     assert found["GPU-calm"].verdict is Verdict.CLEAR
     no_xids = detect_hardware_faults(
-        svc, rule_id="hw", severity="critical", window_seconds=300, now=NOW, xids=(),
-        remap_failure=False,
-    )  # fmt: skip
+        svc.detection_view, HW, window_seconds=300, now=NOW, xids=(), remap_failure=False
+    )
     assert all(f.verdict is Verdict.CLEAR for f in no_xids)
     svc.storage.close()

@@ -9,22 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.detect.findings import Finding, Verdict
-from gpuwarden.collector.detect.forecast import (
-    bin_seconds,
-    fit_demand,
-    rebin,
-    run_demand_forecast,
-    saturation_capacity,
-)
+from gpuwarden.collector.detect.forecast import bin_seconds, fit_demand, rebin, saturation_capacity
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.registry import JobRegistry
-from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import ParamValue, Rule
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import ModelDeployment
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from gpuwarden.collector.store.window import WindowStore
+from tests.detectors import run_rule
 
 T0 = 1_767_225_600.0  # midnight UTC
 DAY = 86400.0
@@ -127,7 +123,7 @@ def crossing() -> float:
 
 
 def run(svc: CollectorService, now: float, **params: ParamValue) -> Finding:
-    found = run_demand_forecast(svc, forecast_rule(**params), now)
+    found = run_rule(svc, forecast_rule(**params), now)
     assert [f.subject for f in found] == ["llama"]
     return found[0]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gpuwarden.collector.detect.findings import Verdict, fingerprint
-from gpuwarden.collector.detect.idle import idle_verdicts
+from gpuwarden.collector.detect.idle_gpu import idle_verdicts
 
 N = np.nan
 F, C, U = Verdict.FIRING, Verdict.CLEAR, Verdict.UNKNOWN

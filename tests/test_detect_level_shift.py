@@ -12,9 +12,10 @@ import pytest
 
 from gpuwarden.collector.detect import level_shift
 from gpuwarden.collector.detect.findings import Finding, Verdict
-from gpuwarden.collector.detect.level_shift import ShiftScreen, run_level_shift, screen_shifts
+from gpuwarden.collector.detect.level_shift import ShiftScreen, screen_shifts
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.rules.model import ParamValue, Rule, Selector
+from tests.detectors import run_rule
 from tests.test_detect_waste import T0, feed, gauge, make_service, rule_for
 
 F, C, U = Verdict.FIRING, Verdict.CLEAR, Verdict.UNKNOWN
@@ -106,7 +107,7 @@ def run(tmp_path: Path, values: dict[str, np.ndarray], rule: Rule, times: int = 
     feed(svc, END - STEP * np.arange(SLOTS, 0, -1) + 1, series_points(values))
     out: list[Finding] = []
     for _ in range(times):
-        out = run_level_shift(svc, rule, END)
+        out = run_rule(svc, rule, END)
     return out
 
 
@@ -144,8 +145,8 @@ def test_a_kept_fit_is_reused_and_gives_the_same_verdict(tmp_path: Path):
     svc = make_service(tmp_path, END)
     feed(svc, END - STEP * np.arange(SLOTS, 0, -1) + 1, series_points(values))
     rule = default_rule()
-    first = {str(f.evidence["node"]): f for f in run_level_shift(svc, rule, END)}
-    again = {str(f.evidence["node"]): f for f in run_level_shift(svc, rule, END)}
+    first = {str(f.evidence["node"]): f for f in run_rule(svc, rule, END)}
+    again = {str(f.evidence["node"]): f for f in run_rule(svc, rule, END)}
     assert first["a"].verdict is again["a"].verdict is F
     assert first["a"].evidence["reused_fit"] is False
     assert again["a"].evidence["reused_fit"] is True
@@ -160,12 +161,12 @@ def test_new_fits_are_capped_per_cycle_strongest_first(tmp_path: Path):
     svc = make_service(tmp_path, END)
     feed(svc, END - STEP * np.arange(SLOTS, 0, -1) + 1, series_points(values))
     rule = default_rule(max_fits=1)
-    first = {str(f.evidence["node"]): f for f in run_level_shift(svc, rule, END)}
+    first = {str(f.evidence["node"]): f for f in run_rule(svc, rule, END)}
     assert first["big"].verdict is F
     assert first["small"].verdict is U
     assert "max_fits=1" in first["small"].summary
     # The next cycle reuses the kept fit and fits the one that waited.
-    second = {str(f.evidence["node"]): f for f in run_level_shift(svc, rule, END)}
+    second = {str(f.evidence["node"]): f for f in run_rule(svc, rule, END)}
     assert second["big"].verdict is second["small"].verdict is F
 
 
@@ -216,10 +217,9 @@ def test_refits_over_the_budget_reuse_their_fit_and_spread_over_cycles(tmp_path:
     rule = default_rule(max_fits=1)
     fitted, verdicts = [], []
     for _ in range(level_shift.REFIT_EVERY + 8):
-        cache = level_shift._STORE_FITS.get(svc.store)
-        before = cache.fitted if cache is not None else 0
-        verdicts.append([f.verdict for f in run_level_shift(svc, rule, END)])
-        fitted.append(level_shift._STORE_FITS[svc.store].fitted - before)
+        before = svc.detection_view.cache(level_shift.new_fit_cache).fitted
+        verdicts.append([f.verdict for f in run_rule(svc, rule, END)])
+        fitted.append(svc.detection_view.cache(level_shift.new_fit_cache).fitted - before)
     assert max(fitted) == 1  # never more fits than the budget in one cycle
     assert verdicts[0].count(U) == 2  # the first cycle fits one new series, two wait
     assert all(v == [F, F, F] for v in verdicts[2:])  # once fitted, never UNKNOWN again

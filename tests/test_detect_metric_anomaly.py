@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from gpuwarden.collector.detect.findings import Verdict
-from gpuwarden.collector.detect.metric_anomaly import run_metric_anomaly
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.rules.model import Selector
+from tests.detectors import run_rule
 from tests.test_detect_waste import T0, feed, gauge, make_service, rule_for
 
 F, C, U = Verdict.FIRING, Verdict.CLEAR, Verdict.UNKNOWN
@@ -75,7 +75,7 @@ def test_verdicts(tmp_path: Path, name, shape, hours, want):
     feed(svc, times, points)
     rule = rule_for("metric_anomaly")
     rule = dataclasses.replace(rule, selector=Selector(metrics=(METRIC,)))
-    (finding,) = run_metric_anomaly(svc, rule, end)
+    (finding,) = run_rule(svc, rule, end)
     assert finding.verdict is want, (name, finding.summary, dict(finding.evidence))
     assert finding.evidence["node"] == "gpu-07"
     assert finding.evidence["gpu"] == "GPU-7"
@@ -103,10 +103,10 @@ def test_selector_and_max_series_bound_the_work(tmp_path: Path, caplog):
     feed(svc, times, points)
     base = dataclasses.replace(rule_for("metric_anomaly"), selector=Selector(metrics=(METRIC,)))
     only_a = dataclasses.replace(base, selector=Selector(metrics=(METRIC,), nodes=("a*",)))
-    assert sorted(str(f.evidence["node"]) for f in run_metric_anomaly(svc, only_a, end)) == [
+    assert sorted(str(f.evidence["node"]) for f in run_rule(svc, only_a, end)) == [
         "a1",
         "a2",
     ]
     capped = dataclasses.replace(base, parameters={**base.parameters, "max_series": 2})
-    assert len(run_metric_anomaly(svc, capped, end)) == 2
+    assert len(run_rule(svc, capped, end)) == 2
     assert "max_series=2" in caplog.text

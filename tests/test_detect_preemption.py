@@ -13,12 +13,12 @@ from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.detect.preemption import (
     job_preemptions,
     last_checkpoint,
-    run_preemption,
     work_lost_seconds,
 )
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.model import JobState
 from gpuwarden.collector.storage.records import Event, EventKind
+from tests.detectors import run_rule
 from tests.test_detect_waste import T0, feed, gpu_points, job, make_service, rule_for
 
 F, C = Verdict.FIRING, Verdict.CLEAR
@@ -104,7 +104,7 @@ def fleet(tmp_path: Path):
 
 
 def test_preemption_rule_finds_each_kind_with_the_work_lost(fleet):
-    found = {f.subject: f for f in run_preemption(fleet, rule_for("preemption"), END)}
+    found = {f.subject: f for f in run_rule(fleet, rule_for("preemption"), END)}
     assert {k: f.verdict for k, f in found.items()} == {
         "slurm:c:1": F, "slurm:c:2": F, "slurm:c:3": F, "slurm:c:4": C,
     }  # fmt: skip
@@ -120,12 +120,12 @@ def test_preemption_rule_finds_each_kind_with_the_work_lost(fleet):
 
 def test_preemption_rule_watches_only_its_price_tiers(fleet):
     rule = rule_for("preemption", price_tiers=("spot",))
-    assert {f.subject for f in run_preemption(fleet, rule, END)} == {"slurm:c:1"}
+    assert {f.subject for f in run_rule(fleet, rule, END)} == {"slurm:c:1"}
 
 
 def test_preemption_rule_counts_against_min_preemptions(fleet):
     fleet.storage.record_event(notice(T0 + 300, "slurm:c:4"))
     fleet.storage.record_event(notice(T0 + 3000, "slurm:c:4"))
     rule = rule_for("preemption", min_preemptions=2)
-    got = {f.subject: f.verdict for f in run_preemption(fleet, rule, END)}
+    got = {f.subject: f.verdict for f in run_rule(fleet, rule, END)}
     assert got == {"slurm:c:1": C, "slurm:c:2": C, "slurm:c:3": C, "slurm:c:4": F}

@@ -9,23 +9,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.detect.slo import (
     PairVerdict,
     budget_remaining,
     burn_rate,
     judge_pairs,
-    run_slo_burn,
     share_above,
 )
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.registry import JobRegistry
-from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import ParamValue, Rule
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import ModelDeployment
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from gpuwarden.collector.store.window import WindowStore
+from tests.detectors import run_rule
 
 T0 = 1_767_225_600.0  # midnight UTC, aligned to every window
 STEP = 10
@@ -180,7 +181,7 @@ END = T0 + 7 * HOUR
 def test_burn_verdicts_on_scripted_traffic(tmp_path, name, error_ratio, want, burn_1h):
     svc = make_service(tmp_path, END)
     feed_requests(svc, "llama", T0, END, error_ratio)
-    found = run_slo_burn(svc, rule(), END)
+    found = run_rule(svc, rule(), END)
     assert [f.subject for f in found] == ["llama"], name
     finding = found[0]
     assert finding.verdict is want, (name, dict(finding.evidence))
@@ -194,7 +195,7 @@ def test_burn_verdicts_on_scripted_traffic(tmp_path, name, error_ratio, want, bu
 def test_evidence_has_burn_rates_per_window_and_budget_left(tmp_path):
     svc = make_service(tmp_path, END)
     feed_requests(svc, "llama", T0, END, lambda t: 0.0005)
-    ev = run_slo_burn(svc, rule(), END)[0].evidence
+    ev = run_rule(svc, rule(), END)[0].evidence
     for window in ("5m", "30m", "1h", "6h"):
         assert ev[f"burn_rate_{window}"] == pytest.approx(0.5, rel=0.02)
     assert ev["budget_remaining_ratio"] == pytest.approx(0.5, rel=0.02)  # half the budget used
@@ -205,7 +206,7 @@ def test_slow_rule_windows_beyond_the_recent_ring_use_the_long_ring(tmp_path):
     now = T0 + 4 * 86400
     svc = make_service(tmp_path, now, recent_hours=1)
     feed_requests(svc, "llama", T0, now, lambda t: 0.004)  # 4x: the 1d/2h at 3x pair fires
-    finding = run_slo_burn(svc, rule("slo-burn-slow"), now)[0]
+    finding = run_rule(svc, rule("slo-burn-slow"), now)[0]
     assert finding.verdict is Verdict.FIRING
     assert finding.evidence["burn_rate_3d"] == pytest.approx(4.0, rel=0.02)
 
@@ -214,7 +215,7 @@ def test_the_deployments_own_objective_wins(tmp_path):
     svc = make_service(tmp_path, END)
     svc.storage.upsert_model(ModelDeployment("llama", "v1", 2, slo_error_ratio=0.05))
     feed_requests(svc, "llama", T0, END, lambda t: 0.02)  # 2 % of a 5 % budget: burn 0.4
-    finding = run_slo_burn(svc, rule(), END)[0]
+    finding = run_rule(svc, rule(), END)[0]
     assert finding.verdict is Verdict.CLEAR
     assert finding.evidence["objective_source"] == "deployment"
     assert finding.evidence["burn_rate_1h"] == pytest.approx(0.4, rel=0.02)
@@ -246,7 +247,7 @@ def test_latency_slo_counts_slow_requests_from_the_buckets(tmp_path, slow, want)
     svc.storage.upsert_model(ModelDeployment("llama", "v1", 2, slo_latency_p99_seconds=0.75))
     feed_requests(svc, "llama", T0, END, lambda t: 0.0)
     feed_latency(svc, "llama", END - 6.5 * HOUR, END, slow)
-    found = {f.subject: f for f in run_slo_burn(svc, rule(), END)}
+    found = {f.subject: f for f in run_rule(svc, rule(), END)}
     assert found["llama"].verdict is Verdict.CLEAR  # no errors
     latency = found["llama:latency"]
     assert latency.verdict is want
@@ -257,14 +258,14 @@ def test_latency_slo_counts_slow_requests_from_the_buckets(tmp_path, slow, want)
 def test_a_model_without_any_data_is_unknown(tmp_path):
     svc = make_service(tmp_path, END)
     svc.storage.upsert_model(ModelDeployment("quiet", "v1", 1))
-    found = run_slo_burn(svc, rule(), END)
+    found = run_rule(svc, rule(), END)
     assert [(f.subject, f.verdict) for f in found] == [("quiet", Verdict.UNKNOWN)]
 
 
 def test_points_plot_the_burn_rate_in_short_window_bins(tmp_path):
     svc = make_service(tmp_path, END)
     feed_requests(svc, "llama", T0, END, lambda t: 0.02 if t >= END - 600 else 0.0)
-    points = run_slo_burn(svc, rule(), END)[0].points
+    points = run_rule(svc, rule(), END)[0].points
     assert len(points) == 12  # the 1 h window in 5 min bins
     assert [t for t, _ in points] == [END - 3600 + 300 * k for k in range(12)]
     assert [round(b) for _, b in points] == [0] * 10 + [20, 20]

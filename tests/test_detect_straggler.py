@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from gpuwarden.collector.detect.findings import Verdict
-from gpuwarden.collector.detect.straggler import run_straggler, straggler_verdicts
+from gpuwarden.collector.detect.straggler import straggler_verdicts
+from tests.detectors import run_rule
 from tests.test_detect_waste import T0, feed, gpu_points, job, make_service, rule_for
 
 N = np.nan
@@ -128,7 +129,7 @@ def test_straggler_rule_flags_the_slow_gpu_of_a_job(tmp_path: Path):
     feed(svc, np.arange(T0, end, 10.0), lambda t: [
         p for g in range(8) for p in gpu_points("a", g, t, util(g, t))
     ])  # fmt: skip
-    found = run_straggler(svc, rule_for("straggler"), end)
+    found = run_rule(svc, rule_for("straggler"), end)
     got = {f.evidence["gpu"]: f.verdict for f in found}
     assert got == {f"GPU-a-{g}": (F if g == 3 else U if g == 7 else C) for g in range(8)}
     slow = next(f for f in found if f.verdict is F)

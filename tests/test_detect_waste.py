@@ -17,24 +17,22 @@ import pytest
 
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.waste import (
     input_bound_verdicts,
     low_mean_verdicts,
     orphan_processes,
     rightsize,
-    run_forgotten_gpu,
-    run_input_bound,
-    run_orphaned_memory,
-    run_overprovisioned_inference,
 )
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
-from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import ParamValue, Rule
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import ModelDeployment
 from gpuwarden.collector.store.types import AttrValue
+from tests.detectors import run_rule
 
 T0 = 1_767_225_600.0
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -213,7 +211,7 @@ def forgotten(tmp_path: Path) -> CollectorService:
 
 def test_forgotten_gpu_fires_for_the_unused_allocation_only(forgotten):
     rule = rule_for("forgotten_gpu", window_seconds=2 * 3600.0)
-    found = run_forgotten_gpu(forgotten, rule, FORGOTTEN_END)
+    found = run_rule(forgotten, rule, FORGOTTEN_END)
     assert verdicts(found) == {"slurm:c:1": F, "slurm:c:2": C, "slurm:c:3": U}
     ev = next(f.evidence for f in found if f.subject == "slurm:c:1")
     assert ev["wasted_gpu_hours"] == 2.0
@@ -249,7 +247,7 @@ def test_input_bound_fires_with_starved_gpu_hours(tmp_path: Path):
     svc = make_service(tmp_path, INPUT_END)
     svc.registry.put([job(f"slurm:c:{i}", n, (0,), T0 - 60) for i, n in enumerate("abcd", 1)])
     feed(svc, np.arange(T0, INPUT_END, 10.0), input_points)
-    found = run_input_bound(svc, rule_for("input_bound"), INPUT_END)
+    found = run_rule(svc, rule_for("input_bound"), INPUT_END)
     got = verdicts(found)
     assert got == {"slurm:c:1": F, "slurm:c:2": C, "slurm:c:3": F, "slurm:c:4": U}
     ev = next(f.evidence for f in found if f.subject == "slurm:c:1")
@@ -278,7 +276,7 @@ def test_overprovisioned_inference_recommends_replicas_and_saving(tmp_path: Path
 
     feed(svc, np.arange(T0, SERVE_END, 10.0), points)
     rule = rule_for("overprovisioned_inference", window_seconds=3600.0)
-    found = {f.subject: f for f in run_overprovisioned_inference(svc, rule, SERVE_END)}
+    found = {f.subject: f for f in run_rule(svc, rule, SERVE_END)}
     assert {k: f.verdict for k, f in found.items()} == {"model:sd": F, "model:llm": C}
     ev = found["model:sd"].evidence
     assert ev["replicas"] == 8
@@ -324,9 +322,7 @@ def test_orphaned_memory_fires_after_the_grace_only(tmp_path: Path):
         ]
     )
     feed(svc, np.arange(T0, ORPHAN_END, 10.0), orphan_points)
-    found = {
-        f.subject: f for f in run_orphaned_memory(svc, rule_for("orphaned_memory"), ORPHAN_END)
-    }
+    found = {f.subject: f for f in run_rule(svc, rule_for("orphaned_memory"), ORPHAN_END)}
     assert {k: f.verdict for k, f in found.items()} == {
         "a/GPU-a-0": F, "a/GPU-a-1": C, "a/GPU-a-2": F, "a/GPU-a-3": C, "a/GPU-a-4": U,
     }  # fmt: skip
@@ -359,7 +355,7 @@ def test_oscillation_alone_is_confirmed_by_a_stalled_regime(tmp_path: Path):
     svc = make_service(tmp_path, INPUT_END)
     svc.registry.put([job(f"slurm:c:{n}", n, (0,), T0 - 60) for n in "efc"])
     feed(svc, times, points)
-    found = {f.subject: f for f in run_input_bound(svc, rule_for("input_bound"), INPUT_END)}
+    found = {f.subject: f for f in run_rule(svc, rule_for("input_bound"), INPUT_END)}
     assert {k: f.verdict for k, f in found.items()} == {
         "slurm:c:e": F, "slurm:c:f": C, "slurm:c:c": F,
     }  # fmt: skip

@@ -10,8 +10,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.detect.engine import DetectionEngine
-from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.storage.records import IncidentState
 from tests.collector_server import free_port
 from tests.test_accounting_scenario import T0, service  # noqa: F401 - the fixture
@@ -19,7 +20,9 @@ from tests.test_accounting_scenario import T0, service  # noqa: F401 - the fixtu
 
 def test_default_rules_open_idle_incidents_on_the_scripted_fleet(service):  # noqa: F811
     rules = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
-    engine = DetectionEngine(service, rules, clock=lambda: T0 + 4200)
+    engine = DetectionEngine(
+        service.detection_view, rules, storage=service.storage, clock=lambda: T0 + 4200
+    )
     assert engine.not_implemented == ()  # every detector of the default rules runs
     result = engine.run_cycle(now=T0 + 4200)
     assert result.failed_rules == ()

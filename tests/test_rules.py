@@ -13,8 +13,10 @@ import pytest
 import yaml
 
 from gpuwarden.collector.cli.rules import add_rules_parser, run_rules
+from gpuwarden.collector.detect.catalog import SPECS as DETECTORS
+from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.rules.durations import parse_duration
-from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import (
     MAX_FILE_BYTES,
     ActionMode,
@@ -23,7 +25,7 @@ from gpuwarden.collector.rules.model import (
     Selector,
     Severity,
 )
-from gpuwarden.collector.rules.vocabulary import ACTIONS, DETECTORS
+from gpuwarden.collector.rules.vocabulary import ACTIONS
 
 
 def _base(**changes: Any) -> dict[str, Any]:
@@ -47,12 +49,7 @@ def _base(**changes: Any) -> dict[str, Any]:
 
 
 def _slo(**parameters: Any) -> dict[str, Any]:
-    return _base(
-        detector="slo_burn",
-        selector={"metrics": ["gpuwarden.model.requests"]},
-        parameters=parameters,
-        actions=[],
-    )
+    return _base(detector="slo_burn", selector={}, parameters=parameters, actions=[])
 
 
 @pytest.fixture
@@ -101,8 +98,14 @@ RULE_ERRORS: list[tuple[dict[str, Any], str, str]] = [
     (_base(actions=[{"kind": "requeue", "when": "now"}]), "actions[0].when", "unknown key"),
     (_base(actions={"kind": "requeue"}), "actions", "expected a list"),
     (_base(detector="model_drift", actions=[]), "selector.metrics", "needs at least one entry"),
-    (_base(detector="slo_burn", selector={"teams": ["a"]}, actions=[]), "selector.metrics",
+    (_base(detector="level_shift", selector={"teams": ["a"]}, actions=[]), "selector.metrics",
      "needs at least one entry"),
+    (_base(detector="slo_burn", selector={"metrics": ["gpuwarden.model.requests"]}, actions=[]),
+     "selector.metrics", "detector slo_burn does not honour this field"),
+    (_base(selector={"labels": {"cluster": "a"}}), "selector.labels",
+     "detector idle_gpu does not honour this field (it honours: teams, jobs, models, nodes)"),
+    (_base(detector="hardware_fault", selector={"models": ["llama-*"]}, actions=[]),
+     "selector.models", "detector hardware_fault does not honour this field"),
     (_base(selector={"team": ["ml-*"]}), "selector.team", "did you mean 'teams'"),
     (_base(selector={"teams": "ml-*"}), "selector.teams", "expected a list"),
     (_base(selector={"teams": ["ml-*", ""]}), "selector.teams[1]", "non-empty string"),
@@ -293,7 +296,7 @@ def test_loaded_rule_is_typed_frozen_and_has_defaults(tmp_path, runbooks):
         "a.yaml",
         [
             _base(
-                selector={"teams": ["ml-*"], "labels": {"cluster": "a100"}},
+                selector={"teams": ["ml-*"], "nodes": ["gpu-a-*"]},
                 actions=[{"kind": "requeue", "mode": "approve"}, {"kind": "notify"}],
                 description="  Idle.  ",
             ),

@@ -15,8 +15,9 @@ from gpuwarden.collector.alerts.runbooks import (
     markdown_to_html,
     runbook_context,
 )
+from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
-from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import Rule, Selector, Severity
 from gpuwarden.collector.storage.base import ActionRecord
 from gpuwarden.collector.storage.records import Incident, ModelDeployment

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.remediate.policy import RemediationSettings
-from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.remediation import create_remediation
@@ -29,7 +30,9 @@ def detected(service: CollectorService) -> CollectorService:  # noqa: F811
     service.recompute_periods = HOURS * 60
     service.run_accounting(now=END)
     rules = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
-    DetectionEngine(service, rules, clock=lambda: T0 + 4200).run_cycle(now=T0 + 4200)
+    DetectionEngine(
+        service.detection_view, rules, storage=service.storage, clock=lambda: T0 + 4200
+    ).run_cycle(now=T0 + 4200)
     remediation = create_remediation(
         service.storage,
         rules.enabled(),

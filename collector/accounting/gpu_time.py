@@ -73,6 +73,17 @@ class AccountingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuRef:
+    """One GPU the collector knows from the agents' ``gpuwarden.gpu.info``."""
+
+    node: str
+    uuid: str
+    index: int | None
+    model: str
+    parent_uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class GpuTimeline:
     """One GPU over the accounting window, on the window's slot grid."""
 

@@ -114,8 +114,8 @@ def run_backtest_command(
 def _load_rules(args: argparse.Namespace, rule: str | None) -> RuleSet:
     from gpuwarden.collector.backtest.data import DataError
     from gpuwarden.collector.backtest.replay import with_rules
-    from gpuwarden.collector.detect.engine import RUNNERS
-    from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+    from gpuwarden.collector.detect.catalog import DETECTORS, load_rules
+    from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 
     paths = list(args.rules or [default_rules_dir()])
     for path in paths:
@@ -128,8 +128,8 @@ def _load_rules(args: argparse.Namespace, rule: str | None) -> RuleSet:
     if found is None:
         known = ", ".join(r.id for r in rules.rules)
         raise DataError(f"rule {rule!r} is not in {', '.join(map(str, paths))}; known: {known}")
-    if found.detector not in RUNNERS:
-        raise DataError(f"rule {rule!r}: detector {found.detector!r} is not implemented yet")
+    if DETECTORS[found.detector].run is None:
+        raise DataError(f"rule {rule!r}: detector {found.detector!r} takes pushed alerts, not data")
     if not found.enabled:
         raise DataError(f"rule {rule!r} is disabled in its rules file")
     return with_rules(rules, [rule])

@@ -148,7 +148,9 @@ def run_backtest(
         service = build_service(config, clock=clock, job_sources=[])
         service.registry.put(list(dataset.jobs))
         tracker = IncidentTracker(service.storage, clock=clock)
-        engine = DetectionEngine(service, rules, tracker=tracker, clock=clock)
+        engine = DetectionEngine(
+            service.detection_view, rules, storage=service.storage, tracker=tracker, clock=clock
+        )
         bar = tqdm(
             total=round(dataset.end_seconds - dataset.start_seconds),
             unit="sim-s",

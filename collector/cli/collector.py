@@ -85,7 +85,7 @@ def _app(config: CollectorConfig, environ: Mapping[str, str]) -> web.Application
     app = create_app(
         config,
         service=service,
-        detection=DetectionEngine(service, rules),
+        detection=DetectionEngine(service.detection_view, rules, storage=service.storage),
         remediation=remediation,
         rule_problems=[str(p) for p in rules.problems],
     )

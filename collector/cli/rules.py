@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from gpuwarden.collector.detect.catalog import SPECS as DETECTORS
+from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.rules.durations import format_duration, format_number
-from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir, load_rules
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import ActionMode, ParamSpec, ParamType, Severity
-from gpuwarden.collector.rules.vocabulary import ACTIONS, DETECTORS, ROUTE_SCHEMES
+from gpuwarden.collector.rules.vocabulary import ACTIONS, ROUTE_SCHEMES
 
 EXIT_OK, EXIT_ERROR = 0, 1
 

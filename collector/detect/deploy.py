@@ -19,58 +19,52 @@ import fnmatch
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
-from gpuwarden.collector.detect.findings import Finding, JsonScalar, Verdict
+from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
+from gpuwarden.collector.detect.drift import DIRECTIONS, STATISTICS
+from gpuwarden.collector.detect.findings import Facts, Finding, JsonScalar, Verdict, new_finding
 from gpuwarden.collector.detect.model_series import (
     Binned,
     read_model_metric,
     statistic_of,
     supports,
 )
-from gpuwarden.collector.rules.model import Rule
-from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.rules.model import Rule, Subject
+from gpuwarden.collector.rules.params import duration, number, text
 from gpuwarden.collector.storage.records import Event, EventKind
 
 FloatArray = npt.NDArray[np.float64]
 
-DETECTOR = "deploy_regression"
 SAMPLES_PER_WINDOW = 30
 MIN_SAMPLES = 5
 """Fewest known sample bins per side for a test."""
 TESTS = ("mann_whitney", "ks", "welch")
 
 
-@dataclass(frozen=True, slots=True)
+Alternative = Literal["two-sided", "less", "greater"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DeployParams:
-    """A ``deploy_regression`` rule's parameters."""
+    """Parameters of ``deploy_regression``."""
 
-    statistic: str = "p95"
-    direction: str = "increase"
-    before_seconds: float = 1800.0
-    after_seconds: float = 1800.0
-    settle_seconds: float = 300.0
-    test: str = "mann_whitney"
-    p_value_below: float = 0.01
-    min_relative_change: float = 0.1
-
-    @classmethod
-    def from_rule(cls, rule: Rule) -> DeployParams:
-        """The parameters of a validated rule."""
-        p = rule.parameters
-        return cls(
-            statistic=str(p["statistic"]),
-            direction=str(p["direction"]),
-            before_seconds=_num(p["before_seconds"]),
-            after_seconds=_num(p["after_seconds"]),
-            settle_seconds=_num(p["settle_seconds"]),
-            test=str(p["test"]),
-            p_value_below=_num(p["p_value_below"]),
-            min_relative_change=_num(p["min_relative_change"]),
-        )
+    statistic: str = text("p95", "What is compared.", choices=STATISTICS)
+    direction: str = text("increase", "Which change is bad.", choices=DIRECTIONS)
+    before_seconds: float = duration("30m", "5m", "1d", "Window before the deploy.")
+    after_seconds: float = duration("30m", "5m", "1d", "Window after the deploy (after settling).")
+    settle_seconds: float = duration(
+        "5m", "0s", "1h", "Warm-up right after the deploy that is ignored."
+    )
+    test: str = text("mann_whitney", "Two-sample test.", choices=TESTS)
+    p_value_below: float = number(0.01, 1e-9, 0.2, "Significance level.")
+    min_relative_change: float = number(
+        0.1, 0.0, 10.0, "And the change must be at least this share of before."
+    )
 
     @property
     def span_seconds(self) -> float:
@@ -78,19 +72,20 @@ class DeployParams:
         return self.before_seconds + self.settle_seconds + self.after_seconds
 
 
-def run_deploy_regression(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
+def run_deploy_regression(
+    ctx: DetectionContext, rule: Rule, params: DeployParams, now: float
+) -> list[Finding]:
     """Engine runner: one finding per (recent deploy of a selected model) × metric.
 
     A deploy is judged from the moment its after-window is complete until one after-window
     later (so its finding lives for a while and then lets its incident resolve).
     """
-    params = DeployParams.from_rule(rule)
-    step = float(service.store.step_seconds)
+    step = float(ctx.store.step_seconds)
     sample_seconds = max(step, step * round(params.before_seconds / SAMPLES_PER_WINDOW / step))
     since = now - params.span_seconds - params.after_seconds
     deploys = [
         e
-        for e in service.storage.events(since=since, kinds=(EventKind.DEPLOY,))
+        for e in ctx.events(since=since, kinds=(EventKind.DEPLOY,))
         if e.time + params.settle_seconds + params.after_seconds <= now
         and (
             not rule.selector.models
@@ -103,7 +98,7 @@ def run_deploy_regression(service: CollectorService, rule: Rule, now: float) -> 
     findings = []
     for metric in rule.selector.metrics:
         subjects = read_model_metric(
-            service.store,
+            ctx.store,
             metric,
             selector=labels,
             start=min(e.time for e in deploys) - params.before_seconds - sample_seconds,
@@ -114,17 +109,11 @@ def run_deploy_regression(service: CollectorService, rule: Rule, now: float) -> 
         for event in deploys:
             subject = by_model.get(event.subject)
             if subject is not None:
-                findings.append(
-                    judge_deploy(
-                        subject, event, params, rule_id=rule.id, severity=str(rule.severity)
-                    )
-                )
+                findings.append(judge_deploy(subject, event, params, rule))
     return findings
 
 
-def judge_deploy(
-    subject: Binned, event: Event, params: DeployParams, *, rule_id: str, severity: str
-) -> Finding:
+def judge_deploy(subject: Binned, event: Event, params: DeployParams, rule: Rule) -> Finding:
     """Compare the before and after windows of one deploy of ``subject``'s model."""
     times = subject.times
     ends = times + subject.bin_seconds
@@ -177,14 +166,12 @@ def judge_deploy(
                 f"{subject.model} {params.statistic} of {subject.metric} after the deploy: "
                 f"{new:.4g} vs {base:.4g} before ({100 * rel:+.1f} %, {params.test} p={p:.2g})"
             )
-    return Finding(
-        rule_id=rule_id,
-        detector=DETECTOR,
+    return new_finding(
+        rule,
         subject=f"{subject.model}/{subject.metric}/{params.statistic}@deploy:{event.time:.0f}",
         verdict=verdict,
-        severity=severity,
-        window_start=event.time - params.before_seconds,
-        window_end=after_start + params.after_seconds,
+        window=(event.time - params.before_seconds, after_start + params.after_seconds),
+        facts=Facts(model=subject.model),
         summary=summary,
         evidence=evidence,
         points=points,
@@ -195,18 +182,26 @@ def two_sample_p(
     x: Sequence[float] | FloatArray, y: Sequence[float] | FloatArray, test: str, direction: str
 ) -> float:
     """p-value that ``y`` (after) is worse than ``x`` (before) in ``direction``."""
-    alt = {"increase": "less", "decrease": "greater"}.get(direction, "two-sided")
+    alt: Alternative = "two-sided"
+    if direction == "increase":
+        alt = "less"
+    elif direction == "decrease":
+        alt = "greater"
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     # scipy's alternative is about the first sample: "less" = x tends to be smaller than y
     if test == "mann_whitney":
-        return float(stats.mannwhitneyu(x, y, alternative=alt).pvalue)  # type: ignore[call-overload]
+        return float(stats.mannwhitneyu(x, y, alternative=alt).pvalue)
     if test == "welch":
-        welch = stats.ttest_ind(x, y, equal_var=False, alternative=alt)  # type: ignore[call-overload]
+        welch = stats.ttest_ind(x, y, equal_var=False, alternative=alt)
         return float(welch.pvalue)
     if test == "ks":
         # for KS, "greater" means the CDF of x lies above that of y: y is larger
-        ks_alt = {"less": "greater", "greater": "less"}.get(alt, "two-sided")
-        return float(stats.ks_2samp(x, y, alternative=ks_alt).pvalue)  # type: ignore[call-overload]
+        ks_alt: Alternative = "two-sided"
+        if alt == "less":
+            ks_alt = "greater"
+        elif alt == "greater":
+            ks_alt = "less"
+        return float(stats.ks_2samp(x, y, alternative=ks_alt).pvalue)
     raise ValueError(f"unknown test {test!r}; expected one of {', '.join(TESTS)}")
 
 
@@ -227,11 +222,20 @@ def _bad(x: float, direction: str) -> float:
     return abs(x)
 
 
-def _num(value: object) -> float:
-    if isinstance(value, int | float):
-        return float(value)
-    raise TypeError(f"expected a number, got {value!r}")
-
-
 def _f(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
+
+
+DETECTOR = Detector(
+    spec=spec_of(
+        "deploy_regression",
+        "A metric got worse right after a deploy event.",
+        subjects=(Subject.DEPLOYMENT,),
+        signals=("gpuwarden.model.request.latency", "gpuwarden.model.requests"),
+        params=DeployParams,
+        selector=("metrics", "models", "labels"),
+        requires=("metrics",),
+    ),
+    params=DeployParams,
+    run=run_deploy_regression,
+)

@@ -29,7 +29,6 @@ are rebuilt from the recent window after a restart.
 from __future__ import annotations
 
 import math
-import weakref
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,19 +37,19 @@ import numpy as np
 import numpy.typing as npt
 from scipy.spatial.distance import jensenshannon
 
-from gpuwarden.collector.detect.findings import Finding, JsonScalar, Verdict
+from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
+from gpuwarden.collector.detect.findings import Facts, Finding, JsonScalar, Verdict, new_finding
 from gpuwarden.collector.detect.slo import (
     histogram_keys,
     model_of,
-    number,
     recent_seconds,
     rule_models,
 )
-from gpuwarden.collector.rules.model import Rule
-from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.rules.durations import format_duration
+from gpuwarden.collector.rules.model import Rule, Subject
+from gpuwarden.collector.rules.params import duration, flag, integer, number, text
 from gpuwarden.collector.store.histograms import histogram_quantile
 from gpuwarden.collector.store.types import SeriesKey
-from gpuwarden.collector.store.window import WindowStore
 
 Counts = npt.NDArray[np.float64]
 METHODS = ("jensen_shannon", "wasserstein", "psi", "ks")
@@ -306,28 +305,40 @@ class DriftTracker:
 # --- the runner ----------------------------------------------------------------------------------
 
 _TrackerKey = tuple[str, str, str, int]  # rule id, model, metric, hash of the parameters
-_STATE: weakref.WeakKeyDictionary[WindowStore, dict[_TrackerKey, DriftTracker]] = (
-    weakref.WeakKeyDictionary()
-)
-"""Trackers per store (a service's state lives and dies with its store; the service itself is
-an unhashable dataclass)."""
 
 
-def _trackers(service: CollectorService) -> dict[_TrackerKey, DriftTracker]:
-    trackers = _STATE.get(service.store)
-    if trackers is None:
-        trackers = {}
-        _STATE[service.store] = trackers
-    return trackers
+class _Trackers(dict[_TrackerKey, DriftTracker]):
+    """The drift trackers of one detection context, oldest first."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DistributionDriftParams:
+    """Parameters of ``distribution_drift``."""
+
+    method: str = text("jensen_shannon", "Distance or test.", choices=METHODS)
+    threshold: float = number(0.1, 0.0, 10.0, "Distance above which a window drifted.")
+    window_seconds: float = duration("1h", "5m", "1w", "Window judged.")
+    reference_seconds: float = duration("1w", "1h", "90d", "Reference period.")
+    same_phase: bool = flag(
+        True, "Compare with the same hour of day in the reference (seasonality)."
+    )
+    persistence: int = integer(3, 1, 100, "Consecutive drifted windows before a finding.")
+
+
+def _check(p: DistributionDriftParams) -> tuple[str, str] | None:
+    if p.reference_seconds <= p.window_seconds:
+        window = format_duration(p.window_seconds)
+        return "reference_seconds", f"must be longer than window_seconds ({window})"
+    return None
 
 
 def _window_counts(
-    service: CollectorService, keys: Sequence[SeriesKey], start: float, end: float
+    ctx: DetectionContext, keys: Sequence[SeriesKey], start: float, end: float
 ) -> tuple[tuple[float, ...], Counts | None]:
     """Bucket counts of one window summed over series (those with the most common bounds)."""
     by_bounds: dict[tuple[float, ...], Counts] = {}
     for key in keys:
-        got = service.store.bucket_counts(key, start, end)
+        got = ctx.store.bucket_counts(key, start, end)
         if got is not None:
             by_bounds[got.bounds] = by_bounds.get(got.bounds, 0) + got.counts
     if not by_bounds:
@@ -336,37 +347,37 @@ def _window_counts(
     return bounds, by_bounds[bounds]
 
 
-def run_distribution_drift(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
+def run_distribution_drift(
+    ctx: DetectionContext, rule: Rule, p: DistributionDriftParams, now: float
+) -> list[Finding]:
     """One finding per selected model and histogram metric; takes every newly completed window."""
-    p = rule.parameters
-    method = str(p["method"])
-    window = number(p, "window_seconds")
+    method, window = p.method, p.window_seconds
     labels = dict(rule.selector.labels)
     metrics = rule.selector.metrics or ("gpuwarden.model.request.latency",)
-    trackers = _trackers(service)
+    trackers = ctx.cache(_Trackers)
     last_end = math.floor(now / window) * window
-    earliest = now - recent_seconds(service.store) + service.store.step_seconds
+    earliest = now - recent_seconds(ctx.store) + ctx.store.step_seconds
     findings = []
     for metric in metrics:
-        series = histogram_keys(service.store, metric, labels)
+        series = histogram_keys(ctx.store, metric, labels)
         by_model: dict[str, list[SeriesKey]] = {}
         for info in series:
             name = model_of(info)
             if name is not None:
                 by_model.setdefault(name, []).append(info.key)
-        for name, deployment in rule_models(service, rule, set(by_model)).items():
-            key = (rule.id, name, metric, hash(tuple(sorted(p.items()))))
+        for name, deployment in rule_models(ctx, rule, set(by_model)).items():
+            key = (rule.id, name, metric, hash(p))
             tracker = trackers.get(key)
             if tracker is None:
                 if len(trackers) >= MAX_TRACKERS:
                     del trackers[next(iter(trackers))]
                 tracker = DriftTracker(
                     method=method,
-                    floor=number(p, "threshold"),
+                    floor=p.threshold,
                     window_seconds=window,
-                    reference_seconds=number(p, "reference_seconds"),
-                    same_phase=bool(p["same_phase"]),
-                    persistence=int(number(p, "persistence")),
+                    reference_seconds=p.reference_seconds,
+                    same_phase=p.same_phase,
+                    persistence=p.persistence,
                 )
                 trackers[key] = tracker
             first = math.ceil(earliest / window) * window
@@ -374,9 +385,7 @@ def run_distribution_drift(service: CollectorService, rule: Rule, now: float) ->
                 first = max(first, tracker.last_start + window)
             start = first
             while start + window <= last_end:
-                bounds, counts = _window_counts(
-                    service, by_model.get(name, []), start, start + window
-                )
+                bounds, counts = _window_counts(ctx, by_model.get(name, []), start, start + window)
                 tracker.add(start, counts, bounds or tracker.bounds)
                 start += window
             team = deployment.labels.get("team") if deployment else None
@@ -420,14 +429,12 @@ def _finding(
     else:
         summary = f"{model} {metric}: distribution within its usual range"
     start = last.start if last else end - tracker.window_seconds
-    return Finding(
-        rule_id=rule.id,
-        detector="distribution_drift",
+    return new_finding(
+        rule,
         subject=f"{model}:{metric}",
         verdict=verdict,
-        severity=str(rule.severity),
-        window_start=start,
-        window_end=start + tracker.window_seconds,
+        window=(start, start + tracker.window_seconds),
+        facts=Facts(team=team, model=model),
         summary=summary,
         evidence=evidence,
         points=tuple(
@@ -436,3 +443,19 @@ def _finding(
             if r.distance is not None
         ),
     )
+
+
+DETECTOR = Detector(
+    spec=spec_of(
+        "distribution_drift",
+        "A histogram's distribution moved away from its reference.",
+        subjects=(Subject.DEPLOYMENT,),
+        signals=("gpuwarden.model.request.latency", "gpuwarden.model.time_to_first_token"),
+        params=DistributionDriftParams,
+        selector=("metrics", "teams", "models", "labels"),
+        requires=("metrics",),
+        check=_check,
+    ),
+    params=DistributionDriftParams,
+    run=run_distribution_drift,
+)

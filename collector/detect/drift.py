@@ -33,7 +33,6 @@ from __future__ import annotations
 import fnmatch
 import math
 import warnings
-import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -42,7 +41,9 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
-from gpuwarden.collector.detect.findings import Finding, JsonScalar, Verdict
+from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
+from gpuwarden.collector.detect.findings import Facts, Finding, JsonScalar, Verdict, new_finding
+from gpuwarden.collector.detect.forecast import check_seasonal
 from gpuwarden.collector.detect.model_series import (
     Binned,
     read_model_metric,
@@ -56,13 +57,12 @@ from gpuwarden.collector.detect.numerics.drift_noise import (
     window_requests,
 )
 from gpuwarden.collector.detect.numerics.screen import held_for, nanmedian, robust_scale
-from gpuwarden.collector.rules.model import Rule
-from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.rules.model import Rule, Subject
+from gpuwarden.collector.rules.params import duration, number, text
 from gpuwarden.collector.store.types import Kind
 
 FloatArray = npt.NDArray[np.float64]
 
-DETECTOR = "model_drift"
 HOLD_BINS = 3
 """Bins in a row the screen must flag (persistence against one-bin blips)."""
 MIN_COVERAGE = 0.5
@@ -84,6 +84,39 @@ RELATIVE_SCALE_FLOOR = 1e-3
 sure of itself)."""
 
 
+STATISTICS = ("mean", "p50", "p95", "p99", "rate", "error_ratio")
+DIRECTIONS = ("increase", "decrease", "both")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelDriftParams:
+    """Parameters of ``model_drift``."""
+
+    statistic: str = text("p95", "What is compared.", choices=STATISTICS)
+    direction: str = text("increase", "Which change is bad.", choices=DIRECTIONS)
+    window_seconds: float = duration("1h", "5m", "1d", "Window judged.")
+    history_seconds: float = duration("14d", "1h", "90d", "Baseline history.")
+    season_seconds: float = duration(
+        "1d", "0s", "30d", "Seasonal period removed before comparing (0: none)."
+    )
+    threshold: float = number(
+        4.0,
+        1.0,
+        50.0,
+        "Robust z-score of the deseasonalised residual that counts (raised for a counter's "
+        "rate whose bins have a heavy bad tail).",
+    )
+    min_relative_change: float = number(
+        0.2, 0.0, 10.0, "And the change must be at least this share of the baseline."
+    )
+
+
+def _check(p: ModelDriftParams) -> tuple[str, str] | None:
+    return check_seasonal(
+        p.history_seconds, p.season_seconds, (("window_seconds", p.window_seconds),)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class DriftParams:
     """A ``model_drift`` rule's parameters, plus the knobs it does not expose."""
@@ -102,17 +135,16 @@ class DriftParams:
     """Resolution of ``y``; default the store's step."""
 
     @classmethod
-    def from_rule(cls, rule: Rule) -> DriftParams:
+    def of(cls, p: ModelDriftParams) -> DriftParams:
         """The parameters of a validated rule."""
-        p = rule.parameters
         return cls(
-            statistic=str(p["statistic"]),
-            direction=str(p["direction"]),
-            window_seconds=_num(p["window_seconds"]),
-            history_seconds=_num(p["history_seconds"]),
-            season_seconds=_num(p["season_seconds"]),
-            threshold=_num(p["threshold"]),
-            min_relative_change=_num(p["min_relative_change"]),
+            statistic=p.statistic,
+            direction=p.direction,
+            window_seconds=p.window_seconds,
+            history_seconds=p.history_seconds,
+            season_seconds=p.season_seconds,
+            threshold=p.threshold,
+            min_relative_change=p.min_relative_change,
         )
 
 
@@ -138,17 +170,19 @@ class Screen:
     """The z threshold each subject was judged with (see :func:`skew_threshold`)."""
 
 
-def run_model_drift(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
+def run_model_drift(
+    ctx: DetectionContext, rule: Rule, p: ModelDriftParams, now: float
+) -> list[Finding]:
     """Engine runner: one finding per selected model × metric."""
-    params = DriftParams.from_rule(rule)
-    bin_seconds = params.bin_seconds or float(service.store.step_seconds)
+    params = DriftParams.of(p)
+    bin_seconds = params.bin_seconds or float(ctx.store.step_seconds)
     end = math.floor(now / bin_seconds) * bin_seconds
     start = end - params.history_seconds
     labels = dict(rule.selector.labels) or None
     subjects: list[Binned] = []
     for metric in rule.selector.metrics:
         found = read_model_metric(
-            service.store, metric, selector=labels, start=start, end=end, bin_seconds=bin_seconds
+            ctx.store, metric, selector=labels, start=start, end=end, bin_seconds=bin_seconds
         )
         subjects.extend(
             b
@@ -156,25 +190,21 @@ def run_model_drift(service: CollectorService, rule: Rule, now: float) -> list[F
             if not rule.selector.models
             or any(fnmatch.fnmatchcase(b.model, m) for m in rule.selector.models)
         )
-    fits = _STORE_FITS.get(service.store)
-    if fits is None:
-        fits = _STORE_FITS[service.store] = DriftFits()
-    return detect_drift(subjects, params, rule_id=rule.id, severity=str(rule.severity), fits=fits)
+    return detect_drift(subjects, params, rule=rule, fits=ctx.cache(DriftFits))
 
 
 def detect_drift(
     subjects: Sequence[Binned],
     params: DriftParams,
     *,
-    rule_id: str,
-    severity: str,
+    rule: Rule,
     fits: DriftFits | None = None,
 ) -> list[Finding]:
     """Judge each subject's newest window; all subjects must share one bin grid."""
     ok = [supports(s.kind, params.statistic) and s.times.size > 0 for s in subjects]
     usable = [s for s, good in zip(subjects, ok, strict=True) if good]
     findings = [
-        _finding(s, params, rule_id, severity, Verdict.UNKNOWN, {}, "statistic not available")
+        _finding(s, params, rule, Verdict.UNKNOWN, {}, "statistic not available")
         for s, good in zip(subjects, ok, strict=True)
         if not good
     ]
@@ -185,7 +215,7 @@ def detect_drift(
     y = np.vstack([window_statistic(s, params, window_bins) for s in usable])
     noise = np.vstack([quantile_noise(s, params.statistic, window_bins) for s in usable])
     per_bin = np.vstack([bin_values(s, params.statistic) for s in usable])
-    keys = [(rule_id, s.model, s.metric, params.window_seconds) for s in usable]
+    keys = [(rule.id, s.model, s.metric, params.window_seconds) for s in usable]
     judged = evaluate(
         y,
         params,
@@ -198,9 +228,7 @@ def detect_drift(
     )
     for i, subject in enumerate(usable):
         requests = float(window_requests(subject, window_bins)[-1])
-        findings.append(
-            _judge(subject, i, judged, params, window_bins, rule_id, severity, requests)
-        )
+        findings.append(_judge(subject, i, judged, params, window_bins, rule, requests))
     return findings
 
 
@@ -453,10 +481,6 @@ class DriftFits:
             self._fits.popitem(last=False)
 
 
-_STORE_FITS: weakref.WeakKeyDictionary[object, DriftFits] = weakref.WeakKeyDictionary()
-"""One fit cache per store (a service's fits live and die with its store)."""
-
-
 def confirm_shift(
     history: FloatArray,
     current: float,
@@ -522,8 +546,7 @@ def _judge(
     judged: Evaluation,
     params: DriftParams,
     window_bins: int,
-    rule_id: str,
-    severity: str,
+    rule: Rule,
     requests: float = math.nan,
 ) -> Finding:
     screen = judged.screen
@@ -548,7 +571,7 @@ def _judge(
                 if math.isfinite(requests) and 0 < requests < need
                 else "no data in the current window"
             )
-        return _finding(subject, params, rule_id, severity, verdict, evidence, why)
+        return _finding(subject, params, rule, verdict, evidence, why)
     if screen.candidate[i]:
         p = judged.p_values[i]
         evidence["p_value"] = _f(p)
@@ -558,16 +581,13 @@ def _judge(
         f"{_fmt(screen.value[i])} vs baseline {_fmt(screen.baseline[i])} "
         f"(z {_fmt(screen.z[i])}, {_fmt(100 * screen.relative_change[i])} %)"
     )
-    return _finding(
-        subject, params, rule_id, severity, verdict, evidence, summary, screen.y[i], window_bins
-    )
+    return _finding(subject, params, rule, verdict, evidence, summary, screen.y[i], window_bins)
 
 
 def _finding(
     subject: Binned,
     params: DriftParams,
-    rule_id: str,
-    severity: str,
+    rule: Rule,
     verdict: Verdict,
     evidence: dict[str, JsonScalar],
     summary: str,
@@ -596,14 +616,12 @@ def _finding(
         "series": subject.series,
         **evidence,
     }
-    return Finding(
-        rule_id=rule_id,
-        detector=DETECTOR,
+    return new_finding(
+        rule,
         subject=f"{subject.model}/{subject.metric}/{params.statistic}",
         verdict=verdict,
-        severity=severity,
-        window_start=end - params.window_seconds,
-        window_end=end,
+        window=(end - params.window_seconds, end),
+        facts=Facts(model=subject.model),
         summary=summary,
         evidence=full,
         points=points,
@@ -619,15 +637,25 @@ def _bad(x: FloatArray, direction: str) -> FloatArray:
     return np.abs(x)
 
 
-def _num(value: object) -> float:
-    if isinstance(value, int | float):
-        return float(value)
-    raise TypeError(f"expected a number, got {value!r}")
-
-
 def _f(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
 def _fmt(x: float) -> str:
     return f"{x:.4g}" if math.isfinite(x) else "n/a"
+
+
+DETECTOR = Detector(
+    spec=spec_of(
+        "model_drift",
+        "A model's latency, throughput or errors regressed against its seasonal baseline.",
+        subjects=(Subject.DEPLOYMENT,),
+        signals=("gpuwarden.model.request.latency", "gpuwarden.model.requests"),
+        params=ModelDriftParams,
+        selector=("metrics", "models", "labels"),
+        requires=("metrics",),
+        check=_check,
+    ),
+    params=ModelDriftParams,
+    run=run_model_drift,
+)

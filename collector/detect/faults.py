@@ -7,20 +7,41 @@ UNKNOWN (a silent node is not a healthy one; the agent's own staleness is anothe
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from gpuwarden.collector.detect.findings import Finding, Verdict
-from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
+from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
+from gpuwarden.collector.rules.model import Rule, Subject
+from gpuwarden.collector.rules.params import flag, integers
 
 DEFAULT_XIDS = (48, 63, 64, 74, 79, 92, 94, 95)
+#: how far back a fault counts (a fault is an event, not a level: the window only has to span a
+#: few agent intervals, and an incident stays open while the fault keeps showing)
+FAULT_WINDOW_SECONDS = 300.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareFaultParams:
+    """Parameters of ``hardware_fault``."""
+
+    xid_codes: tuple[int, ...] = integers(DEFAULT_XIDS, 1, 1000, "XID codes of concern.")
+    uncorrected_ecc: bool = flag(True, "Any uncorrected ECC error.")
+    remap_failure: bool = flag(True, "A failed row remapping.")
+    gpu_lost: bool = flag(True, "The GPU fell off the bus or went missing.")
+
+
+def _check(p: HardwareFaultParams) -> tuple[str, str] | None:
+    if not p.xid_codes and not (p.uncorrected_ecc or p.remap_failure or p.gpu_lost):
+        return "xid_codes", "the rule watches nothing: list XID codes or enable another fault"
+    return None
 
 
 def detect_hardware_faults(
-    service: CollectorService,
+    ctx: DetectionContext,
+    rule: Rule,
     *,
-    rule_id: str,
-    severity: str,
     window_seconds: float,
     xids: tuple[int, ...] = DEFAULT_XIDS,
     gpu_lost: bool = True,
@@ -29,10 +50,10 @@ def detect_hardware_faults(
     now: float | None = None,
 ) -> list[Finding]:
     """One finding per GPU seen in the window, FIRING with the reasons when a fault shows."""
-    step = service.store.step_seconds
-    end = math.floor((service.clock() if now is None else now) / step) * step + step
+    step = ctx.store.step_seconds
+    end = math.floor((ctx.now() if now is None else now) / step) * step + step
     start = end - window_seconds
-    store = service.store
+    store = ctx.store
     status = store.matrix("hw.status", start=start, end=end)
     reasons: dict[str, list[str]] = {}
     seen: set[str] = set()
@@ -76,16 +97,50 @@ def detect_hardware_faults(
         verdict = Verdict.FIRING if found else Verdict.CLEAR
         node, _, gpu = subject.partition("/")
         findings.append(
-            Finding(
-                rule_id=rule_id,
-                detector="hardware_fault",
+            new_finding(
+                rule,
                 subject=subject,
                 verdict=verdict,
-                severity=severity,
-                window_start=start,
-                window_end=end,
+                window=(start, end),
                 summary=f"GPU {gpu} on {node}: {'; '.join(found)}" if found else "",
                 evidence={"node": node, "gpu": gpu, "reasons": "; ".join(found) or None},
+                facts=Facts(nodes=(node,)),
             )
         )
     return findings
+
+
+def run_hardware_fault(
+    ctx: DetectionContext, rule: Rule, p: HardwareFaultParams, now: float
+) -> list[Finding]:
+    """Engine runner for ``hardware_fault``."""
+    return detect_hardware_faults(
+        ctx,
+        rule,
+        window_seconds=FAULT_WINDOW_SECONDS,
+        xids=p.xid_codes,
+        gpu_lost=p.gpu_lost,
+        uncorrected_ecc=p.uncorrected_ecc,
+        remap_failure=p.remap_failure,
+        now=now,
+    )
+
+
+DETECTOR = Detector(
+    spec=spec_of(
+        "hardware_fault",
+        "A GPU reported a fault that needs the node drained or repaired.",
+        subjects=(Subject.NODE, Subject.JOB),
+        signals=(
+            "gpuwarden.gpu.xid.errors",
+            "hw.errors",
+            "gpuwarden.gpu.memory.remap_failure",
+            "hw.status",
+        ),
+        params=HardwareFaultParams,
+        selector=("nodes",),
+        check=_check,
+    ),
+    params=HardwareFaultParams,
+    run=run_hardware_fault,
+)

@@ -1,12 +1,15 @@
-"""Findings: what a detector reports, with its evidence and a stable fingerprint."""
+"""Findings: what a detector reports, with its evidence, its subject's facts and a stable
+fingerprint; :func:`new_finding` is the one way detectors make them."""
 
 from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+from gpuwarden.collector.rules.model import Rule
 
 JsonScalar = str | int | float | bool | None
 
@@ -22,6 +25,20 @@ class Verdict(enum.IntEnum):
 def fingerprint(rule_id: str, subject: str) -> str:
     """Stable identity of "this rule about this subject", across cycles and restarts."""
     return hashlib.sha256(f"{rule_id}\0{subject}".encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """Who and where a finding is about: the engine selects on these (teams, jobs, models,
+    nodes). ``None`` or empty means not known, and a rule that selects on it does not match."""
+
+    team: str | None = None
+    job: str | None = None
+    model: str | None = None
+    nodes: tuple[str, ...] = ()
+
+
+NO_FACTS = Facts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +59,36 @@ class Finding:
     summary: str = ""
     evidence: Mapping[str, JsonScalar] = field(default_factory=lambda: MappingProxyType({}))
     points: tuple[tuple[float, float], ...] = ()
+    facts: Facts = NO_FACTS
 
     @property
     def fingerprint(self) -> str:
         """See :func:`fingerprint`."""
         return fingerprint(self.rule_id, self.subject)
+
+
+def new_finding(
+    rule: Rule,
+    *,
+    subject: str,
+    verdict: Verdict,
+    window: tuple[float, float],
+    facts: Facts = NO_FACTS,
+    summary: str = "",
+    evidence: Mapping[str, JsonScalar] | None = None,
+    points: Iterable[tuple[float, float]] = (),
+) -> Finding:
+    """A finding of ``rule`` about ``subject`` over ``window`` (start, end in Unix seconds)."""
+    return Finding(
+        rule_id=rule.id,
+        detector=rule.detector,
+        subject=subject,
+        verdict=verdict,
+        severity=str(rule.severity),
+        window_start=window[0],
+        window_end=window[1],
+        summary=summary,
+        evidence=MappingProxyType(dict(evidence or {})),
+        points=tuple(points),
+        facts=facts,
+    )

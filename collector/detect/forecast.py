@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -46,12 +45,13 @@ import numpy.typing as npt
 from statsmodels.tsa.arima.model import ARIMA
 from statsmodels.tsa.seasonal import STL
 
-from gpuwarden.collector.detect.findings import Finding, JsonScalar, Verdict
-from gpuwarden.collector.detect.slo import REQUESTS, model_of, number, rule_models
-from gpuwarden.collector.rules.model import Rule
-from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
+from gpuwarden.collector.detect.findings import Facts, Finding, JsonScalar, Verdict, new_finding
+from gpuwarden.collector.detect.slo import REQUESTS, model_of, rule_models
+from gpuwarden.collector.rules.durations import format_duration
+from gpuwarden.collector.rules.model import Rule, Subject
+from gpuwarden.collector.rules.params import duration, number
 from gpuwarden.collector.storage.records import ModelDeployment
-from gpuwarden.collector.store.window import WindowStore
 
 log = logging.getLogger(__name__)
 
@@ -238,18 +238,47 @@ def saturation_capacity(rate: Floats, waiting: Floats | None) -> Capacity | None
 # --- the runner ----------------------------------------------------------------------------------
 
 _FitKey = tuple[str, str, int]  # rule id, model, hash of the parameters
-_FITS: weakref.WeakKeyDictionary[WindowStore, OrderedDict[_FitKey, FittedDemand]] = (
-    weakref.WeakKeyDictionary()
-)
-"""Fitted models per store (a service's cache lives and dies with its store)."""
 
 
-def _cache(store: WindowStore) -> OrderedDict[_FitKey, FittedDemand]:
-    cache = _FITS.get(store)
-    if cache is None:
-        cache = OrderedDict()
-        _FITS[store] = cache
-    return cache
+class _DemandFits(OrderedDict[_FitKey, "FittedDemand"]):
+    """Fitted models of one detection context, least recently used first."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DemandForecastParams:
+    """Parameters of ``demand_forecast``."""
+
+    horizon_seconds: float = duration("30m", "5m", "1d", "Look-ahead.")
+    history_seconds: float = duration("14d", "1d", "90d", "History fitted.")
+    season_seconds: float = duration("1d", "0s", "30d", "Seasonal period (0: none).")
+    interval_level: float = number(0.95, 0.5, 0.999, "Prediction interval level.")
+    capacity_utilization_above: float = number(
+        0.8, 0.1, 1.0, "Fires when the interval's upper bound exceeds this share of capacity."
+    )
+
+
+def check_seasonal(
+    history_seconds: float, season_seconds: float, shorter: tuple[tuple[str, float], ...]
+) -> tuple[str, str] | None:
+    """History must cover two seasons, and each of ``shorter`` must be shorter than it."""
+    if season_seconds > 0 and history_seconds < 2 * season_seconds:
+        return "history_seconds", (
+            f"must cover at least two seasons ({format_duration(2 * season_seconds)}) "
+            "to remove seasonality"
+        )
+    for name, seconds in shorter:
+        if seconds >= history_seconds:
+            return (
+                name,
+                f"must be shorter than history_seconds ({format_duration(history_seconds)})",
+            )
+    return None
+
+
+def _check(p: DemandForecastParams) -> tuple[str, str] | None:
+    return check_seasonal(
+        p.history_seconds, p.season_seconds, (("horizon_seconds", p.horizon_seconds),)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,21 +290,22 @@ class _Params:
     utilization: float
 
     @classmethod
-    def of(cls, rule: Rule) -> _Params:
-        p = rule.parameters
+    def of(cls, p: DemandForecastParams) -> _Params:
         return cls(
-            horizon=number(p, "horizon_seconds"),
-            history=number(p, "history_seconds"),
-            season=number(p, "season_seconds"),
-            level=number(p, "interval_level"),
-            utilization=number(p, "capacity_utilization_above"),
+            horizon=p.horizon_seconds,
+            history=p.history_seconds,
+            season=p.season_seconds,
+            level=p.interval_level,
+            utilization=p.capacity_utilization_above,
         )
 
 
-def run_demand_forecast(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
+def run_demand_forecast(
+    ctx: DetectionContext, rule: Rule, p: DemandForecastParams, now: float
+) -> list[Finding]:
     """One finding per selected model: FIRING when demand may pass capacity within the horizon."""
-    params = _Params.of(rule)
-    store = service.store
+    params = _Params.of(p)
+    store = ctx.store
     step = bin_seconds(params.horizon, params.season)
     end = math.floor(now / step) * step
     start = math.floor((end - params.history) / step) * step
@@ -298,9 +328,9 @@ def run_demand_forecast(service: CollectorService, rule: Rule, now: float) -> li
     waiting = model_totals(
         queue.values[:, skip:].astype(np.float64), [model_of(s) for s in queue.series]
     )
-    cache = _cache(store)
+    cache = ctx.cache(_DemandFits)
     findings = []
-    for name, deployment in rule_models(service, rule, set(rates)).items():
+    for name, deployment in rule_models(ctx, rule, set(rates)).items():
         rate = rates.get(name)
         capacity = label_capacity(deployment) or (
             saturation_capacity(rate, waiting.get(name)) if rate is not None else None
@@ -394,15 +424,28 @@ def _finding(
                     f"({limit:.1f} of {capacity.rps:.1f} req/s) in "
                     f"{max(0.0, at - now) / 60:.0f} min"
                 )
-    return Finding(
-        rule_id=rule.id,
-        detector="demand_forecast",
+    return new_finding(
+        rule,
         subject=name,
         verdict=verdict,
-        severity=str(rule.severity),
-        window_start=now,
-        window_end=now + params.horizon,
+        window=(now, now + params.horizon),
+        facts=Facts(team=deployment.labels.get("team") if deployment else None, model=name),
         summary=summary,
         evidence=evidence,
         points=points,
     )
+
+
+DETECTOR = Detector(
+    spec=spec_of(
+        "demand_forecast",
+        "Forecast demand will exceed capacity within the horizon.",
+        subjects=(Subject.DEPLOYMENT,),
+        signals=("gpuwarden.model.requests", "gpuwarden.model.queue.size"),
+        params=DemandForecastParams,
+        selector=("teams", "models", "labels"),
+        check=_check,
+    ),
+    params=DemandForecastParams,
+    run=run_demand_forecast,
+)

@@ -33,7 +33,6 @@ or nothing known in the newest ``hold_seconds``, is UNKNOWN.
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -41,8 +40,11 @@ import numpy as np
 import numpy.typing as npt
 from scipy.stats import norm
 
-from gpuwarden.collector.detect.findings import Finding, Verdict
+from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
+from gpuwarden.collector.detect.drift import DIRECTIONS
+from gpuwarden.collector.detect.findings import Finding, Verdict, new_finding
 from gpuwarden.collector.detect.metric_anomaly import (
+    series_facts,
     series_identity,
     series_selected,
     series_subject,
@@ -50,15 +52,14 @@ from gpuwarden.collector.detect.metric_anomaly import (
 from gpuwarden.collector.detect.numerics import screen
 from gpuwarden.collector.detect.numerics.confirm import Confirmation, FitCache, confirm_shifts
 from gpuwarden.collector.rules.durations import format_duration
-from gpuwarden.collector.rules.model import Rule
-from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.rules.model import Rule, Subject
+from gpuwarden.collector.rules.params import duration, integer, number, text
 from gpuwarden.collector.store.types import SeriesInfo
 
 FloatMatrix = npt.NDArray[np.float64]
 FloatVector = npt.NDArray[np.float64]
 BoolVector = npt.NDArray[np.bool_]
 
-DETECTOR = "level_shift"
 EWMA_ALPHA = 0.1
 CUSUM_DRIFT, CUSUM_THRESHOLD, CUSUM_CLIP = 1.0, 20.0, 5.0
 INTERVAL_ALPHA = 0.01
@@ -162,33 +163,87 @@ def _screen_block(
     return candidate, tests.shift_z, tests.break_sup, level, before
 
 
-_STORE_FITS: weakref.WeakKeyDictionary[object, FitCache] = weakref.WeakKeyDictionary()
-"""One fit cache per store (a service's fits live and die with its store)."""
+def new_fit_cache() -> FitCache:
+    """The fit cache of one detection context (``ctx.cache(new_fit_cache)``)."""
+    return FitCache(FIT_CAPACITY, refit_every=REFIT_EVERY)
 
 
-def _fits(store: object) -> FitCache:
-    cache = _STORE_FITS.get(store)
-    if cache is None:
-        cache = _STORE_FITS[store] = FitCache(FIT_CAPACITY, refit_every=REFIT_EVERY)
-    return cache
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LevelShiftParams:
+    """Parameters of ``level_shift``."""
 
-
-def run_level_shift(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
-    """Engine runner: one finding per selected series of the rule's metrics."""
-    p = rule.parameters
-    store = service.store
-    step = float(store.step_seconds)
-    window_s, baseline_s = float(p["window_seconds"]), float(p["baseline_seconds"])  # type: ignore[arg-type]
-    season_s = float(p["season_seconds"])  # type: ignore[arg-type]
-    params = ShiftScreen(
-        hold_slots=max(1, round(float(p["hold_seconds"]) / step)),  # type: ignore[arg-type]
-        z_above=float(p["z_above"]),  # type: ignore[arg-type]
-        min_scale=float(p["noise_floor"]),  # type: ignore[arg-type]
-        min_change=float(p["min_change"]),  # type: ignore[arg-type]
-        direction=str(p["direction"]),
-        ignore_below=float(p["ignore_below"]),  # type: ignore[arg-type]
+    window_seconds: float = duration(
+        "1h", "10m", "3h", "Window judged (full resolution: the store's recent ring)."
     )
-    max_fits = int(p["max_fits"])  # type: ignore[arg-type]
+    baseline_seconds: float = duration(
+        "1h", "10m", "3h", "History before the window it is compared with."
+    )
+    hold_seconds: float = duration(
+        "6m", "1m", "3h", "How long the smoothed shift must hold (known samples)."
+    )
+    z_above: float = number(
+        6.0, 2.0, 50.0, "Robust sigmas of the smoothed baseline that count as shifted."
+    )
+    direction: str = text("both", "Which change counts.", choices=DIRECTIONS)
+    min_change: float = number(
+        0.0,
+        0.0,
+        1e12,
+        "Smallest change that counts: the mean of the last hold_seconds against the baseline's "
+        "mean (metric's unit).",
+    )
+    ignore_below: float = number(
+        -1e12,
+        -1e12,
+        1e12,
+        "A shift to a new level below this is left to other rules (e.g. utilisation fallen to "
+        "idle: the idle rules'); default: none.",
+    )
+    noise_floor: float = number(
+        0.01, 1e-9, 1e12, "Smallest noise sigma assumed (metric's unit): flat series."
+    )
+    season_seconds: float = duration(
+        "0s", "0s", "3h", "Seasonal period STL removes before confirming (0: none)."
+    )
+    max_fits: int = integer(
+        100,
+        1,
+        10_000,
+        "Statsmodels fits per cycle (about 70 ms each): new series first, then due refits; "
+        "the rest wait.",
+    )
+
+
+def _check(p: LevelShiftParams) -> tuple[str, str] | None:
+    total = p.window_seconds + p.baseline_seconds
+    if p.hold_seconds > p.window_seconds:
+        return (
+            "hold_seconds",
+            f"must not exceed window_seconds ({format_duration(p.window_seconds)})",
+        )
+    if p.season_seconds > 0 and total < 2 * p.season_seconds:
+        return "season_seconds", (
+            f"baseline and window ({format_duration(total)}) must cover two seasons to remove one"
+        )
+    return None
+
+
+def run_level_shift(
+    ctx: DetectionContext, rule: Rule, p: LevelShiftParams, now: float
+) -> list[Finding]:
+    """Engine runner: one finding per selected series of the rule's metrics."""
+    store = ctx.store
+    step = float(store.step_seconds)
+    window_s, baseline_s, season_s = p.window_seconds, p.baseline_seconds, p.season_seconds
+    params = ShiftScreen(
+        hold_slots=max(1, round(p.hold_seconds / step)),
+        z_above=p.z_above,
+        min_scale=p.noise_floor,
+        min_change=p.min_change,
+        direction=p.direction,
+        ignore_below=p.ignore_below,
+    )
+    max_fits = p.max_fits
     end = math.floor(now / step) * step  # the current slot is not complete yet
     start = end - baseline_s - window_s
     labels = dict(rule.selector.labels) or None
@@ -202,7 +257,7 @@ def run_level_shift(service: CollectorService, rule: Rule, now: float) -> list[F
         infos = [matrix.series[i] for i in rows]
         split = int(np.sum(matrix.times < end - window_s))
         findings += _judge_metric(
-            service, rule, infos, matrix.times + step, values, split, params,
+            ctx, rule, infos, matrix.times + step, values, split, params,
             period=round(season_s / step) if season_s > 0 else None,
             first_slot=round(float(matrix.times[0]) / step) if len(matrix.times) else 0,
             max_fits=max_fits, step=step,
@@ -211,7 +266,7 @@ def run_level_shift(service: CollectorService, rule: Rule, now: float) -> list[F
 
 
 def _judge_metric(
-    service: CollectorService,
+    ctx: DetectionContext,
     rule: Rule,
     infos: list[SeriesInfo],
     times: FloatVector,
@@ -231,7 +286,7 @@ def _judge_metric(
     judged = (known_base >= MIN_KNOWN) & (known_window >= MIN_KNOWN) & fresh
     screened = screen_shifts(baseline, window, params)
     candidates = np.flatnonzero(screened.candidate & judged)
-    cache = _fits(service.store)
+    cache = ctx.cache(new_fit_cache)
     keys: list[Hashable] = [(rule.id, series_subject(info)) for info in infos]
     # Candidates with a young kept fit cost next to nothing. Fits cost ~70 ms each, so at most
     # max_fits run: new series first, then refits that are due, strongest first in each. A due
@@ -330,14 +385,12 @@ def _finding(
     (only firing findings' points are kept with an incident, and a fleet has thousands of the
     others each cycle)."""
     points = _plot_points(times, values) if verdict is Verdict.FIRING else ()
-    return Finding(
-        rule_id=rule.id,
-        detector=DETECTOR,
+    return new_finding(
+        rule,
         subject=series_subject(info),
         verdict=verdict,
-        severity=str(rule.severity),
-        window_start=window_start,
-        window_end=float(times[-1]) if times.size else window_start,
+        window=(window_start, float(times[-1]) if times.size else window_start),
+        facts=series_facts(info.attributes),
         summary=summary,
         evidence={k: v for k, v in evidence.items() if isinstance(v, str | int | float | bool)},
         points=points,
@@ -354,3 +407,20 @@ def _plot_points(times: FloatVector, values: FloatVector) -> tuple[tuple[float, 
         means = np.where(counts > 0, np.nansum(blocks, axis=1) / np.maximum(counts, 1), np.nan)
     at = times[values.size - usable :].reshape(-1, groups)[:, -1]
     return tuple((float(t), float(v)) for t, v in zip(at, means, strict=True) if math.isfinite(v))
+
+
+DETECTOR = Detector(
+    spec=spec_of(
+        "level_shift",
+        "A selected series moved to a new level and stayed there: screened on every series "
+        "at once, confirmed with statsmodels (STL, prewhitened break test, AR(1) interval).",
+        subjects=(Subject.JOB, Subject.NODE, Subject.DEPLOYMENT),
+        signals=("hw.gpu.utilization", "hw.power", "hw.temperature"),
+        params=LevelShiftParams,
+        selector=("metrics", "teams", "jobs", "models", "nodes", "labels"),
+        requires=("metrics",),
+        check=_check,
+    ),
+    params=LevelShiftParams,
+    run=run_level_shift,
+)

@@ -18,18 +18,19 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
-from gpuwarden.collector.detect.findings import Finding, Verdict
+from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
+from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
 from gpuwarden.collector.detect.numerics import anomaly
-from gpuwarden.collector.rules.model import Rule
-from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.rules.model import Rule, Subject
+from gpuwarden.collector.rules.params import duration, integer, number
 from gpuwarden.collector.store.types import SeriesInfo
 
 log = logging.getLogger(__name__)
 
-DETECTOR = "metric_anomaly"
 POINTS = 120
 _SUBJECT_ATTRIBUTES = ("model", "host.name", "hw.id", "gpuwarden.job.key", "service.name")
 
@@ -49,8 +50,8 @@ def series_identity(info: SeriesInfo) -> dict[str, str]:
     return {key: str(attrs[name]) for key, name in names if attrs.get(name) not in (None, "")}
 
 
-def series_selected(rule: Rule, attrs: Mapping[str, object]) -> bool:
-    """Whether the rule's selector (teams, jobs, nodes, models) takes a series' attributes."""
+def series_facts(attrs: Mapping[str, object]) -> Facts:
+    """Who and where a series is about, from its attributes (team, job, node, model)."""
 
     def text(*names: str) -> str | None:
         for name in names:
@@ -59,22 +60,52 @@ def series_selected(rule: Rule, attrs: Mapping[str, object]) -> bool:
                 return str(value)
         return None
 
-    return rule.selector.matches(
+    node = text("host.name", "node")
+    return Facts(
         team=text("team", "gpuwarden.team"),
         job=text("gpuwarden.job.key", "job_key"),
-        node=text("host.name", "node"),
         model=text("model", "service.name"),
+        nodes=(node,) if node else (),
     )
 
 
-def run_metric_anomaly(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
+def series_selected(rule: Rule, attrs: Mapping[str, object]) -> bool:
+    """Whether the rule's selector (teams, jobs, nodes, models) takes a series' attributes
+    (checked before a series is scored, so ``max_series`` counts selected series only)."""
+    facts = series_facts(attrs)
+    return rule.selector.matches(
+        team=facts.team,
+        job=facts.job,
+        node=facts.nodes[0] if facts.nodes else None,
+        model=facts.model,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricAnomalyParams:
+    """Parameters of ``metric_anomaly``."""
+
+    history_seconds: float = duration(
+        "12h", "6h", "1w", "History each minute is judged against (needs 5 h of data)."
+    )
+    recent_seconds: float = duration(
+        "3m", "1m", "1h", "Newest window in which a high score is a finding."
+    )
+    score_above: float = number(
+        0.5328, 0.5, 0.99, "Score threshold (0.5328: fixed on NAB split A, 61.8 standard)."
+    )
+    max_series: int = integer(
+        200, 1, 5000, "Series scored per cycle (about 30 ms each); the rest are reported."
+    )
+
+
+def run_metric_anomaly(
+    ctx: DetectionContext, rule: Rule, p: MetricAnomalyParams, now: float
+) -> list[Finding]:
     """Engine runner: one finding per selected series (up to ``max_series``)."""
-    p = rule.parameters
-    history = float(p["history_seconds"])  # type: ignore[arg-type]
-    recent = float(p["recent_seconds"])  # type: ignore[arg-type]
-    threshold = float(p["score_above"])  # type: ignore[arg-type]
-    limit = int(p["max_series"])  # type: ignore[arg-type]
-    store = service.store
+    history, recent = p.history_seconds, p.recent_seconds
+    threshold, limit = p.score_above, p.max_series
+    store = ctx.store
     step = float(store.long_step_seconds)
     end = math.floor(now / step) * step  # the current minute is not complete yet
     labels = dict(rule.selector.labels) or None
@@ -109,7 +140,7 @@ def _judge(
     recent: float,
     threshold: float,
 ) -> Finding:
-    subject = series_subject(info)
+    subject, facts = series_subject(info), series_facts(info.attributes)
     known = np.isfinite(values)
     newest = times > end - recent
     base: dict[str, object] = {
@@ -121,7 +152,18 @@ def _judge(
     warmup = anomaly.AnomalyParams().warmup_rows
     if known.sum() <= warmup or not known[newest].any():
         why = "no data in the newest window" if known.sum() > warmup else "too little history"
-        return _finding(rule, subject, Verdict.UNKNOWN, times, values, base, why, end - recent, end)
+        return _finding(
+            rule,
+            series_facts(info.attributes),
+            subject,
+            Verdict.UNKNOWN,
+            times,
+            values,
+            base,
+            why,
+            end - recent,
+            end,
+        )
     scores = anomaly.score_series(times, values)
     window = np.where(newest & np.isfinite(scores), scores, -np.inf)
     top = int(np.argmax(window))
@@ -140,13 +182,27 @@ def _judge(
             f"{subject}: {values[top]:.4g} at a score of {score:.3f} (threshold {threshold}); "
             f"median of the last {int(known.sum())} minutes {median:.4g}"
         )
-        return _finding(rule, subject, Verdict.FIRING, times, values, evidence, summary,
-                        end - recent, end)  # fmt: skip
-    return _finding(rule, subject, Verdict.CLEAR, times, values, evidence, "", end - recent, end)
+        return _finding(
+            rule, facts, subject, Verdict.FIRING, times, values, evidence, summary,
+            end - recent, end,
+        )  # fmt: skip
+    return _finding(
+        rule,
+        series_facts(info.attributes),
+        subject,
+        Verdict.CLEAR,
+        times,
+        values,
+        evidence,
+        "",
+        end - recent,
+        end,
+    )
 
 
 def _finding(
     rule: Rule,
+    facts: Facts,
     subject: str,
     verdict: Verdict,
     times: np.ndarray,
@@ -161,15 +217,29 @@ def _finding(
         (float(t), float(v))
         for t, v in zip(times[known][-POINTS:], values[known][-POINTS:], strict=True)
     )
-    return Finding(
-        rule_id=rule.id,
-        detector=DETECTOR,
+    return new_finding(
+        rule,
         subject=subject,
         verdict=verdict,
-        severity=str(rule.severity),
-        window_start=start,
-        window_end=end,
+        window=(start, end),
+        facts=facts,
         summary=summary,
         evidence={k: v for k, v in evidence.items() if isinstance(v, str | int | float | bool)},
         points=points,
     )
+
+
+DETECTOR = Detector(
+    spec=spec_of(
+        "metric_anomaly",
+        "A selected metric did what it never did in its recent history (the NAB-scored "
+        "nearest-neighbour/novelty/step scorer, causal, at one-minute resolution).",
+        subjects=(Subject.JOB, Subject.NODE, Subject.DEPLOYMENT),
+        signals=(),
+        params=MetricAnomalyParams,
+        selector=("metrics", "teams", "jobs", "models", "nodes", "labels"),
+        requires=("metrics",),
+    ),
+    params=MetricAnomalyParams,
+    run=run_metric_anomaly,
+)

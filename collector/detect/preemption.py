@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuwarden.collector.detect.findings import Finding, Verdict
+from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
+from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
 from gpuwarden.collector.jobs.model import Job, JobState
-from gpuwarden.collector.rules.model import Rule
-from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.rules.model import Rule, Subject
+from gpuwarden.collector.rules.params import duration, integer, texts
 from gpuwarden.collector.storage.records import Event, EventKind
 
 #: job labels holding the Unix time of the job's last checkpoint (first present wins)
@@ -108,10 +109,10 @@ def job_preemptions(
     return merged
 
 
-def gone_nodes(service: CollectorService, start: float, end: float) -> dict[str, float]:
+def gone_nodes(ctx: DetectionContext, start: float, end: float) -> dict[str, float]:
     """Node → time of its last GPU sample, for nodes seen in ``[start, end)`` but silent for the
     last ``NODE_SILENT_SECONDS``."""
-    info = service.store.matrix("gpuwarden.gpu.info", start=start, end=end)
+    info = ctx.store.matrix("gpuwarden.gpu.info", start=start, end=end)
     last: dict[str, float] = {}
     for series, row in zip(info.series, info.values, strict=True):
         seen = np.flatnonzero(~np.isnan(row))
@@ -129,7 +130,7 @@ def _active(job: Job, start: float) -> bool:
 
 
 def detect_preemptions(
-    service: CollectorService,
+    ctx: DetectionContext,
     rule: Rule,
     *,
     window_seconds: float,
@@ -140,12 +141,12 @@ def detect_preemptions(
     """One finding per watched job active in the window; FIRING at ``min_preemptions``."""
     end = now
     start = end - window_seconds
-    events = service.storage.events(since=start, kinds=[EventKind.PREEMPTION_NOTICE])
-    gone = gone_nodes(service, start, end)
-    models = {(g.node, g.index): g.model for g in service.gpus()}
-    default_tier = service.accounting.default_price_tier
+    events = ctx.events(since=start, kinds=[EventKind.PREEMPTION_NOTICE])
+    gone = gone_nodes(ctx, start, end)
+    models = {(g.node, g.index): g.model for g in ctx.gpus()}
+    default_tier = ctx.default_price_tier
     findings = []
-    for job in sorted(service.registry.known(), key=lambda j: j.key):
+    for job in sorted(ctx.jobs(), key=lambda j: j.key):
         tier = job.price_tier or default_tier
         if tier not in price_tiers or not _active(job, start):
             continue
@@ -166,17 +167,14 @@ def detect_preemptions(
         lost_h = (
             gpus * sum(known_lost) / 3600 if known_lost and len(known_lost) == len(lost) else None
         )
-        price = service.accounting.prices.price(model, tier)
+        price = ctx.price(model, tier)
         nodes = sorted({a.node for a in job.allocations})
         findings.append(
-            Finding(
-                rule_id=rule.id,
-                detector="preemption",
+            new_finding(
+                rule,
                 subject=job.key,
                 verdict=verdict,
-                severity=str(rule.severity),
-                window_start=start,
-                window_end=end,
+                window=(start, end),
                 summary=(
                     f"job {job.key} ({tier}) preempted {len(found)}× in "
                     f"{window_seconds / 3600:g} h: {'; '.join(p.cause for p in found)}"
@@ -198,20 +196,48 @@ def detect_preemptions(
                     "work_lost_gpu_hours": lost_h,
                     "work_lost_usd": lost_h * price if lost_h is not None else None,
                 },
+                facts=Facts(team=job.team, job=job.key, model=job.model, nodes=tuple(nodes)),
             )
         )
     return findings
 
 
-def run_preemption(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreemptionParams:
+    """Parameters of ``preemption``."""
+
+    window_seconds: float = duration("1h", "5m", "1w", "Counting window.")
+    min_preemptions: int = integer(1, 1, 1000, "Preemptions of one job in the window.")
+    price_tiers: tuple[str, ...] = texts(
+        ("on-demand", "spot", "reserved"),
+        "Price tiers watched.",
+        choices=("on-demand", "spot", "reserved"),
+    )
+
+
+def run_preemption(
+    ctx: DetectionContext, rule: Rule, p: PreemptionParams, now: float
+) -> list[Finding]:
     """Engine runner for ``preemption``."""
-    p = rule.parameters
-    tiers = p["price_tiers"]
     return detect_preemptions(
-        service,
+        ctx,
         rule,
-        window_seconds=float(p["window_seconds"]),  # type: ignore[arg-type]
-        min_preemptions=int(p["min_preemptions"]),  # type: ignore[arg-type]
-        price_tiers=tuple(str(t) for t in tiers) if isinstance(tiers, tuple | list) else (),
+        window_seconds=p.window_seconds,
+        min_preemptions=p.min_preemptions,
+        price_tiers=p.price_tiers,
         now=now,
     )
+
+
+DETECTOR = Detector(
+    spec=spec_of(
+        "preemption",
+        "Jobs are being preempted (spot reclaim, priority).",
+        subjects=(Subject.JOB,),
+        signals=("gpuwarden.gpu.info",),
+        params=PreemptionParams,
+        selector=("teams", "jobs", "models", "nodes"),
+    ),
+    params=PreemptionParams,
+    run=run_preemption,
+)

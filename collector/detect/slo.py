@@ -29,9 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.detect.findings import Finding, JsonScalar, Verdict
-from gpuwarden.collector.rules.model import ParamValue, Rule
-from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
+from gpuwarden.collector.detect.findings import Facts, Finding, JsonScalar, Verdict, new_finding
+from gpuwarden.collector.rules.durations import format_duration
+from gpuwarden.collector.rules.model import Rule, Subject
+from gpuwarden.collector.rules.params import duration, durations, number, numbers, texts
 from gpuwarden.collector.storage.records import ModelDeployment
 from gpuwarden.collector.store.types import SeriesInfo, SeriesKey
 from gpuwarden.collector.store.window import WindowStore
@@ -107,29 +109,6 @@ def share_above(
         elif hi > threshold:
             above += count if math.isinf(hi) else count * (hi - threshold) / (hi - lo)
     return above
-
-
-# --- parameters (validated by the rule loader; these only narrow the types) --------------------
-
-
-def number(params: Mapping[str, ParamValue], name: str) -> float:
-    """A numeric parameter as float."""
-    value = params[name]
-    if isinstance(value, int | float):
-        return float(value)
-    raise TypeError(f"parameter {name} is not a number: {value!r}")
-
-
-def _list(params: Mapping[str, ParamValue], name: str) -> tuple[object, ...]:
-    value = params[name]
-    if isinstance(value, tuple):
-        return value
-    raise TypeError(f"parameter {name} is not a list: {value!r}")
-
-
-def numbers(params: Mapping[str, ParamValue], name: str) -> tuple[float, ...]:
-    """A list parameter of numbers (durations, rates) as floats."""
-    return tuple(float(x) for x in _list(params, name) if isinstance(x, int | float))
 
 
 # --- reading the store ---------------------------------------------------------------------------
@@ -291,10 +270,10 @@ def burn_points(
 
 
 def rule_models(
-    service: CollectorService, rule: Rule, seen: set[str]
+    ctx: DetectionContext, rule: Rule, seen: set[str]
 ) -> dict[str, ModelDeployment | None]:
     """The model deployments the rule selects: known deployments plus models seen in data."""
-    known = {m.name: m for m in service.storage.models()}
+    known = {m.name: m for m in ctx.deployments()}
     out: dict[str, ModelDeployment | None] = {}
     for name in sorted(set(known) | seen):
         deployment = known.get(name)
@@ -312,14 +291,57 @@ class _Slo:
     source: str
 
 
-def run_slo_burn(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SloBurnParams:
+    """Parameters of ``slo_burn``."""
+
+    objective: float = number(0.999, 0.5, 0.99999, "Share of good events promised.")
+    period_seconds: float = duration("30d", "1d", "90d", "SLO period.")
+    long_windows_seconds: tuple[float, ...] = durations(
+        ("1h", "6h"), "1m", "90d", "Long window of each pair."
+    )
+    short_windows_seconds: tuple[float, ...] = durations(
+        ("5m", "30m"), "1m", "90d", "Short window of each pair (about 1/12)."
+    )
+    burn_rates: tuple[float, ...] = numbers(
+        (14.4, 6.0), 0.1, 1000.0, "Fires when both windows of a pair burn faster than this."
+    )
+    error_outcomes: tuple[str, ...] = texts(
+        ("failure",), "Values of the 'outcome' attribute that count as errors."
+    )
+
+
+def _check(p: SloBurnParams) -> tuple[str, str] | None:
+    longs, shorts, rates = p.long_windows_seconds, p.short_windows_seconds, p.burn_rates
+    budget, period = 1.0 - p.objective, p.period_seconds
+    if not longs or len(longs) != len(shorts) or len(longs) != len(rates):
+        return "burn_rates", (
+            "long_windows_seconds, short_windows_seconds and burn_rates must be non-empty lists "
+            f"of one length (got {len(longs)}, {len(shorts)}, {len(rates)})"
+        )
+    for i, (long, short, rate) in enumerate(zip(longs, shorts, rates, strict=True)):
+        if short >= long:
+            return f"short_windows_seconds[{i}]", (
+                f"must be shorter than its long window ({format_duration(long)})"
+            )
+        if long > period:
+            return f"long_windows_seconds[{i}]", (
+                f"must not exceed period_seconds ({format_duration(period)})"
+            )
+        if rate * budget > 1.0:
+            return f"burn_rates[{i}]", (
+                f"{rate:g} × error budget {budget:g} is an error ratio above 1: "
+                "this pair can never fire"
+            )
+    return None
+
+
+def run_slo_burn(ctx: DetectionContext, rule: Rule, p: SloBurnParams, now: float) -> list[Finding]:
     """One finding per selected model and SLO (errors; latency when the model has a p99 SLO)."""
-    p = rule.parameters
-    longs, shorts = numbers(p, "long_windows_seconds"), numbers(p, "short_windows_seconds")
-    rates = numbers(p, "burn_rates")
-    outcomes = tuple(str(x) for x in _list(p, "error_outcomes"))
-    rule_objective, period = number(p, "objective"), number(p, "period_seconds")
-    store = service.store
+    longs, shorts = p.long_windows_seconds, p.short_windows_seconds
+    rates, outcomes = p.burn_rates, p.error_outcomes
+    rule_objective, period = p.objective, p.period_seconds
+    store = ctx.store
     end = math.floor(now / store.step_seconds) * store.step_seconds
     labels = dict(rule.selector.labels)
     windows = sorted(set(longs) | set(shorts))
@@ -327,7 +349,7 @@ def run_slo_burn(service: CollectorService, rule: Rule, now: float) -> list[Find
     # the budget is judged on what the store still holds of the period (its coverage is evidence)
     budget = error_counts(store, labels, outcomes, end - period, end, min_coverage=0.0)
     seen = {name for per_window in counts.values() for name in per_window}
-    models = rule_models(service, rule, seen)
+    models = rule_models(ctx, rule, seen)
     reach = recent_seconds(store)
     latency_series = histogram_keys(store, LATENCY, labels) if models else []
     plot = burn_points(store, labels, outcomes, end - longs[0], end, shorts[0])
@@ -421,14 +443,12 @@ def _finding(
     else:
         summary = f"{name}: {slo.kind} SLO within budget"
     longest = max(longs)
-    return Finding(
-        rule_id=rule.id,
-        detector="slo_burn",
+    return new_finding(
+        rule,
         subject=name if slo.kind == "errors" else f"{name}:latency",
         verdict=verdict,
-        severity=str(rule.severity),
-        window_start=end - longest,
-        window_end=end,
+        window=(end - longest, end),
+        facts=Facts(team=deployment.labels.get("team") if deployment else None, model=name),
         summary=summary,
         evidence=evidence,
         points=points,
@@ -440,3 +460,18 @@ def _label(seconds: float) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{int(seconds)}s"
+
+
+DETECTOR = Detector(
+    spec=spec_of(
+        "slo_burn",
+        "Multi-window, multi-burn-rate SLO alert (Google SRE workbook).",
+        subjects=(Subject.DEPLOYMENT,),
+        signals=("gpuwarden.model.requests",),
+        params=SloBurnParams,
+        selector=("teams", "models", "labels"),
+        check=_check,
+    ),
+    params=SloBurnParams,
+    run=run_slo_burn,
+)

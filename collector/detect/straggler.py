@@ -27,9 +27,10 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, ownership
-from gpuwarden.collector.detect.findings import Finding, Verdict
-from gpuwarden.collector.rules.model import Rule
-from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
+from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
+from gpuwarden.collector.rules.model import Rule, Subject
+from gpuwarden.collector.rules.params import duration, integer, number
 
 FloatMatrix = npt.NDArray[np.floating[Any]]
 Direction = Literal["high", "low", "both"]
@@ -123,7 +124,7 @@ def straggler_verdicts(
 
 
 def detect_stragglers(
-    service: CollectorService,
+    ctx: DetectionContext,
     rule: Rule,
     *,
     window_seconds: float,
@@ -139,14 +140,14 @@ def detect_stragglers(
     peers wait at the all-reduce, or stalls while they compute); the window before is the
     baseline for the band's width.
     """
-    step = float(service.store.step_seconds)
+    step = float(ctx.store.step_seconds)
     end = math.floor(now / step) * step
     start = end - window_seconds
-    times, gpus = service.timelines(start - window_seconds, end)
+    times, gpus = ctx.timelines(start - window_seconds, end)
     if not gpus or len(times) == 0:
         return []
     current = times >= start
-    jobs = service.registry.known()
+    jobs = ctx.jobs()
     groups: dict[str, list[int]] = {}
     for i, gpu in enumerate(gpus):
         shares = ownership(gpu, jobs, times, step, end)
@@ -172,20 +173,17 @@ def detect_stragglers(
             baseline=util[:, ~current] if (~current).any() else None,
             min_coverage=min_coverage,
         )
-        job = service.registry.get(key)
+        job = ctx.job(key)
         for j, i in enumerate(rows):
             gpu = gpus[i]
             verdict = Verdict(int(result.verdict[j]))
             rel = float(result.relative_to_peers[j])
             findings.append(
-                Finding(
-                    rule_id=rule.id,
-                    detector="straggler",
+                new_finding(
+                    rule,
                     subject=f"{key}/{gpu.node}/{gpu.uuid}",
                     verdict=verdict,
-                    severity=str(rule.severity),
-                    window_start=start,
-                    window_end=end,
+                    window=(start, end),
                     summary=(
                         f"job {key}: GPU {gpu.uuid} on {gpu.node} runs at {rel:.2f}× its "
                         f"{len(rows) - 1} peers' median utilisation"
@@ -204,6 +202,12 @@ def detect_stragglers(
                         "median_robust_z": _num(float(result.median_z[j])),
                         "relative_to_peers": _num(rel),
                     },
+                    facts=Facts(
+                        team=job.team if job else None,
+                        job=key,
+                        model=job.model if job else None,
+                        nodes=(gpu.node,),
+                    ),
                 )
             )
     return findings
@@ -213,15 +217,44 @@ def _num(value: float) -> float | None:
     return None if math.isnan(value) else value
 
 
-def run_straggler(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StragglerParams:
+    """Parameters of ``straggler``."""
+
+    window_seconds: float = duration("10m", "1m", "1d", "Evaluation window.")
+    tolerance: float = number(
+        3.0, 0.5, 20.0, "Band around the peers' median, in median absolute deviations."
+    )
+    outside_fraction: float = number(
+        0.5, 0.05, 1.0, "Share of the window a worker must spend outside the band."
+    )
+    min_peers: int = integer(4, 3, 100000, "Jobs with fewer workers are not judged.")
+
+
+def run_straggler(
+    ctx: DetectionContext, rule: Rule, p: StragglerParams, now: float
+) -> list[Finding]:
     """Engine runner for ``straggler``."""
-    p = rule.parameters
     return detect_stragglers(
-        service,
+        ctx,
         rule,
-        window_seconds=float(p["window_seconds"]),  # type: ignore[arg-type]
-        tolerance=float(p["tolerance"]),  # type: ignore[arg-type]
-        outside_fraction=float(p["outside_fraction"]),  # type: ignore[arg-type]
-        min_peers=int(p["min_peers"]),  # type: ignore[arg-type]
+        window_seconds=p.window_seconds,
+        tolerance=p.tolerance,
+        outside_fraction=p.outside_fraction,
+        min_peers=p.min_peers,
         now=now,
     )
+
+
+DETECTOR = Detector(
+    spec=spec_of(
+        "straggler",
+        "One worker of a distributed job runs slower than its peers.",
+        subjects=(Subject.JOB, Subject.NODE),
+        signals=("hw.gpu.utilization", "hw.power"),
+        params=StragglerParams,
+        selector=("teams", "jobs", "models", "nodes"),
+    ),
+    params=StragglerParams,
+    run=run_straggler,
+)

@@ -1,14 +1,16 @@
 """Detection rules as data: ``rules/*.yaml`` parsed once into frozen, typed objects.
 
-A rule names a detector from one vocabulary (``DETECTORS``: each detector's parameters with type,
-default and range), the series it watches (a ``Selector``), what to do about a finding (actions
-from a second vocabulary, ``ACTIONS``, each ``auto``, ``approve`` or ``notify``) and whom to tell
-(routes such as ``slack:#gpu-alerts``). Everything is checked at load time, so nothing downstream
-ever sees an unknown key or a value out of range; an error names the file, the rule and the key::
+A rule names a detector from one vocabulary (the detect package's catalog: each detector's
+parameters with type, default and range, and the selector fields it honours), the series it
+watches (a ``Selector``: a field its detector does not honour is an error), what to do about a
+finding (actions from a second vocabulary, ``ACTIONS``, each ``auto``, ``approve`` or ``notify``)
+and whom to tell (routes such as ``slack:#gpu-alerts``). Everything is checked at load time, so
+nothing downstream ever sees an unknown key or a value out of range; an error names the file, the
+rule and the key::
 
     team.yaml: rules[2] (idle-gpu).parameters.window_seconds: must be between 1m and 1w (got 10)
 
-``load_rules`` either raises on the first error (the collector's default: refuse to start) or,
+``load_rule_files`` either raises on the first error (the collector's default: refuse to start) or,
 with ``skip_bad``, loads the good rules and returns the bad ones as ``RuleProblem`` objects.
 
 File format::
@@ -62,7 +64,7 @@ from gpuwarden.collector.rules.model import (
     Selector,
     Severity,
 )
-from gpuwarden.collector.rules.vocabulary import ACTIONS, DETECTORS, ROUTE_SCHEMES
+from gpuwarden.collector.rules.vocabulary import ACTIONS, ROUTE_SCHEMES
 
 # --- loading -------------------------------------------------------------------------------------
 
@@ -214,6 +216,13 @@ def _selector(raw: object, detector: DetectorSpec) -> Selector:
     fields["labels"] = MappingProxyType(
         {k: _string(v, f"selector.labels.{k}") for k, v in labels.items()}
     )
+    for name in _SELECTOR_KEYS:
+        if fields.get(name) and name not in detector.selector:
+            honoured = ", ".join(k for k in _SELECTOR_KEYS if k in detector.selector) or "none"
+            raise _InvalidError(
+                f"selector.{name}",
+                f"detector {detector.name} does not honour this field (it honours: {honoured})",
+            )
     for name in detector.requires:
         if not fields.get(name):
             raise _InvalidError(
@@ -274,15 +283,20 @@ def _routes(raw: object) -> tuple[str, ...]:
     return routes
 
 
-def _rule(raw: object, source: RuleSource, runbooks_dir: Path | None) -> Rule:
+def _rule(
+    raw: object,
+    source: RuleSource,
+    runbooks_dir: Path | None,
+    detectors: Mapping[str, DetectorSpec],
+) -> Rule:
     data = _mapping(raw, "", _RULE_KEYS)
     for name in ("id", "detector", "severity", "owner", "runbook"):
         if name not in data:
             raise _InvalidError(name, "required")
     rule_id = _string(data["id"], "id", (_ID, _ID_TEXT))
-    detector = DETECTORS.get(data["detector"]) if isinstance(data["detector"], str) else None
+    detector = detectors.get(data["detector"]) if isinstance(data["detector"], str) else None
     if detector is None:
-        raise _InvalidError("detector", _unknown("detector", data["detector"], tuple(DETECTORS)))
+        raise _InvalidError("detector", _unknown("detector", data["detector"], tuple(detectors)))
     severity = data["severity"]
     if severity not in tuple(Severity):
         raise _InvalidError("severity", _unknown("severity", severity, tuple(Severity)))
@@ -389,13 +403,18 @@ def rule_files(paths: Sequence[Path]) -> tuple[list[Path], list[RuleProblem]]:
     return files, problems
 
 
-def load_rules(
-    paths: Sequence[Path], *, runbooks_dir: Path | None, skip_bad: bool = False
+def load_rule_files(
+    paths: Sequence[Path],
+    *,
+    detectors: Mapping[str, DetectorSpec],
+    runbooks_dir: Path | None,
+    skip_bad: bool = False,
 ) -> RuleSet:
     """Load and validate rule files (folders stand for the rule files directly in them).
 
     Args:
         paths: rule files or folders.
+        detectors: the detector vocabulary, by name (the detect package's catalog).
         runbooks_dir: where ``runbook`` paths must exist; ``None`` checks only their form.
         skip_bad: load what is valid and return the rest as ``problems`` instead of raising.
 
@@ -424,7 +443,7 @@ def load_rules(
             raw_id = raw.get("id") if isinstance(raw, dict) else None
             rule_id = raw_id if isinstance(raw_id, str) else None
             try:
-                rule = _rule(raw, RuleSource(name, index), runbooks_dir)
+                rule = _rule(raw, RuleSource(name, index), runbooks_dir, detectors)
                 if rule.id in seen:
                     raise _InvalidError(
                         "id", f"duplicate rule id, first defined in {seen[rule.id]}"

@@ -58,6 +58,10 @@ ParamValue = bool | int | float | str | tuple[int, ...] | tuple[float, ...] | tu
 """A parameter after loading: durations are float seconds, lists are tuples."""
 
 
+SELECTOR_FIELDS: Final = ("metrics", "teams", "jobs", "models", "nodes", "labels")
+"""Every selector field, in the order errors and docs list them."""
+
+
 @dataclass(frozen=True, slots=True)
 class ParamSpec:
     """One parameter: type, default (``None``: required), inclusive range, description.
@@ -90,6 +94,8 @@ class DetectorSpec:
     requires: tuple[str, ...] = ()
     """Selector fields that must not be empty (the detector cannot guess which series)."""
     check: CrossCheck | None = None
+    selector: frozenset[str] = frozenset()
+    """Selector fields the detector honours; a rule that sets any other one does not load."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,22 +5,16 @@ from __future__ import annotations
 import pytest
 
 from gpuwarden.collector.detect.findings import Verdict
-from gpuwarden.collector.detect.idle_rule import detect_idle_gpus
 from gpuwarden.collector.detect.incidents import IncidentTracker
+from tests.detectors import make_rule, run_rule
 from tests.test_accounting_scenario import T0, service  # noqa: F401 - the fixture
 
 WINDOW = 1800.0
+IDLE = make_rule("idle_gpu", "idle-gpu", window_seconds=WINDOW, utilization_below=0.05)
 
 
 def firing(svc, now: float) -> dict[str, dict[str, object]]:
-    found = detect_idle_gpus(
-        svc,
-        rule_id="idle-gpu",
-        severity="warning",
-        window_seconds=WINDOW,
-        threshold_ratio=0.05,
-        now=now,
-    )
+    found = run_rule(svc, IDLE, now)
     assert len(found) == 16
     return {f.subject: dict(f.evidence) for f in found if f.verdict is Verdict.FIRING}
 
@@ -41,13 +35,6 @@ def test_partly_idle_windows_do_not_fire(service):  # noqa: F811
 
 def test_idle_findings_open_incidents(service):  # noqa: F811
     tracker = IncidentTracker(service.storage, open_after=1, clock=lambda: T0 + 4200)
-    found = detect_idle_gpus(
-        service,
-        rule_id="idle-gpu",
-        severity="warning",
-        window_seconds=WINDOW,
-        threshold_ratio=0.05,
-        now=T0 + 4200,
-    )
+    found = run_rule(service, IDLE, T0 + 4200)
     result = tracker.fold(found)
     assert sorted(i.evidence["gpu"] for i in result.opened) == ["GPU-a-2", "GPU-b-5"]

@@ -1,0 +1,169 @@
+"""``idle_gpu``: a GPU allocated to a job stayed idle for a whole window.
+
+Screened for every GPU at once on the store's series × time matrix. A GPU is idle when a job holds
+it for the whole window and every sample in the window is below the threshold, with at least
+``min_coverage`` of the window's slots sampled. A window with too few samples is UNKNOWN: missing
+data never counts as idle, and never as healthy. Jobs holding fewer than ``min_gpus`` GPUs in the
+window are not judged (no finding).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, ownership
+from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
+from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
+from gpuwarden.collector.rules.model import Rule, Subject
+from gpuwarden.collector.rules.params import duration, integer, number
+
+FloatMatrix = npt.NDArray[np.floating[Any]]
+BoolMatrix = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IdleGpuParams:
+    """Parameters of ``idle_gpu``."""
+
+    window_seconds: float = duration("30m", "1m", "1w", "How long the GPU must stay idle.")
+    utilization_below: float = number(
+        0.05, 0.0, 1.0, "A sample is idle when GPU utilisation is below this ratio."
+    )
+    min_coverage: float = number(
+        0.8,
+        0.0,
+        1.0,
+        "Share of the window that must have samples (missing data never counts as fine).",
+    )
+    min_gpus: int = integer(1, 1, 100_000, "Only jobs holding at least this many GPUs.")
+
+
+def idle_verdicts(
+    utilization: FloatMatrix,
+    held: BoolMatrix,
+    *,
+    threshold_ratio: float,
+    min_coverage: float = 0.8,
+) -> npt.NDArray[np.int8]:
+    """Per GPU (row): FIRING, CLEAR or UNKNOWN over the window the columns span.
+
+    Args:
+        utilization: GPUs × slots, NaN where no sample arrived.
+        held: GPUs × slots, True where a job held the GPU.
+        threshold_ratio: utilisation below this is idle.
+        min_coverage: fraction of slots that must have a sample for any verdict.
+    """
+    if utilization.shape != held.shape:
+        raise ValueError(f"shapes differ: {utilization.shape} vs {held.shape}")
+    if not 0 < min_coverage <= 1:
+        raise ValueError("min_coverage must be in (0, 1]")
+    known = ~np.isnan(utilization)
+    n_slots = utilization.shape[1]
+    coverage = known.sum(axis=1) / n_slots if n_slots else np.zeros(utilization.shape[0])
+    busy_seen = (known & (np.nan_to_num(utilization, nan=0.0) >= threshold_ratio)).any(axis=1)
+    held_all = held.all(axis=1) if n_slots else np.zeros(utilization.shape[0], dtype=bool)
+    verdict = np.full(utilization.shape[0], Verdict.UNKNOWN, dtype=np.int8)
+    enough = coverage >= min_coverage
+    verdict[~held_all] = Verdict.CLEAR  # not allocated for the whole window: not this rule's case
+    verdict[held_all & busy_seen] = Verdict.CLEAR  # one busy sample clears the window
+    verdict[held_all & enough & ~busy_seen] = Verdict.FIRING
+    return verdict
+
+
+def run_idle_gpu(ctx: DetectionContext, rule: Rule, p: IdleGpuParams, now: float) -> list[Finding]:
+    """One finding per physical GPU: FIRING when its job left it idle for the whole window.
+
+    Evidence: job, team, node, GPU, window, mean utilisation, coverage, idle GPU-hours and what
+    the window cost at the job's price tier.
+    """
+    step = ctx.store.step_seconds
+    end = math.floor(now / step) * step
+    start = end - p.window_seconds
+    times, gpus = ctx.timelines(start, end)
+    if not gpus or len(times) == 0:
+        return []
+    jobs = ctx.jobs()
+    util = np.vstack([g.utilization_ratio for g in gpus])
+    held = np.zeros(util.shape, dtype=bool)
+    owner: list[str] = []
+    for i, gpu in enumerate(gpus):
+        shares = ownership(gpu, jobs, times, step, end)
+        main = max(
+            (k for k in shares if k != UNALLOCATED), key=lambda k: shares[k].sum(), default=""
+        )
+        owner.append(main)
+        if main:
+            held[i] = shares[main] > 0.999
+    width = Counter(key for key in owner if key)
+    verdicts = idle_verdicts(
+        util, held, threshold_ratio=p.utilization_below, min_coverage=p.min_coverage
+    )
+    hours = p.window_seconds / 3600
+    findings = []
+    for i, gpu in enumerate(gpus):
+        if owner[i] and width[owner[i]] < p.min_gpus:
+            continue  # the job is narrower than the rule looks at
+        job = ctx.job(owner[i]) if owner[i] else None
+        known = ~np.isnan(util[i])
+        mean = float(util[i][known].mean()) if known.any() else None
+        tier = (job.price_tier if job and job.price_tier else gpu.price_tier) or "on-demand"
+        price = ctx.price(gpu.model, tier)
+        verdict = Verdict(int(verdicts[i]))
+        findings.append(
+            new_finding(
+                rule,
+                subject=f"{gpu.node}/{gpu.uuid}",
+                verdict=verdict,
+                window=(start, end),
+                facts=Facts(
+                    team=job.team if job else None,
+                    job=owner[i] or None,
+                    model=job.model if job else None,
+                    nodes=(gpu.node,),
+                ),
+                summary=(
+                    f"GPU {gpu.uuid} on {gpu.node} held by {owner[i] or 'no job'} "
+                    f"idle for {p.window_seconds / 60:.0f} min"
+                ),
+                evidence={
+                    "job": owner[i] or None,
+                    "team": job.team if job else None,
+                    "node": gpu.node,
+                    "gpu": gpu.uuid,
+                    "job_gpus": width[owner[i]] if owner[i] else 0,
+                    "window_minutes": p.window_seconds / 60,
+                    "threshold_ratio": p.utilization_below,
+                    "mean_utilization_ratio": mean,
+                    "coverage_ratio": float(known.mean()),
+                    "idle_gpu_hours": hours if verdict is Verdict.FIRING else 0.0,
+                    "wasted_usd": hours * price if verdict is Verdict.FIRING else 0.0,
+                    "price_tier": tier,
+                },
+                points=(
+                    (float(t), float(v))
+                    for t, v in zip(times, util[i], strict=True)
+                    if not math.isnan(v)
+                ),
+            )
+        )
+    return findings
+
+
+DETECTOR = Detector(
+    spec=spec_of(
+        "idle_gpu",
+        "A GPU allocated to a job stayed idle for a whole window.",
+        subjects=(Subject.JOB,),
+        signals=("hw.gpu.utilization", "gpuwarden.gpu.process.utilization"),
+        params=IdleGpuParams,
+        selector=("teams", "jobs", "models", "nodes"),
+    ),
+    params=IdleGpuParams,
+    run=run_idle_gpu,
+)

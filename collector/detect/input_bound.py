@@ -1,0 +1,202 @@
+"""``input_bound``: GPUs starve while the host's CPU, disk or network is saturated, or their
+utilisation oscillates the way a data loader that cannot keep up makes it; a job that fires on
+oscillation alone is confirmed by a two-regime Markov switching model (:mod:`.numerics.regimes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
+from gpuwarden.collector.detect.findings import Facts, Finding, JsonScalar, Verdict
+from gpuwarden.collector.detect.numerics.regimes import busy_stall_regimes
+from gpuwarden.collector.detect.waste import (
+    IOWAIT_ABOVE,
+    OSCILLATION_ABOVE,
+    FloatMatrix,
+    finite,
+    gpu_price,
+    held_by_job,
+    input_bound_verdicts,
+    pool_rows,
+    read_window,
+    resolution_of,
+    waste_finding,
+)
+from gpuwarden.collector.rules.model import Rule, Subject
+from gpuwarden.collector.rules.params import duration, number
+from gpuwarden.collector.store.types import Resolution
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputBoundParams:
+    """Parameters of ``input_bound``."""
+
+    window_seconds: float = duration("15m", "1m", "1d", "Evaluation window.")
+    gpu_utilization_below: float = number(0.5, 0.0, 1.0, "GPU utilisation below this ...")
+    cpu_utilization_above: float = number(
+        0.85, 0.0, 1.0, "... while host CPU utilisation is above this."
+    )
+    min_coverage: float = number(
+        0.8,
+        0.0,
+        1.0,
+        "Share of the window that must have samples (missing data never counts as fine).",
+    )
+
+
+def host_cpu(
+    ctx: DetectionContext, start: float, end: float, resolution: Resolution
+) -> dict[str, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]]:
+    """Node → (CPU utilisation, iowait share) per slot, from ``system.cpu.time`` rates by mode."""
+    m = ctx.store.matrix(
+        "system.cpu.time",
+        start=start,
+        end=end,
+        resolution=resolution,
+    )
+    total: dict[str, npt.NDArray[np.float64]] = {}
+    idle: dict[str, npt.NDArray[np.float64]] = {}
+    wait: dict[str, npt.NDArray[np.float64]] = {}
+    for info, values in zip(m.series, m.values, strict=True):
+        node = str(info.attributes.get("host.name", ""))
+        mode = str(info.attributes.get("cpu.mode", ""))
+        row = values.astype(np.float64)
+        total[node] = total.get(node, 0.0) + row
+        if mode == "idle":
+            idle[node] = idle.get(node, 0.0) + row
+        if mode == "iowait":
+            wait[node] = wait.get(node, 0.0) + row
+    out = {}
+    for node, tot in total.items():
+        safe = np.where(tot > 0, tot, np.nan)
+        w = wait.get(node, np.zeros_like(tot))
+        busy = tot - idle.get(node, np.zeros_like(tot)) - w
+        out[node] = (np.clip(busy / safe, 0, 1), np.clip(w / safe, 0, 1))
+    return out
+
+
+def run_input_bound(
+    ctx: DetectionContext, rule: Rule, p: InputBoundParams, now: float
+) -> list[Finding]:
+    """One finding per job that held GPUs for the window: FIRING when they starved while the
+    host's CPU or I/O was saturated, or their utilisation oscillated.
+
+    Cost: the starved share of the held GPU-hours, ``gpus × hours × (1 − mean utilisation)``,
+    priced at the job's tier.
+    """
+    window_seconds, min_coverage = p.window_seconds, p.min_coverage
+    gpu_below, cpu_above = p.gpu_utilization_below, p.cpu_utilization_above
+    win = read_window(ctx, now, window_seconds)
+    if win is None:
+        return []
+    hosts = host_cpu(ctx, win.start, win.end, resolution_of(ctx, win))
+    groups = held_by_job(win)
+    n = len(win.times)
+    missing = np.full(n, np.nan)
+    rows_g, rows_c, rows_w, job_of = [], [], [], []
+    for key in sorted(groups):
+        for i in groups[key]:
+            gpu = win.gpus[i]
+            cpu, wait = hosts.get(gpu.node, (missing, missing))
+            rows_g.append(gpu.utilization_ratio)
+            rows_c.append(cpu)
+            rows_w.append(wait)
+            job_of.append(key)
+    if not job_of:
+        return []
+    keys = sorted(groups)
+    index = {k: [j for j, owner in enumerate(job_of) if owner == k] for k in keys}
+    g, c, w = (np.vstack(r) for r in (rows_g, rows_c, rows_w))
+    result = input_bound_verdicts(
+        pool_rows([g[index[k]] for k in keys]),
+        pool_rows([c[index[k]] for k in keys]),
+        pool_rows([w[index[k]] for k in keys]),
+        gpu_below=gpu_below, cpu_above=cpu_above, min_coverage=min_coverage,
+    )  # fmt: skip
+    hours = window_seconds / 3600
+    findings = []
+    for j, key in enumerate(keys):
+        job = ctx.job(key)
+        gpus = [win.gpus[i] for i in groups[key]]
+        verdict = Verdict(int(result.verdict[j]))
+        mean = float(result.gpu_mean[j])
+        reasons = []
+        if result.cpu_mean[j] > cpu_above:
+            reasons.append(f"host CPU {100 * result.cpu_mean[j]:.0f} %")
+        if result.iowait_mean[j] > IOWAIT_ABOVE:
+            reasons.append(f"iowait {100 * result.iowait_mean[j]:.0f} %")
+        regime: dict[str, JsonScalar] = {}
+        if result.oscillation[j] > OSCILLATION_ABOVE:
+            reasons.append("oscillating utilisation")
+            if verdict is Verdict.FIRING and not reasons[:-1]:
+                # fired on oscillation alone: confirm a stalled regime apart from the busy one
+                verdict, regime = _confirm_stalls(g[index[key]], win.step)
+                if verdict is Verdict.CLEAR:
+                    reasons[-1] = "utilisation varies, with no distinct stalled state"
+        starved = len(gpus) * hours * (1 - mean) if verdict is Verdict.FIRING else 0.0
+        price = sum(gpu_price(ctx, gpu, job)[0] for gpu in gpus) / len(gpus)
+        nodes = sorted({gpu.node for gpu in gpus})
+        findings.append(
+            waste_finding(
+                rule, key, verdict, win,
+                f"job {key}: GPUs at {100 * mean:.0f} % while {', '.join(reasons)}",
+                {
+                    "job": key,
+                    "team": job.team if job else None,
+                    "node": nodes[0] if len(nodes) == 1 else None,
+                    "nodes": ",".join(nodes),
+                    "gpus": len(gpus),
+                    "window_minutes": window_seconds / 60,
+                    "mean_gpu_utilization_ratio": finite(mean),
+                    "mean_cpu_utilization_ratio": finite(float(result.cpu_mean[j])),
+                    "mean_iowait_ratio": finite(float(result.iowait_mean[j])),
+                    "utilization_oscillation": finite(float(result.oscillation[j])),
+                    "reasons": "; ".join(reasons) or None,
+                    "starved_gpu_hours": starved,
+                    "wasted_usd": starved * price,
+                    **regime,
+                },
+                Facts(
+                    team=job.team if job else None, job=key,
+                    model=job.model if job else None, nodes=tuple(nodes),
+                ),
+            )
+        )  # fmt: skip
+    return findings
+
+
+def _confirm_stalls(util: FloatMatrix, step: float) -> tuple[Verdict, dict[str, JsonScalar]]:
+    """The stage-two check of an oscillating job (:mod:`.regimes`): FIRING with the regimes'
+    evidence when its mean utilisation per slot has a stalled regime distinct from the busy
+    one, CLEAR when it has not; FIRING without evidence when the model cannot be fitted."""
+    with np.errstate(all="ignore"):
+        per_slot = np.nanmean(util, axis=0) if util.size else np.zeros(0)
+    found = busy_stall_regimes(per_slot)
+    if found is None:
+        return Verdict.FIRING, {"regimes": "not fitted (too few samples, or a strict alternation)"}
+    evidence: dict[str, JsonScalar] = {
+        "stall_share": round(found.stall_share, 4),
+        "stall_level": round(found.stall_level, 4),
+        "busy_level": round(found.busy_level, 4),
+        "mean_stall_seconds": round(found.stall_slots * step, 1),
+        "regime_separation": round(found.separation, 2),
+    }
+    return (Verdict.FIRING if found.distinct else Verdict.CLEAR), evidence
+
+
+DETECTOR = Detector(
+    spec=spec_of(
+        "input_bound",
+        "GPUs starve while the host's CPU, disk or network is saturated.",
+        subjects=(Subject.JOB,),
+        signals=("hw.gpu.utilization", "system.cpu.time", "system.disk.io", "system.network.io"),
+        params=InputBoundParams,
+        selector=("teams", "jobs", "models", "nodes"),
+    ),
+    params=InputBoundParams,
+    run=run_input_bound,
+)
