@@ -56,8 +56,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
-import pandas as pd
 
+from gpuwarden.agent.traces import GENTD26_DUTY_CYCLE_FILE, gentd26_series
 from gpuwarden.collector.detect import level_shift
 from gpuwarden.collector.detect.numerics import screen
 from gpuwarden.collector.detect.numerics.confirm import FitCache, confirm_shift, confirm_shifts
@@ -87,14 +87,20 @@ def timed(fn: Callable[[], T]) -> tuple[T, float, float]:
 
 def gentd26_pods() -> np.ndarray | None:
     """Pods × 57 s samples of GPU duty cycle in [0, 1] (NaN where absent), or None."""
-    path = DATA / "pod_gpu_duty_cycle_anon.csv.gz"
+    path = DATA / GENTD26_DUTY_CYCLE_FILE
     if not path.exists():
         return None
-    frame = pd.read_csv(path)
-    wide = frame.pivot_table(
-        index="container_ip", columns="timestamp_anon", values="value", aggfunc="mean"
-    )
-    return wide.to_numpy(dtype=np.float64) / 100.0  # the trace is in percent
+    series = gentd26_series(path, float)
+    times = sorted({t for rows in series.values() for t, _ in rows})
+    column = {t: i for i, t in enumerate(times)}
+    wide = np.full((len(series), len(times)), np.nan)
+    for row, pod in enumerate(sorted(series)):
+        seen: dict[float, list[float]] = {}
+        for t, value in series[pod]:
+            seen.setdefault(t, []).append(value)
+        for t, values in seen.items():  # a pod sampled twice in one tick: their mean
+            wide[row, column[t]] = sum(values) / len(values)
+    return wide / 100.0  # the trace is in percent
 
 
 def backgrounds(

@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gpuwarden.agent.traces import GENTD26_LATENCY_FILE, gentd26_cells
 from gpuwarden.collector.detect.drift import DriftParams, bin_values, evaluate, window_statistic
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.detect.model_series import Binned
@@ -87,12 +88,14 @@ class Latencies:
 
 
 def load_gentd26() -> Latencies:
-    df = pd.read_csv(DATA / "alibaba_gentd26" / "pipeline_inference_data_anon.csv.gz")
-    df = df.sort_values("timestamp_anon")
-    t = df["timestamp_anon"].to_numpy(dtype=np.float64)
+    cells = list(gentd26_cells(DATA / "alibaba_gentd26" / GENTD26_LATENCY_FILE))
+    t = np.array([float(c.timestamp) for c in cells])
+    ms = np.array([float(c.value) for c in cells])
+    order = np.argsort(t, kind="quicksort")  # as pandas' sort_values did (ties: not stable)
+    t = t[order]
     t = t - math.floor(t[0] / BIN) * BIN
     grid = np.arange(0.0, t[-1] + BIN, BIN)
-    return Latencies(times=t, seconds=df["value"].to_numpy(dtype=np.float64) / 1e3, grid=grid)
+    return Latencies(times=t, seconds=ms[order] / 1e3, grid=grid)
 
 
 def latency_parts(

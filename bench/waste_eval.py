@@ -31,8 +31,6 @@ non-zero value, 0.033 % = 0.00033).
 from __future__ import annotations
 
 import argparse
-import csv
-import gzip
 import math
 import sys
 import time
@@ -43,6 +41,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from gpuwarden.agent.traces import GENTD26_DUTY_CYCLE_FILE, gentd26_series
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.catalog import DETECTORS, load_rules
@@ -392,13 +391,8 @@ def _activity(rng: np.random.Generator) -> tuple[str, float]:
 def gentd26_pods(directory: Path = DATA) -> list[Raw]:
     """One Raw per pod of ``pod_gpu_duty_cycle_anon`` (% → ratio), held by one job for its
     whole life (first sample to last sample + one 57 s tick)."""
-    path = directory / "pod_gpu_duty_cycle_anon.csv.gz"
-    cells: dict[str, list[tuple[float, float]]] = {}
-    with gzip.open(path, "rt") as f:
-        for row in csv.DictReader(f):
-            cells.setdefault(row["container_ip"], []).append(
-                (float(row["timestamp_anon"]), float(row["value"]) / 100)
-            )
+    series = gentd26_series(directory / GENTD26_DUTY_CYCLE_FILE, float)
+    cells = {ip: [(t, v / 100) for t, v in rows] for ip, rows in series.items()}
     raws = []
     for i, (ip, samples) in enumerate(sorted(cells.items())):
         samples.sort()

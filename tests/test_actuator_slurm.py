@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
+from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
+from gpuwarden.collector.jobs.slurm_cli import SlurmResult
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, Outcome
 from gpuwarden.collector.remediate.actuators.slurm import SlurmActuator
 from tests.collector_server import free_port
@@ -22,7 +24,7 @@ def request(kind: str, target: str, *, dry_run: bool = False, **params: object) 
 class NoRunner:
     """Fails the test if the actuator runs anything."""
 
-    def __call__(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+    def __call__(self, args: Sequence[str]) -> SlurmResult:
         raise AssertionError(f"ran {args}")
 
 
@@ -168,10 +170,10 @@ class Answers:
         self.answers = list(answers)
         self.calls: list[list[str]] = []
 
-    def __call__(self, args: list[str]) -> subprocess.CompletedProcess[str]:
-        self.calls.append(args)
+    def __call__(self, args: Sequence[str]) -> SlurmResult:
+        self.calls.append(list(args))
         rc, out, err = self.answers.pop(0)
-        return subprocess.CompletedProcess(args, rc, out, err)
+        return SlurmResult.exited(args, rc, out, err)
 
 
 RUNNING = (0, "JobId=7 JobState=RUNNING Reason=None Restarts=0\n", "")
@@ -199,3 +201,19 @@ def test_a_controller_error_on_show_is_failed_not_not_found() -> None:
     fake = Answers((1, "", "slurm_load_jobs error: Unable to contact slurm controller"))
     result = SlurmActuator("gwtest", runner=fake).execute(request("requeue", "slurm:gwtest:7"))
     assert result.outcome is Outcome.FAILED
+
+
+def test_a_timed_out_call_is_failed() -> None:
+    def slow(args: Sequence[str]) -> SlurmResult:
+        return SlurmResult.timed_out(args, 30.0)
+
+    result = SlurmActuator("gwtest", runner=slow).execute(request("drain", "n1"))
+    assert result.outcome is Outcome.FAILED
+    assert result.detail == "scontrol show node n1 timed out"
+
+
+def test_a_missing_scontrol_raises_as_before(tmp_path: Path) -> None:
+    # The remediator turns it into FAILED ("actuator raised FileNotFoundError").
+    actuator = SlurmActuator("gwtest", environ={"PATH": str(tmp_path)})
+    with pytest.raises(FileNotFoundError):
+        actuator.execute(request("drain", "n1"))

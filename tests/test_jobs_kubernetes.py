@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import json
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -16,6 +18,7 @@ import pytest
 from kubernetes.client import ApiClient, Configuration, CoreV1Api
 
 from gpuwarden.collector.jobs import JobSourceError
+from gpuwarden.collector.jobs.kube_client import KubeApis, load_client
 from gpuwarden.collector.jobs.kubernetes import (
     MAX_LABEL_VALUE_CHARS,
     MAX_LABELS,
@@ -416,3 +419,28 @@ def test_a_missing_kubeconfig_or_an_unknown_context_is_a_config_error(
     assert TOKEN not in str(info.value)
     with pytest.raises(ConfigError, match="exclude"):
         CollectorConfig(kubernetes_kubeconfig=kubeconfig, kubernetes_in_cluster=True)
+
+
+def test_the_client_factory_imports_the_client_only_when_used() -> None:
+    code = (
+        "import sys\n"
+        "from gpuwarden.collector.jobs import kube_client\n"
+        "assert 'kubernetes' not in sys.modules, 'imported at import time'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_client_factory_hands_out_apis_over_one_client(stub: KubeApiStub) -> None:
+    configuration = Configuration(host=stub.url, api_key={"authorization": f"Bearer {TOKEN}"})
+    with ApiClient(configuration) as client:
+        apis = KubeApis(client)
+        assert apis.core().api_client is client
+        assert apis.apps().api_client is client
+        assert apis.autoscaling().api_client is client
+        assert apis.custom_objects().api_client is client
+
+
+def test_a_missing_kubeconfig_is_named(tmp_path: Path) -> None:
+    with pytest.raises(JobSourceError, match=r"kubeconfig .*nope does not exist"):
+        load_client(kubeconfig=tmp_path / "nope")

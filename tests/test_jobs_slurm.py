@@ -6,8 +6,8 @@ import copy
 import json
 import os
 import shutil
-import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -29,6 +29,7 @@ from gpuwarden.collector.jobs.slurm import (
     slurm_state,
     slurm_time,
 )
+from gpuwarden.collector.jobs.slurm_cli import RunStatus, SlurmCli, SlurmResult
 from tests.slurm.cluster import SlurmCluster
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -294,9 +295,9 @@ def test_unreadable_output_is_a_job_source_error(stdout: str, match: str) -> Non
 def test_runner_gets_the_argument_list() -> None:
     calls: list[list[str]] = []
 
-    def runner(args: list[str]) -> subprocess.CompletedProcess[str]:
-        calls.append(args)
-        return subprocess.CompletedProcess(args, 0, SAMPLE.read_text(), "")
+    def runner(args: Sequence[str]) -> SlurmResult:
+        calls.append(list(args))
+        return SlurmResult.exited(args, 0, SAMPLE.read_text(), "")
 
     jobs = SlurmJobSource(cluster="gwtest", runner=runner).jobs(NOW)
 
@@ -307,8 +308,8 @@ def test_runner_gets_the_argument_list() -> None:
 def test_a_failing_squeue_is_a_job_source_error_with_its_stderr() -> None:
     stderr = "squeue: error: Unable to contact slurm controller (connect failure)\n"
 
-    def runner(args: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.CompletedProcess(args, 1, "", "noise\n" * 500 + stderr)
+    def runner(args: Sequence[str]) -> SlurmResult:
+        return SlurmResult.exited(args, 1, "", "noise\n" * 500 + stderr)
 
     with pytest.raises(JobSourceError, match=r"status 1: noise\n") as caught:
         SlurmJobSource(cluster="gwtest", runner=runner).jobs(NOW)
@@ -348,6 +349,36 @@ def test_default_runner_times_out(tmp_path: Path) -> None:
 def test_a_missing_squeue_is_a_job_source_error(tmp_path: Path) -> None:
     with pytest.raises(JobSourceError, match="cannot run squeue"):
         SlurmJobSource(cluster="gwtest", env={"PATH": str(tmp_path)}).jobs(NOW)
+
+
+def test_the_cli_answers_outcomes_not_exceptions(tmp_path: Path) -> None:
+    env = _fake_squeue(tmp_path, 'echo "$SLURM_CONF"; echo "$*" >&2; exit 3')
+    cli = SlurmCli(env={**env, "SLURM_CONF": "/etc/gw.conf"}, timeout_seconds=10)
+
+    ran = cli(["squeue", "--json"])
+    assert ran == SlurmResult.exited(("squeue", "--json"), 3, "/etc/gw.conf\n", "--json\n")
+    assert not ran.ok
+
+    missing = SlurmCli(env={"PATH": str(tmp_path)}, timeout_seconds=10)(["sacct", "--json"])
+    assert missing.status is RunStatus.NOT_STARTED
+    assert "sacct" in missing.error
+    assert isinstance(missing.os_error, FileNotFoundError)
+
+
+def test_the_cli_reports_a_timeout_with_what_was_printed(tmp_path: Path) -> None:
+    env = _fake_squeue(tmp_path, "echo 'squeue: slow' >&2; exec sleep 30")
+
+    result = SlurmCli(env=env, timeout_seconds=0.5)(["squeue"])
+
+    assert result.status is RunStatus.TIMED_OUT
+    assert result.timeout_seconds == 0.5
+    assert result.returncode is None
+
+
+@pytest.mark.parametrize("args", [[], ["squeue", 3]])
+def test_the_cli_takes_only_lists_of_strings(args: Any) -> None:
+    with pytest.raises(ValueError, match="non-empty list of strings"):
+        SlurmCli(env=None, timeout_seconds=1)(args)
 
 
 # --- a real Slurm -------------------------------------------------------------------------

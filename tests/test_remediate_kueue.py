@@ -11,9 +11,9 @@ import pytest
 from kubernetes.client import ApiClient, Configuration
 
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, Outcome
+from gpuwarden.collector.remediate.actuators.kube_api import CustomObjects
 from gpuwarden.collector.remediate.actuators.kubernetes import KubeCalls, KubernetesActuator
 from gpuwarden.collector.remediate.actuators.kueue import KueueRequeue
-from gpuwarden.collector.remediate.actuators.routing import CustomObjects
 from tests.k8s_stub import KubeApiStub
 
 TOKEN = "remediate-token"

@@ -9,10 +9,12 @@ import pytest
 from kubernetes.client import ApiClient, Configuration
 
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, Outcome
-from gpuwarden.collector.remediate.actuators.routing import (
+from gpuwarden.collector.remediate.actuators.kube_api import (
     JSON_PATCH,
     MERGE_PATCH,
     CustomObjects,
+)
+from gpuwarden.collector.remediate.actuators.routing import (
     HTTPRouteBinding,
     InferenceServiceBinding,
     KubernetesRoutingActuator,

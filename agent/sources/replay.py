@@ -13,7 +13,8 @@ non-empty value per GPU wins); every other column is a numeric :class:`~agent.mo
 field (:data:`REPLAY_FIELDS`: ratios, bytes, watts, joules, ...). Integer fields must hold
 integers. An empty cell is "not available" and replays as None.
 
-**Alibaba GenTD26 duty cycle** (``value,timestamp_anon,container_ip``, value in percent): each
+**Alibaba GenTD26 duty cycle** (``value,timestamp_anon,container_ip``, value in percent; read by
+:mod:`gpuwarden.agent.traces`): each
 ``container_ip`` becomes one GPU, most data points first (``max_gpus`` keeps the first N). Its
 uuid is the ip hash itself (an MD5 in the published trace) shaped as a GPU uuid. Memory used comes
 from ``pod_gpu_memory_used_bytes_anon.csv.gz`` in the same folder when present.
@@ -33,20 +34,25 @@ import csv
 import dataclasses
 import gzip
 import hashlib
-import io
 import itertools
 import math
 import re
 import statistics
 import typing
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuwarden.agent.model import GpuSample
+from gpuwarden.agent.traces import (
+    GENTD26_COLUMNS,
+    GENTD26_MEMORY_FILE,
+    gentd26_series,
+    is_gentd26_header,
+    open_csv,
+)
 
 #: Numeric GpuSample fields a gpuwarden trace may carry, with their Python type.
 REPLAY_FIELDS: Mapping[str, type[int] | type[float]] = {
@@ -54,8 +60,7 @@ REPLAY_FIELDS: Mapping[str, type[int] | type[float]] = {
     for name, hint in typing.get_type_hints(GpuSample).items()
     if hint in (float | None, int | None)
 }
-ALIBABA_MEMORY_FILE = "pod_gpu_memory_used_bytes_anon.csv.gz"
-_ALIBABA_COLUMNS = ("value", "timestamp_anon", "container_ip")
+ALIBABA_MEMORY_FILE = GENTD26_MEMORY_FILE
 _INT_MISSING = -(2**63)
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 
@@ -144,9 +149,9 @@ class ReplaySource:
         self._max_gpus = max_gpus
         self._stale_after_seconds = stale_after_seconds
         self._gpu_name = gpu_name
-        with _open_csv(path) as reader:
+        with open_csv(path) as reader:
             header = next(reader, [])
-        self._alibaba = sorted(header) == sorted(_ALIBABA_COLUMNS)
+        self._alibaba = is_gentd26_header(header)
         self._fields = () if self._alibaba else _trace_fields(header, path)
         self._start_clock_seconds = clock()
         self._gpus: list[_Gpu] | None = None
@@ -202,7 +207,7 @@ class ReplaySource:
         name_cell = fields.index("name") + 2 if "name" in fields else None
         rows: dict[str, list[tuple[float, tuple[float | int, ...]]]] = {}
         names: dict[str, str] = {}
-        with _open_csv(path) as reader:
+        with open_csv(path) as reader:
             next(reader)
             for line, row in enumerate(reader, start=2):
                 if len(row) != len(fields) + 2:
@@ -224,13 +229,9 @@ class ReplaySource:
         ]
 
     def _load_alibaba(self) -> list[_Gpu]:
-        duty = _read_alibaba(self._path, _percent)
+        duty = gentd26_series(self._path, _percent_row)
         memory_path = self._path.parent / ALIBABA_MEMORY_FILE
-        memory = (
-            _read_alibaba(memory_path, lambda cell: int(float(cell)))
-            if memory_path.exists()
-            else {}
-        )
+        memory = gentd26_series(memory_path, _bytes_row) if memory_path.exists() else {}
         gpus = []
         for ip in sorted(duty, key=lambda ip: (-len(duty[ip]), ip))[: self._max_gpus]:
             series = [_Series.build(duty[ip], ["utilization_ratio"])]
@@ -246,22 +247,11 @@ class ReplaySource:
         return gpus
 
 
-@contextmanager
-def _open_csv(path: Path) -> Iterator[Iterator[list[str]]]:
-    with path.open("rb") as raw:
-        gzipped = raw.read(2) == b"\x1f\x8b"
-    with (
-        gzip.open(path, "rb") if gzipped else path.open("rb") as binary,
-        io.TextIOWrapper(binary, encoding="utf-8", newline="") as text,
-    ):
-        yield csv.reader(text)
-
-
 def _trace_fields(header: Sequence[str], path: Path) -> tuple[str, ...]:
     if list(header[:2]) != ["time_seconds", "gpu_uuid"]:
         raise ValueError(
             f"{path}:1: unknown header {','.join(header)!r}; expected "
-            f"'time_seconds,gpu_uuid,<GpuSample field>,...' or {','.join(_ALIBABA_COLUMNS)!r}"
+            f"'time_seconds,gpu_uuid,<GpuSample field>,...' or {','.join(GENTD26_COLUMNS)!r}"
         )
     fields = tuple(header[2:])
     for name in fields:
@@ -295,34 +285,20 @@ def _int(cell: str, path: Path, line: int, column: str) -> int:
 _PARSERS: Mapping[type, Callable[[str, Path, int, str], float | int]] = {float: _float, int: _int}
 
 
+def _percent_row(cell: str) -> tuple[float | int, ...]:
+    return (_percent(cell),)
+
+
+def _bytes_row(cell: str) -> tuple[float | int, ...]:
+    return (int(float(cell)),)
+
+
 def _percent(cell: str) -> float:
     # The memory file has the same columns: refuse it rather than replay bytes as a duty cycle.
     value = float(cell)
     if not 0.0 <= value <= 100.0:
         raise ValueError(f"duty cycle {cell!r} is not a percentage")
     return value / 100.0
-
-
-def _read_alibaba(
-    path: Path, convert: Callable[[str], float | int]
-) -> dict[str, list[tuple[float, tuple[float | int, ...]]]]:
-    rows: dict[str, list[tuple[float, tuple[float | int, ...]]]] = {}
-    with _open_csv(path) as reader:
-        header = next(reader, [])
-        if sorted(header) != sorted(_ALIBABA_COLUMNS):
-            raise ValueError(
-                f"{path}:1: expected the columns {', '.join(_ALIBABA_COLUMNS)}, got {header}"
-            )
-        value_at, time_at, ip_at = (header.index(column) for column in _ALIBABA_COLUMNS)
-        for line, row in enumerate(reader, start=2):
-            if len(row) != len(_ALIBABA_COLUMNS):
-                raise ValueError(f"{path}:{line}: {len(row)} cells, expected 3")
-            try:
-                entry = (float(row[time_at]), (convert(row[value_at]),))
-            except ValueError as error:
-                raise ValueError(f"{path}:{line}: {error}") from None
-            rows.setdefault(row[ip_at], []).append(entry)
-    return rows
 
 
 def write_trace(

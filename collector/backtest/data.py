@@ -18,7 +18,8 @@ index on its node. Every other column is a GPU metric field of the agent's catal
 :data:`FIELD_METRICS`); an empty cell is "not measured". Times below 1e9 are offsets and are
 shifted to :data:`RELATIVE_ORIGIN` (reports and labels use the file's own times).
 
-**GenTD26** (``pod_gpu_duty_cycle_anon.csv.gz`` in a folder): each pod (``container_ip``) becomes
+**GenTD26** (``pod_gpu_duty_cycle_anon.csv.gz`` in a folder, read by
+:mod:`gpuwarden.agent.traces`): each pod (``container_ip``) becomes
 one GPU on its own node, held by one synthetic job from its first sample to one 57 s tick after its
 last; the duty cycle (%) becomes ``hw.gpu.utilization`` (ratio).
 
@@ -29,8 +30,6 @@ incidents name it (``node/gpu_uuid`` for GPU rules); without ``rule`` it counts 
 from __future__ import annotations
 
 import csv
-import gzip
-import io
 import itertools
 import math
 import statistics
@@ -41,12 +40,20 @@ from pathlib import Path
 from types import MappingProxyType
 
 from gpuwarden.agent.catalog import CATALOG, Scope, Shape
+from gpuwarden.agent.traces import (
+    GENTD26_COLUMNS,
+    GENTD26_DUTY_CYCLE_FILE,
+    GENTD26_TICK_SECONDS,
+    GenTD26HeaderError,
+    TraceError,
+    gentd26_cells,
+    open_csv,
+)
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 
 RELATIVE_ORIGIN = 1_767_225_600.0
 """2026-01-01T00:00:00Z: where a trace whose times are offsets (below 1e9) starts."""
-GENTD26_FILE = "pod_gpu_duty_cycle_anon.csv.gz"
-GENTD26_TICK_SECONDS = 57.0
+GENTD26_FILE = GENTD26_DUTY_CYCLE_FILE
 GENTD26_MODEL = "unknown (GenTD26)"
 """The trace does not name its GPUs: they cost the price table's default."""
 JOB_SCHEDULER = "api"
@@ -147,13 +154,8 @@ def load_dataset(path: Path, *, pods: int | None = None) -> Dataset:
 @contextmanager
 def _rows(path: Path) -> Iterator[Iterator[list[str]]]:
     try:
-        with path.open("rb") as raw:
-            gzipped = raw.read(2) == b"\x1f\x8b"
-        with (
-            gzip.open(path, "rb") if gzipped else path.open("rb") as binary,
-            io.TextIOWrapper(binary, encoding="utf-8", newline="") as text,
-        ):
-            yield csv.reader(text)
+        with open_csv(path) as reader:
+            yield reader
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise DataError(f"{path}: cannot read: {exc}") from None
 
@@ -328,28 +330,27 @@ def _jobs(
 
 # --- GenTD26 ------------------------------------------------------------------------------------
 
-_GENTD26_COLUMNS = ("value", "timestamp_anon", "container_ip")
-
 
 def _gentd26_rows(path: Path) -> Iterator[tuple[int, float, float, str]]:
     """(line, time, duty cycle %, pod) of every row, checked."""
-    with _rows(path) as reader:
-        header = next(reader, [])
-        if sorted(header) != sorted(_GENTD26_COLUMNS):
-            raise DataError(f"{path}:1: expected the columns {','.join(_GENTD26_COLUMNS)}")
-        v_at, t_at, ip_at = (header.index(c) for c in _GENTD26_COLUMNS)
+    try:
         last = -math.inf
-        for line, row in enumerate(reader, start=2):
-            if len(row) != len(_GENTD26_COLUMNS):
-                raise DataError(f"{path}:{line}: {len(row)} cells, expected 3")
-            t = _number(row[t_at], path, line, "timestamp_anon")
+        for cells in gentd26_cells(path):
+            line = cells.line
+            t = _number(cells.timestamp, path, line, "timestamp_anon")
             if t < last:
                 raise DataError(f"{path}:{line}: timestamp_anon goes back in time")
             last = t
-            value = _number(row[v_at], path, line, "value")
+            value = _number(cells.value, path, line, "value")
             if not 0.0 <= value <= 100.0:
-                raise DataError(f"{path}:{line}: value: {row[v_at]} is not a percentage")
-            yield line, t, value, row[ip_at]
+                raise DataError(f"{path}:{line}: value: {cells.value} is not a percentage")
+            yield line, t, value, cells.pod
+    except GenTD26HeaderError:
+        raise DataError(f"{path}:1: expected the columns {','.join(GENTD26_COLUMNS)}") from None
+    except TraceError as exc:
+        raise DataError(str(exc)) from None
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{path}: cannot read: {exc}") from None
 
 
 def _pod_node(ip: str) -> tuple[str, str]:

@@ -1,6 +1,7 @@
 """Kubernetes adapter: pods that ask for GPUs, as scheduler-neutral :class:`Job` objects.
 
-The only boundary to Kubernetes is ``CoreV1Api`` listing pods (all namespaces, or one), in pages.
+The only boundary to Kubernetes is ``CoreV1Api`` listing pods (all namespaces, or one), in pages;
+the client is configured in :mod:`~gpuwarden.collector.jobs.kube_client`.
 A pod is a job when its containers ask for a GPU resource (``nvidia.com/gpu``, or a MIG slice
 ``nvidia.com/mig-<profile>``). The API names nodes but not devices, so allocations carry the node
 only (kubelet's PodResources API would give device UUIDs; it is out of scope here).
@@ -17,8 +18,6 @@ from types import MappingProxyType
 
 import urllib3
 from kubernetes.client import (
-    ApiClient,
-    Configuration,
     CoreV1Api,
     V1Container,
     V1ContainerStatus,
@@ -29,6 +28,7 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException, OpenApiException
 
 from gpuwarden.collector.jobs import JobSourceError
+from gpuwarden.collector.jobs.kube_client import KubeApis, load_client
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 
 log = logging.getLogger(__name__)
@@ -56,32 +56,13 @@ _DISRUPTION_REASONS = frozenset({"Preempted", "Evicted"})
 def core_api(
     *, kubeconfig: Path | None = None, context: str | None = None, in_cluster: bool = False
 ) -> CoreV1Api:
-    """A ``CoreV1Api`` from a kubeconfig file (and context) or the pod's service account.
+    """The ``CoreV1Api`` this source lists pods with, configured by
+    :func:`~gpuwarden.collector.jobs.kube_client.load_client` (kubeconfig or service account).
 
-    Raises ``JobSourceError`` naming what is wrong with the configuration (missing file, unknown
-    context, no service account mounted); credentials are never part of the message.
+    Raises ``JobSourceError`` naming what is wrong with the configuration.
     """
-    from kubernetes.config import (
-        ConfigException,
-        load_incluster_config,
-        new_client_from_config,
-    )
-
-    try:
-        if in_cluster:
-            configuration = Configuration()
-            load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            return CoreV1Api(ApiClient(configuration))
-        if kubeconfig is not None and not kubeconfig.is_file():
-            raise JobSourceError(f"kubeconfig {kubeconfig} does not exist")
-        client = new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(kubeconfig) if kubeconfig else None,
-            context=context,
-            persist_config=False,
-        )
-    except ConfigException as exc:
-        raise JobSourceError(f"cannot configure the Kubernetes client: {exc}") from None
-    return CoreV1Api(client)
+    client = load_client(kubeconfig=kubeconfig, context=context, in_cluster=in_cluster)
+    return KubeApis(client).core()
 
 
 def _timestamp(value: datetime | None) -> float | None:

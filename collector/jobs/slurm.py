@@ -1,6 +1,7 @@
 """Slurm adapter: what ``squeue --json --all`` reports, as scheduler-neutral :class:`Job` objects.
 
-The only boundary to Slurm is one ``squeue`` run per poll (an argument list, never a shell).
+The only boundary to Slurm is one ``squeue`` run per poll, through
+:mod:`~gpuwarden.collector.jobs.slurm_cli` (an argument list, never a shell).
 Two JSON dialects are read:
 
 * Slurm 22.05 (``openapi/v0.0.38``): numbers are plain JSON numbers, ``0`` meaning "not set";
@@ -21,14 +22,14 @@ import itertools
 import json
 import logging
 import re
-import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from gpuwarden.collector.jobs import JobSourceError
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
+from gpuwarden.collector.jobs.slurm_cli import RunStatus, SlurmCli, SlurmRunner
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,6 @@ SCHEDULER = "slurm"
 SQUEUE_ARGS = ("squeue", "--json", "--all")
 STDERR_TAIL_CHARS = 1000
 MAX_HOSTLIST_HOSTS = 65536  # a hostlist expanding further than this is malformed, not a cluster
-
-Runner = Callable[[list[str]], subprocess.CompletedProcess[str]]
 
 _BASE_STATES: Mapping[str, JobState] = MappingProxyType(
     {
@@ -375,11 +374,9 @@ def parse_squeue_json(text: str, *, cluster: str) -> list[Job]:
     return jobs
 
 
-def _tail(stream: str | bytes | None) -> str:
+def _tail(stream: str) -> str:
     """The last whole lines of ``stream``, at most ``STDERR_TAIL_CHARS`` characters."""
-    if isinstance(stream, bytes):
-        stream = stream.decode("utf-8", errors="replace")
-    text = (stream or "").strip()
+    text = stream.strip()
     if len(text) > STDERR_TAIL_CHARS:
         text = text[-STDERR_TAIL_CHARS:]
         text = text.partition("\n")[2] or text
@@ -392,8 +389,9 @@ class SlurmJobSource:
     Args:
         cluster: The cluster's name, used in job keys (``slurm:<cluster>:<id>``).
         env: Environment for ``squeue`` (``SLURM_CONF``, ``PATH``); ``None`` inherits ours.
-        runner: Runs an argument list and returns the completed process (a seam for tests);
-            by default :func:`subprocess.run` with ``env`` and ``timeout_seconds``.
+        runner: Runs an argument list (a seam for tests); by default a
+            :class:`~gpuwarden.collector.jobs.slurm_cli.SlurmCli` with ``env`` and
+            ``timeout_seconds``.
         timeout_seconds: How long the default runner lets ``squeue`` take.
 
     """
@@ -403,7 +401,7 @@ class SlurmJobSource:
         *,
         cluster: str,
         env: Mapping[str, str] | None = None,
-        runner: Runner | None = None,
+        runner: SlurmRunner | None = None,
         timeout_seconds: float = 10,
     ) -> None:
         if not _CLUSTER_NAME.fullmatch(cluster):
@@ -412,18 +410,7 @@ class SlurmJobSource:
             raise ValueError("timeout_seconds must be positive")
         self.cluster = cluster
         self.timeout_seconds = timeout_seconds
-        self._env = dict(env) if env is not None else None
-        self._runner = runner if runner is not None else self._run
-
-    def _run(self, args: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            args,
-            env=self._env,
-            capture_output=True,
-            text=True,
-            timeout=self.timeout_seconds,
-            check=False,
-        )
+        self._runner = runner or SlurmCli(env=env, timeout_seconds=timeout_seconds)
 
     def jobs(self, now: float) -> list[Job]:
         """Every job ``squeue`` knows: pending, running, and ended within ``MinJobAge``.
@@ -432,13 +419,12 @@ class SlurmJobSource:
             JobSourceError: ``squeue`` could not run, failed, timed out or printed bad JSON.
 
         """
-        try:
-            result = self._runner(list(SQUEUE_ARGS))
-        except subprocess.TimeoutExpired as error:
-            msg = f"squeue timed out after {error.timeout:g} s: {_tail(error.stderr)}"
-            raise JobSourceError(msg) from error
-        except OSError as error:
-            raise JobSourceError(f"cannot run squeue: {error}") from error
+        result = self._runner(list(SQUEUE_ARGS))
+        if result.status is RunStatus.TIMED_OUT:
+            msg = f"squeue timed out after {result.timeout_seconds:g} s: {_tail(result.stderr)}"
+            raise JobSourceError(msg)
+        if result.status is RunStatus.NOT_STARTED:
+            raise JobSourceError(f"cannot run squeue: {result.error}")
         if result.returncode != 0:
             msg = f"squeue exited with status {result.returncode}: {_tail(result.stderr)}"
             raise JobSourceError(msg)

@@ -103,36 +103,32 @@ def _slurm(
 
 def _kube_client(config: CollectorConfig) -> ApiClient:
     from gpuwarden.collector.jobs import JobSourceError
-    from gpuwarden.collector.jobs.kubernetes import core_api
+    from gpuwarden.collector.jobs.kube_client import load_client
 
     try:
-        api = core_api(
+        return load_client(
             kubeconfig=config.kubernetes_kubeconfig,
             context=config.kubernetes_context,
             in_cluster=config.kubernetes_in_cluster,
         )
     except JobSourceError as exc:
         raise ConfigError(f"kubernetes_actions: {exc}") from None
-    client: ApiClient = api.api_client
-    return client
 
 
 def _kubernetes(
     client: ApiClient, nodes: NodeOwnership, jobs: JobLookup | None, *, kueue: bool
 ) -> Actuator:
     from gpuwarden.collector.jobs.kubernetes import KEY_PREFIX, SCHEDULER
-    from gpuwarden.collector.remediate.actuators.kubernetes import (
-        KubeCalls,
-        KubernetesActuator,
+    from gpuwarden.collector.remediate.actuators.kube_api import (
+        CustomObjects,
         namespaced_name,
         node_name,
     )
+    from gpuwarden.collector.remediate.actuators.kubernetes import KubeCalls, KubernetesActuator
+    from gpuwarden.collector.remediate.actuators.kueue import KueueRequeue
 
     requeue = None
     if kueue:
-        from gpuwarden.collector.remediate.actuators.kueue import KueueRequeue
-        from gpuwarden.collector.remediate.actuators.routing import CustomObjects
-
         requeue = KueueRequeue(CustomObjects(client))
     kubernetes = KubernetesActuator(KubeCalls(client), kueue=requeue)
 
@@ -152,9 +148,9 @@ def _kubernetes(
 
 
 def _kubernetes_routes(client: ApiClient, config: CollectorConfig) -> Actuator:
+    from gpuwarden.collector.remediate.actuators.kube_api import CustomObjects
     from gpuwarden.collector.remediate.actuators.routing import (
         Binding,
-        CustomObjects,
         HTTPRouteBinding,
         InferenceServiceBinding,
         KubernetesRoutingActuator,

@@ -1,7 +1,8 @@
 """Kubernetes actuator: scale a Deployment up, requeue a pod by deleting it, cordon a node.
 
-One boundary, the official client, reached only through :class:`KubeCalls` (raw JSON in and out,
-so the client's model classes never decide what a field means). Every write carries the
+One boundary, the official client, reached only through :class:`KubeCalls` (raw JSON in and out
+through :func:`~.kube_api.call_json`, so the client's model classes never decide what a field
+means). Every write carries the
 ``resourceVersion`` that was read, so a concurrent change answers 409 and is re-read (at most
 ``CONFLICT_RETRIES`` times) instead of being overwritten; a dry run sends the same write with
 ``dryRun=All``, so the API server validates it (admission, RBAC) and stores nothing.
@@ -22,56 +23,26 @@ errors FAILED; the wanted state already in place ALREADY_DONE.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import urllib3
-from kubernetes.client import ApiClient, AppsV1Api, AutoscalingV2Api, CoreV1Api
-from kubernetes.client.exceptions import ApiException, OpenApiException
+from kubernetes.client import ApiClient
 
+from gpuwarden.collector.jobs.kube_client import KubeApis
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, ActionResult, Outcome
-
-if TYPE_CHECKING:
-    from gpuwarden.collector.remediate.actuators.kueue import KueueRequeue
+from gpuwarden.collector.remediate.actuators.kube_api import (
+    DEFAULT_REQUEST_TIMEOUT_SECONDS,
+    KubeError,
+    call_json,
+    namespaced_name,
+    node_name,
+)
+from gpuwarden.collector.remediate.actuators.kueue import KueueRequeue
 
 CONFLICT_RETRIES = 3
 DEFAULT_STEP_REPLICAS = 1
 DEFAULT_MAX_REPLICAS = 32
-#: RFC 1123 label (namespaces) and subdomain (deployments, pods, nodes), as the API validates.
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(
-    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-)
 _REFUSED_STATUSES = frozenset({400, 403, 422})
-#: Valid names that read as "everything": refused rather than risk an operator's intent.
-_ALL_WORDS = frozenset({"all", "any", "everything", "cluster", "fleet", "none", "null"})
-
-
-class KubeError(Exception):
-    """An API call failed; ``status`` 0 means no answer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def namespaced_name(target: str) -> tuple[str, str] | None:
-    """``(namespace, name)`` from ``<namespace>/<name>``, or ``None`` when either is invalid."""
-    namespace, slash, name = target.partition("/")
-    if not slash or not _DNS_LABEL.fullmatch(namespace) or not _DNS_SUBDOMAIN.fullmatch(name):
-        return None
-    if name in _ALL_WORDS:
-        return None
-    return namespace, name
-
-
-def node_name(target: str) -> str | None:
-    """``target`` when it is one valid node name (a DNS subdomain), else ``None``."""
-    if target in _ALL_WORDS or not _DNS_SUBDOMAIN.fullmatch(target):
-        return None
-    return target
 
 
 def _dry(dry_run: bool) -> str | None:
@@ -81,23 +52,20 @@ def _dry(dry_run: bool) -> str | None:
 class KubeCalls:
     """The only place that calls the client: JSON dicts in and out, errors as :class:`KubeError`."""
 
-    def __init__(self, client: ApiClient, *, request_timeout_seconds: float = 10) -> None:
-        self._apps = AppsV1Api(client)
-        self._autoscaling = AutoscalingV2Api(client)
-        self._core = CoreV1Api(client)
+    def __init__(
+        self,
+        client: ApiClient,
+        *,
+        request_timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_SECONDS,
+    ) -> None:
+        apis = KubeApis(client)
+        self._apps = apis.apps()
+        self._autoscaling = apis.autoscaling()
+        self._core = apis.core()
         self._timeout = request_timeout_seconds
 
     def _json(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-        try:
-            response = call(*args, **kwargs, _preload_content=False, _request_timeout=self._timeout)
-            data: dict[str, Any] = json.loads(response.data or b"{}")
-        except ApiException as error:
-            raise KubeError(error.status or 0, _message(error)) from None
-        except OpenApiException as error:
-            raise KubeError(0, f"Kubernetes client error: {error}") from None
-        except urllib3.exceptions.HTTPError as error:
-            raise KubeError(0, f"Kubernetes API unreachable: {type(error).__name__}") from None
-        return data
+        return call_json(call, *args, timeout_seconds=self._timeout, **kwargs)
 
     def read_scale(self, namespace: str, name: str) -> dict[str, Any]:
         """GET the Deployment's scale subresource."""
@@ -151,15 +119,6 @@ class KubeCalls:
         return self._json(
             self._core.delete_namespaced_pod, name, namespace, body=body, dry_run=_dry(dry_run)
         )
-
-
-def _message(error: ApiException) -> str:
-    try:
-        body = json.loads(error.body or "")
-    except ValueError:
-        body = None
-    detail = f": {body['message']}" if isinstance(body, Mapping) and "message" in body else ""
-    return f"Kubernetes API answered {error.status} {error.reason}{detail}"
 
 
 def _failure(error: KubeError) -> ActionResult:

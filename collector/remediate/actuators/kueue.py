@@ -20,8 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuwarden.collector.remediate.actuators.base import ActionResult, Outcome
-from gpuwarden.collector.remediate.actuators.kubernetes import KubeError
-from gpuwarden.collector.remediate.actuators.routing import MERGE_PATCH, CustomObjects
+from gpuwarden.collector.remediate.actuators.kube_api import MERGE_PATCH, CustomObjects, KubeError
 
 WORKLOADS = ("kueue.x-k8s.io", "v1beta1", "workloads")
 

@@ -18,21 +18,20 @@ what was there. Outcomes as in :mod:`gpuwarden.collector.remediate.actuators.kub
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import urllib3
-from kubernetes.client import ApiClient, CustomObjectsApi
-from kubernetes.client.exceptions import ApiException, OpenApiException
-
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, ActionResult, Outcome
-from gpuwarden.collector.remediate.actuators.kubernetes import KubeError, namespaced_name
+from gpuwarden.collector.remediate.actuators.kube_api import (
+    JSON_PATCH,
+    MERGE_PATCH,
+    CustomObjects,
+    KubeError,
+    namespaced_name,
+)
 
 DEFAULT_RATIO = 0.5
-JSON_PATCH = "application/json-patch+json"
-MERGE_PATCH = "application/merge-patch+json"
 _REFUSED_STATUSES = frozenset({400, 403, 415, 422})
 
 
@@ -59,65 +58,6 @@ _RESOURCES: Mapping[type, tuple[str, str, str]] = {
     HTTPRouteBinding: ("gateway.networking.k8s.io", "v1", "httproutes"),
     InferenceServiceBinding: ("serving.kserve.io", "v1beta1", "inferenceservices"),
 }
-
-
-class CustomObjects:
-    """The only place that calls ``CustomObjectsApi``: JSON in and out, errors as KubeError."""
-
-    def __init__(self, client: ApiClient, *, request_timeout_seconds: float = 10) -> None:
-        self._api = CustomObjectsApi(client)
-        self._timeout = request_timeout_seconds
-
-    def get(self, resource: tuple[str, str, str], namespace: str, name: str) -> dict[str, Any]:
-        """GET one object."""
-        group, version, plural = resource
-        return self._json(
-            self._api.get_namespaced_custom_object, group, version, namespace, plural, name
-        )
-
-    def list(self, resource: tuple[str, str, str], namespace: str) -> list[dict[str, Any]]:
-        """The namespace's objects of ``resource``."""
-        group, version, plural = resource
-        data = self._json(
-            self._api.list_namespaced_custom_object, group, version, namespace, plural
-        )
-        return [item for item in data.get("items") or [] if isinstance(item, dict)]
-
-    def patch(
-        self,
-        resource: tuple[str, str, str],
-        namespace: str,
-        name: str,
-        body: Any,
-        *,
-        content_type: str,
-        dry_run: bool,
-    ) -> dict[str, Any]:
-        """PATCH one object with the given patch type."""
-        group, version, plural = resource
-        return self._json(
-            self._api.patch_namespaced_custom_object,
-            group,
-            version,
-            namespace,
-            plural,
-            name,
-            body,
-            dry_run="All" if dry_run else None,
-            _content_type=content_type,
-        )
-
-    def _json(self, call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        try:
-            response = call(*args, **kwargs, _preload_content=False, _request_timeout=self._timeout)
-            data: dict[str, Any] = json.loads(response.data or b"{}")
-        except ApiException as error:
-            raise KubeError(error.status or 0, f"Kubernetes API answered {error.status}") from None
-        except OpenApiException as error:
-            raise KubeError(0, f"Kubernetes client error: {error}") from None
-        except urllib3.exceptions.HTTPError as error:
-            raise KubeError(0, f"Kubernetes API unreachable: {type(error).__name__}") from None
-        return data
 
 
 def _failure(error: KubeError) -> ActionResult:

@@ -17,13 +17,12 @@ Dry runs read ``scontrol show`` and say what would happen; nothing changes.
 from __future__ import annotations
 
 import re
-import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gpuwarden.collector.jobs.slurm_cli import RunStatus, SlurmCli, SlurmResult, SlurmRunner
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, ActionResult, Outcome
 
-Runner = Callable[[list[str]], subprocess.CompletedProcess[str]]
 _JOB_ID = re.compile(r"\d{1,10}(_\d{1,10})?")
 _HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _FIELD = re.compile(r"(\w+)=(\S*)")
@@ -55,7 +54,9 @@ class SlurmActuator:
         scontrol: the program to run.
         hold: requeue with ``requeuehold`` (the job waits for ``scontrol release``).
         timeout_seconds: per ``scontrol`` call.
-        runner: runs an argument list (tests inject one; default ``subprocess.run``).
+        runner: runs an argument list (tests inject one; default a
+            :class:`~gpuwarden.collector.jobs.slurm_cli.SlurmCli` with ``environ`` and
+            ``timeout_seconds``).
     """
 
     kinds = REQUEUE_KINDS | NODE_KINDS
@@ -68,16 +69,14 @@ class SlurmActuator:
         scontrol: str = "scontrol",
         hold: bool = False,
         timeout_seconds: float = 30.0,
-        runner: Runner | None = None,
+        runner: SlurmRunner | None = None,
     ) -> None:
         if not _HOSTNAME.fullmatch(cluster):
             raise ValueError(f"cluster name {cluster!r} is not a plain name")
         self.cluster = cluster
-        self._env = dict(environ) if environ is not None else None
         self._scontrol = scontrol
         self._hold = hold
-        self._timeout = timeout_seconds
-        self._runner = runner or self._run
+        self._runner = runner or SlurmCli(env=environ, timeout_seconds=timeout_seconds)
 
     # --- targets ----------------------------------------------------------------------------
 
@@ -172,7 +171,7 @@ class SlurmActuator:
         if answer is not None:
             return answer
         result = self._call([verb, job_id])
-        if result is None:
+        if result.status is RunStatus.TIMED_OUT:
             return ActionResult(Outcome.FAILED, f"scontrol {verb} {job_id} timed out")
         if result.returncode == 0:
             shown = self._show("job", job_id)
@@ -207,7 +206,7 @@ class SlurmActuator:
         if kind == "resume":
             args = ["update", f"NodeName={node}", "State=RESUME"]
         result = self._call(args)
-        if result is None:
+        if result.status is RunStatus.TIMED_OUT:
             return ActionResult(Outcome.FAILED, f"scontrol {kind} {node} timed out")
         if result.returncode != 0:
             return ActionResult(Outcome.FAILED, f"scontrol {kind} {node}: {_tail(result.stderr)}")
@@ -218,7 +217,7 @@ class SlurmActuator:
     def _show(self, what: str, name: str) -> dict[str, str] | ActionResult:
         """The ``Key=Value`` fields of ``scontrol show``; NOT_FOUND or FAILED otherwise."""
         result = self._call(["show", what, "-o", name])
-        if result is None:
+        if result.status is RunStatus.TIMED_OUT:
             return ActionResult(Outcome.FAILED, f"scontrol show {what} {name} timed out")
         if result.returncode == 0 and result.stdout.strip():
             return dict(_FIELD.findall(result.stdout))
@@ -227,21 +226,13 @@ class SlurmActuator:
             return ActionResult(Outcome.NOT_FOUND, f"no {what} {name} in cluster {self.cluster}")
         return ActionResult(Outcome.FAILED, f"scontrol show {what} {name}: {_tail(result.stderr)}")
 
-    def _call(self, args: list[str]) -> subprocess.CompletedProcess[str] | None:
-        try:
-            return self._runner([self._scontrol, *args])
-        except subprocess.TimeoutExpired:
-            return None
-
-    def _run(self, args: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            args,
-            env=self._env,
-            capture_output=True,
-            text=True,
-            timeout=self._timeout,
-            check=False,
-        )
+    def _call(self, args: list[str]) -> SlurmResult:
+        """Run ``scontrol`` with ``args``; a program that cannot start raises its ``OSError``."""
+        result = self._runner([self._scontrol, *args])
+        if result.status is RunStatus.NOT_STARTED:
+            # As before the shared runner: the remediator records "actuator raised ..." (FAILED).
+            raise result.os_error or OSError(result.error)
+        return result
 
 
 def _tail(stderr: str) -> str:
