@@ -129,3 +129,19 @@ def test_another_missing_module_is_a_broken_install_not_a_missing_extra(
         raise ModuleNotFoundError("No module", name=missing)
     assert type(raised.value) is ModuleNotFoundError
     assert raised.value.name == missing
+
+
+def test_a_kubeconfig_that_does_not_exist_is_one_line_too(tmp_path: Path, capsys) -> None:
+    """The same start-up path with the extra installed: the client's own error, no traceback."""
+    from gpuwarden.collector.cli.collector import run_collector
+
+    path = tmp_path / "collector.yaml"
+    path.write_text(
+        f"allow_unauthenticated: true\ndatabase: {tmp_path / 'c.db'}\n"
+        f"kubernetes_kubeconfig: {tmp_path / 'nowhere'}\n"
+    )
+    assert run_collector(path, host=None, port=None, environ={}) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "gpuwarden collector: configuration error: kubernetes: "
+        f"kubeconfig {tmp_path / 'nowhere'} does not exist"
+    ]

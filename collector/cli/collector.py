@@ -78,6 +78,8 @@ def _app(
         service = build_service(config)
     except MissingExtraError as exc:
         raise _missing_extra(exc, config_path) from None
+    except ConfigError as exc:  # a job source's client settings that do not load
+        raise _StartupRefusedError(2, f"configuration error: {exc}") from None
     except (OSError, StorageError) as exc:
         message = f"cannot open the database {config.database}: {exc}"
         raise _StartupRefusedError(1, message) from None
