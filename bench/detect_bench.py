@@ -48,6 +48,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -55,8 +56,11 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: bench.* too
+
 import numpy as np
 
+from bench.peer_outliers import peer_outliers
 from gpuwarden.agent.traces import GENTD26_DUTY_CYCLE_FILE, gentd26_series
 from gpuwarden.collector.detect import level_shift
 from gpuwarden.collector.detect.numerics import screen
@@ -163,9 +167,7 @@ def screen_all(data: np.ndarray, use_peers: bool) -> np.ndarray:
         candidate = level_shift.screen_shifts(base, window, SCREEN).candidate
         if use_peers:
             groups = window.reshape(-1, GROUP, COLUMNS)
-            peers = screen.peer_outliers(
-                groups, tolerance=4.0, outside_fraction=0.3, min_scale=0.01
-            )
+            peers = peer_outliers(groups, tolerance=4.0, outside_fraction=0.3, min_scale=0.01)
             candidate |= peers.outlier.reshape(-1)
         found.append(start + np.flatnonzero(candidate))
     return np.concatenate(found)

@@ -10,6 +10,7 @@ from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.accounting.gpu_time import AccountingConfig
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.catalog import load_rules
+from gpuwarden.collector.extras import needs_extra
 from gpuwarden.collector.jobs import JobSourceError
 from gpuwarden.collector.jobs.model import JobSource
 from gpuwarden.collector.jobs.registry import JobRegistry
@@ -65,7 +66,9 @@ def build_notifiers(config: CollectorConfig, environ: Mapping[str, str]) -> dict
     )
     default_hook = environ.get("GPUWARDEN_SLACK_WEBHOOK_URL")
     if hooks or default_hook:
-        from gpuwarden.collector.notify.slack_notifier import SlackNotifier
+        setting = "slack_webhooks_file" if hooks else "GPUWARDEN_SLACK_WEBHOOK_URL"
+        with needs_extra("slack", setting, environment=not hooks):
+            from gpuwarden.collector.notify.slack_notifier import SlackNotifier
 
         notifiers["slack"] = SlackNotifier(hooks, default_webhook=default_hook)
     if config.pagerduty_keys_file:
@@ -139,7 +142,11 @@ def build_service(
 
             job_sources.append(("slurm", SlurmJobSource(cluster=config.slurm_cluster)))
         if config.kubernetes_kubeconfig is not None or config.kubernetes_in_cluster:
-            from gpuwarden.collector.jobs.kubernetes import KubernetesJobSource, core_api
+            setting = (
+                "kubernetes_in_cluster" if config.kubernetes_in_cluster else "kubernetes_kubeconfig"
+            )
+            with needs_extra("kubernetes", setting):
+                from gpuwarden.collector.jobs.kubernetes import KubernetesJobSource, core_api
 
             try:
                 api = core_api(

@@ -23,6 +23,7 @@ from gpuwarden.collector.build import (
 )
 from gpuwarden.collector.config import CollectorConfig, load_collector_config
 from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.extras import MissingExtraError
 from gpuwarden.collector.remediate.policy import PolicyError
 from gpuwarden.collector.rules.model import RuleError
 from gpuwarden.collector.storage.base import StorageError
@@ -53,7 +54,15 @@ def _config(config_path: Path | None, host: str | None, port: int | None) -> Col
     return config
 
 
-def _app(config: CollectorConfig, environ: Mapping[str, str]) -> web.Application:
+def _missing_extra(exc: MissingExtraError, config_path: Path | None) -> _StartupRefusedError:
+    """One line naming where the setting came from and the extra to install."""
+    where = "environment" if exc.environment else str(config_path or "<defaults>")
+    return _StartupRefusedError(2, f"{where}: {exc}")
+
+
+def _app(
+    config: CollectorConfig, environ: Mapping[str, str], config_path: Path | None
+) -> web.Application:
     """Rules, core and remediation; raises ``_StartupRefusedError`` with the reason."""
     try:
         rules = load_configured_rules(config)
@@ -67,6 +76,10 @@ def _app(config: CollectorConfig, environ: Mapping[str, str]) -> web.Application
         log.error("rule skipped: %s", problem)
     try:
         service = build_service(config)
+    except MissingExtraError as exc:
+        raise _missing_extra(exc, config_path) from None
+    except ConfigError as exc:  # a job source's client settings that do not load
+        raise _StartupRefusedError(2, f"configuration error: {exc}") from None
     except (OSError, StorageError) as exc:
         message = f"cannot open the database {config.database}: {exc}"
         raise _StartupRefusedError(1, message) from None
@@ -79,6 +92,9 @@ def _app(config: CollectorConfig, environ: Mapping[str, str]) -> web.Application
             notifiers=build_notifiers(config, environ),
             environ=environ,
         )
+    except MissingExtraError as exc:
+        service.storage.close()
+        raise _missing_extra(exc, config_path) from None
     except (PolicyError, ValueError, ConfigError) as exc:
         service.storage.close()
         raise _StartupRefusedError(2, f"remediation: {exc}") from None
@@ -108,7 +124,7 @@ def run_collector(
     environ = os.environ if environ is None else environ
     try:
         config = _config(config_path, host, port)
-        app = _app(config, environ)
+        app = _app(config, environ, config_path)
     except _StartupRefusedError as refused:
         print(f"gpuwarden collector: {refused.message}", file=sys.stderr)
         return refused.code

@@ -11,9 +11,8 @@ at once (PAI job 3: 4 of 10) they do not widen the band that should catch them; 
 the window's own per-slot MAD. Spreads below ``MIN_RELATIVE_SPREAD`` of the median are raised to
 it: identical workers would otherwise make any wobble an outlier.
 
-``screen.peer_outliers`` is the same band with the window's own scale, two-sided; stragglers
-need a direction and the baseline's spread, so the band is computed here (a candidate for
-folding into ``screen`` as options).
+``bench/peer_outliers.py`` is the same band with the window's own scale, two-sided;
+stragglers need a direction and the baseline's spread, so the band is computed here.
 """
 
 from __future__ import annotations

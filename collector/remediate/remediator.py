@@ -711,14 +711,6 @@ class Remediator:
 
     # Messages -------------------------------------------------------------------------------
 
-    def proposed_actions(self, incident_id: int) -> list[ProposedAction]:
-        """The incident's actions as alerts show them (no approval links: those are minted
-        once, in the approval request)."""
-        return [
-            ProposedAction(kind=row.action, target=row.target, mode=row.mode, state=row.state)
-            for row in self._storage.actions(incident_id=incident_id)
-        ]
-
     def _request_approval(self, row: ActionRecord, incident: Incident) -> None:
         if self._approvals is None or row.action_id is None:
             return

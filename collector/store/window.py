@@ -247,23 +247,13 @@ class WindowStore:
             counts,
         )
 
-    def ingest_request(
-        self, request: ExportMetricsServiceRequest, *, new_series_budget: int | None = None
-    ) -> RequestIngest:
-        """Store a parsed OTLP request's gauges and sums (histograms are the caller's).
-
-        The same points, series, counts and budget as ``ingest(number_points(request)[0])``,
-        without a ``NumberPoint`` per point: attribute items are looked up as sent.
-        """
-        columns = number_columns(request)
-        with self._lock:
-            counts, _ = self._ingest_columns(columns, new_series_budget, want_rows=False)
-        return _request_ingest(columns, counts, request)
-
     def ingest_payload(
         self, payload: bytes, kind: str, *, new_series_budget: int | None = None
     ) -> RequestIngest:
-        """Parse and store an OTLP/HTTP body (protobuf or JSON), as ``ingest_request``.
+        """Parse and store an OTLP/HTTP body's gauges and sums (histograms are the caller's).
+
+        The same points, series, counts and budget as ``ingest(number_points(request)[0])``,
+        without a ``NumberPoint`` per point: attribute items are looked up as sent.
 
         A protobuf sender's (first resource's) second request makes the store keep its shape
         (``otlp.RequestShape``) with the rows its points resolved to; a later request that

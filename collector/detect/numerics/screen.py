@@ -11,7 +11,7 @@ Stage one of the detector cycle runs these on every series at once; stage two
   row is one value the MAD is 0; the mean absolute deviation times 1.2533 stands in, and an
   absolute floor ``min_scale`` keeps a truly flat row from dividing by zero.
 
-``held_for`` and ``peer_outliers`` are whole-array numpy; ``ewma`` and ``cusum`` (whose state
+``held_for`` is whole-array numpy; ``ewma`` and ``cusum`` (whose state
 is non-linear or restarts) step over columns, each step a numpy operation over all rows on a
 time-major copy so that a column is contiguous in memory. ``ar1_tests`` runs the confirm stage's
 two tests without its fits. The whole bench screen (10,000 series × 360 slots against a 1 h
@@ -21,7 +21,6 @@ baseline, ``bench/detect_bench.py``) takes about 0.6 s on two cores.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -318,57 +317,6 @@ def held_for(mask: npt.ArrayLike, slots: int, *, known: npt.ArrayLike | None = N
     return out
 
 
-@dataclass(frozen=True)
-class PeerOutliers:
-    """Per member: an outlier flag, and the fraction of its judged slots outside the band."""
-
-    outlier: BoolVector | BoolMatrix
-    fraction_outside: FloatVector | FloatMatrix
-
-
-def peer_outliers(
-    x: npt.ArrayLike,
-    tolerance: float,
-    outside_fraction: float,
-    *,
-    min_peers: int = 3,
-    min_scale: float = DEFAULT_MIN_SCALE,
-) -> PeerOutliers:
-    """Datadog-style MAD outliers: members outside ``median ± tolerance·scale`` too often.
-
-    At every slot, the band is the point-wise median of the known members ± ``tolerance`` times
-    their robust scale (:func:`robust_scale`). A member is an outlier when more than
-    ``outside_fraction`` of its judged slots fall outside. A slot is judged for a member only
-    where the member is known and at least ``min_peers`` members are known; a member with no
-    judged slot has NaN fraction and is never an outlier.
-
-    Args:
-        x: members × time for one group, or groups × members × time for many groups at once.
-        tolerance: half-width of the band in robust sigmas of the group.
-        outside_fraction: a member is an outlier above this fraction of judged slots outside.
-        min_peers: fewest known members for a slot to be judged.
-        min_scale: absolute floor on the group's scale, in the series' unit.
-    """
-    values = np.asarray(x, dtype=np.float64)
-    if values.ndim not in (2, 3):
-        raise ValueError(f"expected members × time or groups × members × time, got {values.shape}")
-    center = nanmedian(values, axis=-2)
-    scale = robust_scale(values, center, axis=-2, min_scale=min_scale)
-    known = ~np.isnan(values)
-    peers = np.sum(known, axis=-2, keepdims=True)
-    judged = known & (peers >= min_peers)
-    with np.errstate(invalid="ignore"):
-        # NaN compares False: a missing sample or an unscaled slot is never "outside".
-        outside = judged & (
-            np.abs(values - np.expand_dims(center, -2)) > tolerance * np.expand_dims(scale, -2)
-        )
-    n_judged = judged.sum(axis=-1)
-    fraction = np.where(n_judged > 0, outside.sum(axis=-1) / np.maximum(n_judged, 1), np.nan)
-    with np.errstate(invalid="ignore"):
-        flag = (n_judged > 0) & (fraction > outside_fraction)
-    return PeerOutliers(outlier=flag, fraction_outside=fraction)
-
-
 def row_mean(x: npt.ArrayLike) -> FloatVector:
     """Per-row mean of the known values; NaN for a row with none (no warning)."""
     values = as_matrix(x)
@@ -401,8 +349,3 @@ def _first_known(values: FloatMatrix) -> FloatVector:
     first = np.argmax(known, axis=1)
     picked: FloatVector = values[np.arange(values.shape[0]), first]
     return picked
-
-
-def known_mask(x: npt.NDArray[Any]) -> BoolMatrix:
-    """True where ``x`` holds a sample (not NaN)."""
-    return ~np.isnan(np.asarray(x, dtype=np.float64))

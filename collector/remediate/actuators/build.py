@@ -10,7 +10,8 @@ signed ``webhook`` action. When Slurm and Kubernetes both act, each job goes to 
 :mod:`gpuwarden.collector.remediate.actuators.ownership`).
 
 Client libraries are imported only for what is enabled. Unusable settings (a kubeconfig that
-does not load, an unreadable secret) raise ``ConfigError`` naming the key, never a secret.
+does not load, an unreadable secret) raise ``ConfigError`` naming the key, never a secret; a
+setting whose extra is not installed raises ``MissingExtraError`` naming the extra.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.extras import needs_extra
 from gpuwarden.collector.remediate.actuators.ownership import NodeOwnership, OwnedActuator
 
 if TYPE_CHECKING:
@@ -106,29 +108,41 @@ def _kube_client(config: CollectorConfig) -> ApiClient:
     from gpuwarden.collector.jobs.kube_client import load_client
 
     try:
-        return load_client(
-            kubeconfig=config.kubernetes_kubeconfig,
-            context=config.kubernetes_context,
-            in_cluster=config.kubernetes_in_cluster,
-        )
+        with needs_extra("kubernetes", _kube_setting(config)):  # the client loads kubernetes
+            return load_client(
+                kubeconfig=config.kubernetes_kubeconfig,
+                context=config.kubernetes_context,
+                in_cluster=config.kubernetes_in_cluster,
+            )
     except JobSourceError as exc:
         raise ConfigError(f"kubernetes_actions: {exc}") from None
+
+
+def _kube_setting(config: CollectorConfig) -> str:
+    """The key that made the actuators need a Kubernetes client."""
+    return "kubernetes_actions" if config.kubernetes_actions else "kubernetes_routes"
 
 
 def _kubernetes(
     client: ApiClient, nodes: NodeOwnership, jobs: JobLookup | None, *, kueue: bool
 ) -> Actuator:
-    from gpuwarden.collector.jobs.kubernetes import KEY_PREFIX, SCHEDULER
-    from gpuwarden.collector.remediate.actuators.kube_api import (
-        CustomObjects,
-        namespaced_name,
-        node_name,
-    )
-    from gpuwarden.collector.remediate.actuators.kubernetes import KubeCalls, KubernetesActuator
-    from gpuwarden.collector.remediate.actuators.kueue import KueueRequeue
+    with needs_extra("kubernetes", "kubernetes_actions"):
+        from gpuwarden.collector.jobs.kubernetes import KEY_PREFIX, SCHEDULER
+        from gpuwarden.collector.remediate.actuators.kube_api import (
+            CustomObjects,
+            namespaced_name,
+            node_name,
+        )
+        from gpuwarden.collector.remediate.actuators.kubernetes import (
+            KubeCalls,
+            KubernetesActuator,
+        )
 
     requeue = None
     if kueue:
+        with needs_extra("kubernetes", "kubernetes_kueue"):
+            from gpuwarden.collector.remediate.actuators.kueue import KueueRequeue
+
         requeue = KueueRequeue(CustomObjects(client))
     kubernetes = KubernetesActuator(KubeCalls(client), kueue=requeue)
 
@@ -148,13 +162,14 @@ def _kubernetes(
 
 
 def _kubernetes_routes(client: ApiClient, config: CollectorConfig) -> Actuator:
-    from gpuwarden.collector.remediate.actuators.kube_api import CustomObjects
-    from gpuwarden.collector.remediate.actuators.routing import (
-        Binding,
-        HTTPRouteBinding,
-        InferenceServiceBinding,
-        KubernetesRoutingActuator,
-    )
+    with needs_extra("kubernetes", "kubernetes_routes"):
+        from gpuwarden.collector.remediate.actuators.kube_api import CustomObjects
+        from gpuwarden.collector.remediate.actuators.routing import (
+            Binding,
+            HTTPRouteBinding,
+            InferenceServiceBinding,
+            KubernetesRoutingActuator,
+        )
     from gpuwarden.collector.remediate.actuators.settings import HTTPRouteTarget
 
     bindings: dict[str, Binding] = {
