@@ -88,8 +88,8 @@ from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.sqlite import MEMORY, SqliteStorage
 from gpuwarden.collector.store.window import WindowStore
-from gpuwarden.collector.web.app import STATS, create_app
-from gpuwarden.collector.web.tasks import SERVICE
+from gpuwarden.collector.web.app import create_app
+from gpuwarden.collector.web.keys import SERVICE, STATS, Access, add_route
 
 NS = 1_000_000_000
 STEP_S = 10
@@ -394,7 +394,7 @@ async def serve_collector(clock_s: float, capacity: int) -> None:
         service=service,
         background=False,
     )
-    app.router.add_get("/bench/report", _report)
+    add_route(app, "GET", "/bench/report", _report, Access.OPEN)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

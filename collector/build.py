@@ -19,12 +19,12 @@ from gpuwarden.collector.rules.model import RuleSet
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from gpuwarden.collector.store.window import WindowStore
+from gpuwarden.collector.web.remediation_setup import Remediation, create_remediation
 
 if TYPE_CHECKING:
     from gpuwarden.collector.alerts.model import Notifier
     from gpuwarden.collector.remediate.actuators.base import Actuator
     from gpuwarden.collector.remediate.actuators.build import JobLookup
-    from gpuwarden.collector.web.remediation import Remediation
 
 
 def load_configured_rules(config: CollectorConfig) -> RuleSet:
@@ -105,8 +105,6 @@ def build_remediation(
     Raises ``PolicyError`` for a rule naming an unknown action kind, ``ValueError`` for an
     unreadable or short approval secret.
     """
-    from gpuwarden.collector.web.remediation import create_remediation
-
     return create_remediation(
         service.storage,
         rules.enabled(),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite, from nothing: system packages, virtualenv, lint, types, tests.
+# The whole test suite, from nothing: system packages, virtualenv, lint, types, layering, tests.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -8,6 +8,7 @@ source scripts/setup.sh dev
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 bash scripts/typecheck.sh
+bash scripts/lint-imports.sh
 set +e
 .venv/bin/pytest "$@"
 rc=$?

@@ -452,14 +452,12 @@ async def webhook(aiohttp_client, storage):
     from gpuwarden.collector.config import CollectorConfig
     from gpuwarden.collector.remediate.policy import PolicyConfig
     from gpuwarden.collector.remediate.remediator import Remediator
-    from gpuwarden.collector.web.app import CONFIG
-    from gpuwarden.collector.web.remediation import Remediation, setup_remediation
+    from gpuwarden.collector.web.app import create_app
+    from gpuwarden.collector.web.remediation_setup import Remediation
 
-    app = web.Application()
-    app[CONFIG] = CollectorConfig(tokens={WEBHOOK_TOKEN: "alertmanager"})
-    setup_remediation(
-        app,
-        Remediation(
+    app = create_app(
+        CollectorConfig(tokens={WEBHOOK_TOKEN: "alertmanager"}),
+        remediation=Remediation(
             storage=storage,
             remediator=Remediator(storage, RULES.rules, [], config=PolicyConfig()),
             renderer=RunbookRenderer(default_runbooks_dir()),

@@ -15,9 +15,8 @@ from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import AccountingRow
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from gpuwarden.collector.store.window import WindowStore
-from gpuwarden.collector.web.api import MAX_ITEMS, add_readiness_problem, setup_api
+from gpuwarden.collector.web.api import MAX_ITEMS, add_readiness_problem
 from gpuwarden.collector.web.app import create_app
-from gpuwarden.collector.web.exposition import setup_metrics
 
 NOW = 1_700_002_800.0  # a whole hour
 TOKEN = "api-token-for-tests-0123456789"
@@ -156,15 +155,9 @@ def fleet(storage: SqliteStorage | None = None) -> CollectorService:
 
 
 def collector_app(service: CollectorService) -> web.Application:
-    """The real app; adds the API and /metrics unless ``create_app`` already wires them."""
+    """The real app, as the collector serves it (without the background loops)."""
     config = CollectorConfig(tokens=MappingProxyType({TOKEN: "ops"}))
-    app = create_app(config, service=service, background=False)
-    paths = {resource.canonical for resource in app.router.resources()}
-    if "/v1/gpus" not in paths:
-        setup_api(app)
-    if "/metrics" not in paths:
-        setup_metrics(app, service)
-    return app
+    return create_app(config, service=service, background=False)
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.web.app import STATS, create_app
+from gpuwarden.collector.web.app import create_app
+from gpuwarden.collector.web.keys import STATS
 
 TOKENS = {"token-of-agent-a-0123456789": "a", "token-of-agent-b-0123456789": "b"}
 PB = {"Content-Type": "application/x-protobuf"}

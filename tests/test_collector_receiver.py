@@ -15,7 +15,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.ingest.sink import SeriesLog
-from gpuwarden.collector.web.app import STATS, create_app
+from gpuwarden.collector.web.app import create_app
+from gpuwarden.collector.web.keys import STATS
 
 TOKEN = "t0ken-for-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -44,7 +44,7 @@ from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.service import Accepted, CollectorService
 from gpuwarden.collector.storage.sqlite import MEMORY, SqliteStorage
 from gpuwarden.collector.store.window import WindowStore
-from gpuwarden.collector.web.app import _accept_parsed
+from gpuwarden.collector.web.receiver import _accept_parsed
 
 NS = 1_000_000_000
 T0 = 1_000_000_000  # a multiple of every step

@@ -28,8 +28,8 @@ from gpuwarden.collector.remediate.remediator import ActionState, Remediator
 from gpuwarden.collector.rules.loader import default_runbooks_dir
 from gpuwarden.collector.rules.model import ActionMode
 from gpuwarden.collector.storage.sqlite import SqliteStorage
-from gpuwarden.collector.web.app import CONFIG
-from gpuwarden.collector.web.remediation import Remediation, setup_remediation
+from gpuwarden.collector.web.app import create_app
+from gpuwarden.collector.web.remediation_setup import Remediation, create_remediation
 from tests.test_remediator import (
     SECRET,
     FakeActuator,
@@ -82,12 +82,10 @@ def build(tmp_path: Path, runbooks_dir: Path | None = None, **config: object) ->
 
 
 def make_app(setup: Setup, runbooks_dir: Path | None = None) -> web.Application:
-    app = web.Application()
-    app[CONFIG] = CollectorConfig(tokens={TOKEN: "alice"})
     rules = {"idle-gpu": make_rule(mode=ActionMode.APPROVE)}
-    setup_remediation(
-        app,
-        Remediation(
+    return create_app(
+        CollectorConfig(tokens={TOKEN: "alice"}),
+        remediation=Remediation(
             storage=setup.storage,
             remediator=setup.remediator,
             renderer=RunbookRenderer(runbooks_dir or default_runbooks_dir()),
@@ -96,7 +94,6 @@ def make_app(setup: Setup, runbooks_dir: Path | None = None) -> web.Application:
             approvals=setup.approvals,
         ),
     )
-    return app
 
 
 @pytest.fixture
@@ -335,7 +332,6 @@ async def test_cli_against_the_api(aiohttp_server, setup) -> None:
 async def test_create_remediation_from_settings(aiohttp_client, tmp_path) -> None:
     from gpuwarden.collector.remediate.approvals import SECRET_ENV
     from gpuwarden.collector.remediate.policy import RemediationSettings
-    from gpuwarden.collector.web.remediation import create_remediation
 
     settings = RemediationSettings.from_mapping(
         {"external_url": "https://gw.example", "escalation_routes": ["pagerduty:oncall"]}, "x"
@@ -361,9 +357,7 @@ async def test_create_remediation_from_settings(aiohttp_client, tmp_path) -> Non
             make({SECRET_ENV: "short"})
         without = make({})
         assert without.approvals is None
-        app = web.Application()
-        app[CONFIG] = CollectorConfig(tokens={TOKEN: "alice"})
-        setup_remediation(app, without)
+        app = create_app(CollectorConfig(tokens={TOKEN: "alice"}), remediation=without)
         client = await aiohttp_client(app)
         assert (await client.get("/approve/v1.1.2.3.4")).status == 404
         assert (await client.get("/runbooks/idle-gpu")).status == 200

@@ -17,7 +17,7 @@ from gpuwarden.collector.remediate.policy import RemediationSettings
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
-from gpuwarden.collector.web.remediation import create_remediation
+from gpuwarden.collector.web.remediation_setup import create_remediation
 from gpuwarden.collector.web.status_svg import Series, line_chart
 from tests.collector_server import CollectorThread
 from tests.test_accounting_scenario import END, HOURS, T0, service  # noqa: F401 - the fixture

@@ -1,6 +1,7 @@
 """The collector's JSON API: GPUs, jobs, models, events, accounting, and readiness.
 
-Every ``/v1`` route needs a valid bearer token (401 otherwise). Handlers parse and validate, call
+Every ``/v1`` route needs a valid bearer token (the authentication middleware answers 401
+otherwise). Handlers parse and validate, call
 the service, and translate domain errors: 400 names the offending field (``jobs[3].state: ...``),
 415 for a body that is not JSON, 503 when the storage is unavailable. Errors are
 ``{"error": "..."}``. Storage calls block, so they run in worker threads.
@@ -40,20 +41,17 @@ from gpuwarden.collector.storage.records import (
     RollupDimension,
     dump_json,
 )
-from gpuwarden.collector.web.app import CONFIG, authenticate
-from gpuwarden.collector.web.exposition import GPU_READINGS, GpuStatus, gpu_statuses
-from gpuwarden.collector.web.tasks import SERVICE
+from gpuwarden.collector.web.gpus import GPU_READINGS, GpuStatus, gpu_statuses
+from gpuwarden.collector.web.keys import READINESS, SERVICE, Access, Handler, add_route
 
 log = logging.getLogger(__name__)
 
-READINESS: web.AppKey[list[str]] = web.AppKey("readiness")
 MAX_ITEMS = 1000  # jobs, models or events per request
 MAX_STRING = 256
 MAX_LIST = 1024  # allocations per job, indices or uuids per allocation, labels per object
 MAX_ATTRIBUTES_CHARS = 16 * 1024
 MAX_UNIX_SECONDS = 1e11  # year 5138: larger values are milliseconds sent by mistake
 READY_TIMEOUT_SECONDS = 2.0
-Handler = Callable[[web.Request], Awaitable[web.Response]]
 T = TypeVar("T")
 
 
@@ -66,15 +64,14 @@ class ApiError(Exception):
         self.message = message
 
 
-def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
 
 
-def _authed(handler: Handler) -> Handler:
+def _answering(handler: Callable[[web.Request], Awaitable[web.Response]]) -> Handler:
+    """The handler with its domain errors as answers: ``ApiError`` as is, storage as 503."""
+
     async def wrapped(request: web.Request) -> web.Response:
-        if authenticate(request.app[CONFIG], request.headers.get("Authorization")) is None:
-            headers = {"WWW-Authenticate": "Bearer"}
-            return _error(401, "missing or invalid bearer token", headers)
         try:
             return await handler(request)
         except ApiError as exc:
@@ -441,11 +438,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def setup_api(app: web.Application) -> None:
-    """Add the ``/v1`` JSON routes and ``/readyz``; ``app[SERVICE]`` must be set.
-
-    This module imports ``collector.app``: import it inside ``create_app`` (or call this from the
-    composition root), not at the top of ``app.py``.
-    """
+    """Add the ``/v1`` JSON routes (API token) and ``/readyz`` (open); reads ``app[SERVICE]``."""
     if READINESS not in app:
         app[READINESS] = []
     routes = [
@@ -459,5 +452,6 @@ def setup_api(app: web.Application) -> None:
         ("GET", "/v1/accounting", get_accounting),
     ]
     for method, path, handler in routes:
-        app.router.add_route(method, path, _authed(handler))
-    app.router.add_get("/readyz", readyz)
+        # The JSON API has never answered HEAD (405); keep it so.
+        add_route(app, method, path, _answering(handler), Access.API_TOKEN, allow_head=False)
+    add_route(app, "GET", "/readyz", readyz, Access.OPEN)

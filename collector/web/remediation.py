@@ -19,45 +19,32 @@ import logging
 import re
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, fields
 from typing import Any
 
 from aiohttp import web
 from jinja2.sandbox import SandboxedEnvironment
 
-from gpuwarden.collector.alerts.model import Notifier
 from gpuwarden.collector.alerts.redact import redact
-from gpuwarden.collector.alerts.runbooks import (
-    Links,
-    RunbookError,
-    RunbookRenderer,
-    runbook_context,
-)
+from gpuwarden.collector.alerts.runbooks import RunbookError, runbook_context
 from gpuwarden.collector.ingest.alertmanager import AlertReceiver, PayloadError, parse_payload
-from gpuwarden.collector.notify.dispatcher import AlertDispatcher
-from gpuwarden.collector.notify.settings import AlertingSettings
-from gpuwarden.collector.remediate.actuators.base import Actuator
-from gpuwarden.collector.remediate.approvals import (
-    SECRET_ENV,
-    ApprovalError,
-    Approvals,
-    TokenProblem,
-    TokenSigner,
-    load_secret,
-)
-from gpuwarden.collector.remediate.policy import RemediationSettings
-from gpuwarden.collector.remediate.remediator import Remediator
+from gpuwarden.collector.remediate.approvals import ApprovalError, Approvals, TokenProblem
 from gpuwarden.collector.remediate.states import ActionStateError
-from gpuwarden.collector.rules.model import Rule
-from gpuwarden.collector.storage.base import ActionRecord, Storage, StorageError
+from gpuwarden.collector.storage.base import ActionRecord, StorageError
 from gpuwarden.collector.storage.records import Incident, IncidentState
-from gpuwarden.collector.web.app import CONFIG, authenticate
+from gpuwarden.collector.web.keys import (
+    ALERT_RECEIVER,
+    CALLER,
+    REMEDIATION,
+    Access,
+    Handler,
+    add_route,
+)
+from gpuwarden.collector.web.remediation_setup import Remediation
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_LIST = 1000
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _APPROVER = re.compile(r"[\w.@+-]{1,64}")
@@ -70,78 +57,6 @@ _TOKEN_STATUS = {
     TokenProblem.USED: 410,
 }
 
-
-@dataclass(frozen=True, slots=True)
-class Remediation:
-    """What the routes need."""
-
-    storage: Storage
-    remediator: Remediator
-    renderer: RunbookRenderer
-    links: Links
-    rules: Mapping[str, Rule]
-    approvals: Approvals | None = None
-    dispatcher: AlertDispatcher | None = None
-
-
-REMEDIATION = web.AppKey("remediation", Remediation)
-
-
-def create_remediation(
-    storage: Storage,
-    rules: Iterable[Rule],
-    settings: RemediationSettings,
-    *,
-    actuators: Sequence[Actuator],
-    notifiers: Mapping[str, Notifier],
-    runbooks_dir: Path,
-    environ: Mapping[str, str],
-    fleet_size: Callable[[], int | None] = lambda: None,
-    alerting: AlertingSettings | None = None,
-    clock: Callable[[], float] = time.time,
-) -> Remediation:
-    """Assemble the remediator, runbooks and approval links the settings describe.
-
-    Raises:
-        PolicyError: a rule names an unknown action kind.
-        ValueError: the approval secret is configured but unreadable or too short.
-    """
-    rules = list(rules)
-    links = Links(settings.external_url, settings.runbook_base_url, settings.dashboard_base_url)
-    approvals = None
-    if settings.approval_secret_file or environ.get(SECRET_ENV):
-        path = Path(settings.approval_secret_file) if settings.approval_secret_file else None
-        signer = TokenSigner(load_secret(path, environ), clock=clock)
-        ttl = settings.policy.approval_ttl_seconds
-        approvals = Approvals(storage, signer, ttl_seconds=ttl, clock=clock)
-    else:
-        log.info("no approval secret: approval links off (approve with the CLI or the API)")
-    remediator = Remediator(
-        storage,
-        rules,
-        actuators,
-        config=settings.policy,
-        notifiers=notifiers,
-        escalation_routes=settings.escalation_routes,
-        approvals=approvals,
-        links=links,
-        fleet_size=fleet_size,
-        clock=clock,
-    )
-    return Remediation(
-        storage=storage,
-        remediator=remediator,
-        renderer=RunbookRenderer(runbooks_dir),
-        links=links,
-        rules={rule.id: rule for rule in rules},
-        approvals=approvals,
-        dispatcher=None
-        if alerting is None
-        else AlertDispatcher(storage, rules, notifiers, alerting, links, clock=clock),
-    )
-
-
-ACTOR = web.RequestKey("actor", str)
 
 _PAGE = SandboxedEnvironment(autoescape=True).from_string(
     """<!doctype html><html lang="en"><head><meta charset="utf-8">
@@ -188,16 +103,10 @@ def action_json(action: ActionRecord) -> dict[str, Any]:
     return out
 
 
-def _authed(handler: Handler) -> Handler:
+def _storage_answers(handler: Callable[[web.Request], Awaitable[web.Response]]) -> Handler:
+    """The API handler with an unavailable storage answered as 503."""
+
     async def wrapped(request: web.Request) -> web.StreamResponse:
-        who = authenticate(request.app[CONFIG], request.headers.get("Authorization"))
-        if who is None:
-            return web.json_response(
-                {"error": "missing or invalid bearer token"},
-                status=401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        request[ACTOR] = who
         try:
             return await handler(request)
         except StorageError as exc:
@@ -337,7 +246,7 @@ async def approve_post(request: web.Request) -> web.Response:
 # API ------------------------------------------------------------------------------------------
 
 
-@_authed
+@_storage_answers
 async def list_incidents(request: web.Request) -> web.Response:
     """``GET /v1/incidents?state=open|resolved``."""
     r = request.app[REMEDIATION]
@@ -349,7 +258,7 @@ async def list_incidents(request: web.Request) -> web.Response:
     return web.json_response({"incidents": [incident_json(i) for i in incidents[-MAX_LIST:]]})
 
 
-@_authed
+@_storage_answers
 async def show_incident(request: web.Request) -> web.Response:
     """``GET /v1/incidents/{id}``: the incident and its actions."""
     r = request.app[REMEDIATION]
@@ -364,7 +273,7 @@ async def show_incident(request: web.Request) -> web.Response:
     return web.json_response(out)
 
 
-@_authed
+@_storage_answers
 async def list_actions(request: web.Request) -> web.Response:
     """``GET /v1/actions?state=...&incident=...&limit=...`` (newest first)."""
     r = request.app[REMEDIATION]
@@ -377,7 +286,7 @@ async def list_actions(request: web.Request) -> web.Response:
     return web.json_response({"actions": [action_json(a) for a in rows]})
 
 
-@_authed
+@_storage_answers
 async def show_action(request: web.Request) -> web.Response:
     """``GET /v1/actions/{id}``."""
     r = request.app[REMEDIATION]
@@ -388,13 +297,13 @@ async def show_action(request: web.Request) -> web.Response:
     return web.json_response(action_json(row))
 
 
-@_authed
+@_storage_answers
 async def decide_action(request: web.Request) -> web.Response:
     """``POST /v1/actions/{id}/approve`` and ``.../reject``; the token's name is the actor."""
     r = request.app[REMEDIATION]
     action_id = _int(request, "id")
     verb = request.match_info["verb"]
-    actor = request[ACTOR]
+    actor = request[CALLER]
     call = r.remediator.approve if verb == "approve" else r.remediator.reject
     try:
         row = await asyncio.to_thread(call, action_id, actor=actor)
@@ -404,7 +313,7 @@ async def decide_action(request: web.Request) -> web.Response:
     return web.json_response(action_json(row))
 
 
-@_authed
+@_storage_answers
 async def show_breaker(request: web.Request) -> web.Response:
     """``GET /v1/breaker``."""
     r = request.app[REMEDIATION]
@@ -414,21 +323,20 @@ async def show_breaker(request: web.Request) -> web.Response:
     return web.json_response(_record(record))
 
 
-@_authed
+@_storage_answers
 async def reset_breaker(request: web.Request) -> web.Response:
     """``POST /v1/breaker/reset``: close the breaker; 409 when it was not open."""
     r = request.app[REMEDIATION]
-    done = await asyncio.to_thread(r.remediator.reset_breaker, actor=request[ACTOR])
+    done = await asyncio.to_thread(r.remediator.reset_breaker, actor=request[CALLER])
     if not done:
         return _error(409, "the breaker is not open")
     return web.json_response({"scope": "global", "state": "closed"})
 
 
-ALERT_RECEIVER = web.AppKey("alert_receiver", AlertReceiver)
 MAX_WEBHOOK_BYTES = 1024 * 1024
 
 
-@_authed
+@_storage_answers
 async def alertmanager_webhook(request: web.Request) -> web.Response:
     """``POST /v1/alertmanager``: Alertmanager's webhook. 4xx for a payload that will never
     be accepted (Alertmanager does not retry those), 503 when storage is busy (it retries)."""
@@ -442,7 +350,7 @@ async def alertmanager_webhook(request: web.Request) -> web.Response:
         alerts = parse_payload(json.loads(raw))
     except (ValueError, UnicodeDecodeError) as exc:  # PayloadError is a ValueError
         reason = str(exc) if isinstance(exc, PayloadError) else "not JSON"
-        log.warning("alertmanager webhook from %s refused: %s", request[ACTOR], reason)
+        log.warning("alertmanager webhook from %s refused: %s", request[CALLER], reason)
         return _error(400, f"bad Alertmanager payload: {reason}")
     try:
         result = await asyncio.to_thread(receiver.receive, alerts, now=time.time())
@@ -452,19 +360,23 @@ async def alertmanager_webhook(request: web.Request) -> web.Response:
     return web.json_response(asdict(result))
 
 
-def setup_remediation(app: web.Application, remediation: Remediation) -> None:
-    """Add the routes; ``app[CONFIG]`` must hold the collector config (for the API tokens)."""
-    app[REMEDIATION] = remediation
-    app.router.add_get("/runbooks/{rule}", rule_runbook)
-    app.router.add_get("/incidents/{id}/runbook", incident_runbook)
-    app.router.add_get("/approve/{token}", approve_page)
-    app.router.add_post("/approve/{token}", approve_post)
-    app.router.add_get("/v1/incidents", list_incidents)
-    app.router.add_get("/v1/incidents/{id}", show_incident)
-    app.router.add_get("/v1/actions", list_actions)
-    app.router.add_get("/v1/actions/{id}", show_action)
-    app.router.add_post("/v1/actions/{id}/{verb:approve|reject}", decide_action)
-    app.router.add_get("/v1/breaker", show_breaker)
-    app.router.add_post("/v1/breaker/reset", reset_breaker)
+def setup_remediation(app: web.Application) -> None:
+    """Add the runbook, approval-link (open) and API (token) routes for ``app[REMEDIATION]``."""
+    remediation = app[REMEDIATION]
     app[ALERT_RECEIVER] = AlertReceiver(remediation.storage, remediation.rules.values())
-    app.router.add_post("/v1/alertmanager", alertmanager_webhook)
+    routes: list[tuple[str, str, Handler, Access]] = [
+        ("GET", "/runbooks/{rule}", rule_runbook, Access.OPEN),
+        ("GET", "/incidents/{id}/runbook", incident_runbook, Access.OPEN),
+        ("GET", "/approve/{token}", approve_page, Access.OPEN),  # the signed token decides
+        ("POST", "/approve/{token}", approve_post, Access.OPEN),
+        ("GET", "/v1/incidents", list_incidents, Access.API_TOKEN),
+        ("GET", "/v1/incidents/{id}", show_incident, Access.API_TOKEN),
+        ("GET", "/v1/actions", list_actions, Access.API_TOKEN),
+        ("GET", "/v1/actions/{id}", show_action, Access.API_TOKEN),
+        ("POST", "/v1/actions/{id}/{verb:approve|reject}", decide_action, Access.API_TOKEN),
+        ("GET", "/v1/breaker", show_breaker, Access.API_TOKEN),
+        ("POST", "/v1/breaker/reset", reset_breaker, Access.API_TOKEN),
+        ("POST", "/v1/alertmanager", alertmanager_webhook, Access.API_TOKEN),
+    ]
+    for method, path, handler, access in routes:
+        add_route(app, method, path, handler, access)

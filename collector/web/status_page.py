@@ -24,7 +24,8 @@ from markupsafe import Markup
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.base import ActionRecord
 from gpuwarden.collector.storage.records import Incident, IncidentState
-from gpuwarden.collector.web.exposition import gpu_statuses
+from gpuwarden.collector.web.gpus import gpu_statuses
+from gpuwarden.collector.web.keys import SERVICE, STATUS_TEMPLATES, Access, add_route
 from gpuwarden.collector.web.status_svg import Series, line_chart
 
 REFRESH_SECONDS = 15
@@ -34,8 +35,6 @@ MAX_AUDIT = 30
 MAX_WASTE_ROWS = 15
 PALETTE = ("#2f6fb0", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490", "#a16207")
 _HIDDEN_FACTS = frozenset({"points", "summary", "subject"})
-_SERVICE = web.AppKey("status_service", CollectorService)
-_ENV = web.AppKey("status_env", SandboxedEnvironment)
 
 
 def environment() -> SandboxedEnvironment:
@@ -262,7 +261,7 @@ def _page(env: SandboxedEnvironment, template: str, context: Mapping[str, object
 
 async def status(request: web.Request) -> web.Response:
     """``GET /status``."""
-    service, env = request.app[_SERVICE], request.app[_ENV]
+    service, env = request.app[SERVICE], request.app[STATUS_TEMPLATES]
 
     def render() -> str:
         return _page(env, "status.html", status_context(service, service.clock()))
@@ -273,7 +272,7 @@ async def status(request: web.Request) -> web.Response:
 
 async def incident_page(request: web.Request) -> web.Response:
     """``GET /status/incidents/{id}``."""
-    service, env = request.app[_SERVICE], request.app[_ENV]
+    service, env = request.app[SERVICE], request.app[STATUS_TEMPLATES]
     try:
         incident_id = int(request.match_info["id"])
     except ValueError:
@@ -302,9 +301,8 @@ _HEADERS = {
 }
 
 
-def setup_status_page(app: web.Application, service: CollectorService) -> None:
-    """Add ``GET /status`` and ``GET /status/incidents/{id}``."""
-    app[_SERVICE] = service
-    app[_ENV] = environment()
-    app.router.add_get("/status", status)
-    app.router.add_get("/status/incidents/{id}", incident_page)
+def setup_status_page(app: web.Application) -> None:
+    """Add ``GET /status`` and ``GET /status/incidents/{id}`` (open) reading ``app[SERVICE]``."""
+    app[STATUS_TEMPLATES] = environment()
+    add_route(app, "GET", "/status", status, Access.OPEN)
+    add_route(app, "GET", "/status/incidents/{id}", incident_page, Access.OPEN)

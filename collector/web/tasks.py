@@ -18,11 +18,9 @@ from aiohttp import web
 from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.notify.dispatcher import AlertDispatcher
 from gpuwarden.collector.remediate.remediator import Remediator
-from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.web.keys import SERVICE
 
 log = logging.getLogger(__name__)
-
-SERVICE = web.AppKey("service", CollectorService)
 
 
 async def _every(name: str, interval_seconds: float, step: Callable[[], object]) -> None:

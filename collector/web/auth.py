@@ -1,0 +1,55 @@
+"""Authentication: one middleware, driven by what each route declared (:class:`Access`).
+
+Routes add themselves with :func:`~gpuwarden.collector.web.keys.add_route`, naming who may call
+them; a route that declared nothing needs the API token. The middleware checks the bearer
+token before the handler runs, puts the token's owner in ``request[CALLER]``, and refuses with
+401 in the shape of the route: JSON for the API, text for the OTLP receiver (which counts every
+answer it gives). Requests that match no route go on to their 404 or 405.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from aiohttp import web
+
+from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.web.keys import CALLER, CONFIG, ROUTE_ACCESS, STATS, Access, Handler
+
+_REFUSED = "missing or invalid bearer token"
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+def authenticate(config: CollectorConfig, header: str | None) -> str | None:
+    """Return the caller's name for a valid ``Bearer`` token, else None (constant-time compare)."""
+    if not config.tokens:
+        return "anonymous" if config.allow_unauthenticated else None
+    scheme, _, presented = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not presented:
+        return None
+    name = None
+    candidate = presented.strip().encode("utf-8")
+    for token, owner in config.tokens.items():
+        if hmac.compare_digest(candidate, token.encode("utf-8")):
+            name = owner
+    return name
+
+
+@web.middleware
+async def authentication(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Let the request through when its route is open or its token valid; else answer 401."""
+    match = request.match_info
+    if match.http_exception is not None:  # no such route or method: nothing to protect
+        return await handler(request)
+    app = request.app
+    access = app[ROUTE_ACCESS].get(match.handler, Access.API_TOKEN)
+    if access is Access.OPEN:
+        return await handler(request)
+    caller = authenticate(app[CONFIG], request.headers.get("Authorization"))
+    if caller is None:
+        if access is Access.INGEST_TOKEN:
+            app[STATS].responses[401] += 1
+            return web.Response(status=401, text=f"{_REFUSED}\n", headers=_CHALLENGE)
+        return web.json_response({"error": _REFUSED}, status=401, headers=_CHALLENGE)
+    request[CALLER] = caller
+    return await handler(request)

@@ -1,0 +1,139 @@
+"""The fleet's GPUs as the web layer shows them: latest readings, state and current job.
+
+Read by the JSON API (``/v1/gpus``), ``/metrics`` and the status page alike, so the three agree.
+No routes here: a read view over the :class:`CollectorService`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gpuwarden.collector.accounting.gpu_time import UNALLOCATED
+from gpuwarden.collector.service import CollectorService
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One per-GPU number, exposed as ``gpuwarden_gpu_<key>``, from the store's ``metric``.
+
+    ``defaults``: attributes that, when a series has them, must have this value (``hw.temperature``
+    of the die, not of the memory); a series without them matches, as older agents send none.
+    """
+
+    key: str
+    metric: str
+    documentation: str
+    defaults: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def prometheus_name(self) -> str:
+        """The family's name."""
+        return f"gpuwarden_gpu_{self.key}"
+
+
+_GPU = MappingProxyType({"hw.type": "gpu"})
+# fmt: off
+GPU_READINGS: tuple[GpuReading, ...] = (
+    GpuReading("utilization_ratio", "hw.gpu.utilization",
+               "Fraction of the last sample period in which a kernel ran.",
+               MappingProxyType({"hw.gpu.task": "general"})),
+    GpuReading("memory_used_bytes", "hw.gpu.memory.usage", "GPU memory in use."),
+    GpuReading("memory_total_bytes", "hw.gpu.memory.limit", "Total GPU memory."),
+    GpuReading("power_watts", "hw.power", "GPU power draw.", _GPU),
+    GpuReading("temperature_celsius", "hw.temperature", "GPU die temperature.",
+               MappingProxyType({**_GPU, "hw.sensor_location": "gpu"})),
+)
+# fmt: on
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatus:
+    """A GPU as the collector sees it now: identity, latest readings, state and current job.
+
+    ``readings`` maps a :data:`GPU_READINGS` key to its latest value (absent: no recent
+    sample); ``states`` maps each ``hw.state`` to its one-hot value; ``job_key``, ``team`` and
+    ``model_name`` describe the job holding the GPU at the latest slot (None: none, or unknown).
+    """
+
+    node: str
+    uuid: str
+    index: int | None
+    model: str
+    parent_uuid: str | None
+    readings: Mapping[str, float]
+    states: Mapping[str, float]
+    job_key: str | None
+    team: str | None
+    model_name: str | None
+
+    @property
+    def state(self) -> str | None:
+        """The current ``hw.state`` (the one whose one-hot value is 1), if reported."""
+        current = [name for name, value in sorted(self.states.items()) if value >= 0.5]
+        return current[0] if current else None
+
+
+def _matches(attrs: Mapping[str, object], defaults: Mapping[str, str]) -> bool:
+    return all(str(attrs.get(k, wanted)) == wanted for k, wanted in defaults.items())
+
+
+def _latest_by_gpu(
+    service: CollectorService, metric: str, defaults: Mapping[str, str]
+) -> Iterator[tuple[tuple[str, str], Mapping[str, object], float]]:
+    latest = service.store.latest(metric)
+    for info, value in zip(latest.series, latest.values.tolist(), strict=True):
+        attrs = info.attributes
+        if math.isfinite(value) and _matches(attrs, defaults):
+            yield (str(attrs.get("host.name", "")), str(attrs.get("hw.id", ""))), attrs, value
+
+
+def _owners(service: CollectorService, now: float) -> dict[tuple[str, str], str]:
+    """(node, uuid) → the job holding the largest share of the GPU in the latest slot."""
+    best: dict[tuple[str, str], tuple[float, str]] = {}
+    for use in service.usage(now - service.store.step_seconds, now):
+        if use.job_key == UNALLOCATED or use.gpu_seconds_allocated <= 0:
+            continue
+        key = (use.node, use.gpu_uuid)
+        candidate = (use.gpu_seconds_allocated, use.job_key)
+        best[key] = max(best.get(key, candidate), candidate)
+    return {key: job_key for key, (_, job_key) in best.items()}
+
+
+def gpu_statuses(service: CollectorService, now: float) -> list[GpuStatus]:
+    """Every GPU (and MIG device) with its latest readings and current job, by node and UUID.
+
+    Blocking (store reads and the ownership of the latest slot): call it from a worker thread.
+    MIG devices report the job of their parent GPU.
+    """
+    readings: dict[tuple[str, str], dict[str, float]] = {}
+    for reading in GPU_READINGS:
+        for key, _, value in _latest_by_gpu(service, reading.metric, reading.defaults):
+            readings.setdefault(key, {})[reading.key] = value
+    states: dict[tuple[str, str], dict[str, float]] = {}
+    for key, attrs, value in _latest_by_gpu(service, "hw.status", {"hw.type": "gpu"}):
+        if "hw.state" in attrs:
+            states.setdefault(key, {})[str(attrs["hw.state"])] = value
+    owners = _owners(service, now)
+    out: dict[tuple[str, str], GpuStatus] = {}
+    for ref in service.gpus():
+        key = (ref.node, ref.uuid)
+        if key in out:  # a changed info series (new driver, new index): one GPU all the same
+            continue
+        job_key = owners.get(key) or owners.get((ref.node, ref.parent_uuid or ""))
+        job = service.registry.get(job_key) if job_key else None
+        out[key] = GpuStatus(
+            node=ref.node,
+            uuid=ref.uuid,
+            index=ref.index,
+            model=ref.model,
+            parent_uuid=ref.parent_uuid,
+            readings=MappingProxyType(readings.get(key, {})),
+            states=MappingProxyType(states.get(key, {})),
+            job_key=job_key,
+            team=job.team if job else None,
+            model_name=job.model if job else None,
+        )
+    return [out[key] for key in sorted(out)]

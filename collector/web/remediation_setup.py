@@ -1,0 +1,98 @@
+"""What the remediation routes serve: the :class:`Remediation` bundle and its assembly.
+
+Kept apart from the routes so the composition root (``collector.build``) and the web layer's
+keys can name it without importing a route module.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuwarden.collector.alerts.model import Notifier
+from gpuwarden.collector.alerts.runbooks import Links, RunbookRenderer
+from gpuwarden.collector.notify.dispatcher import AlertDispatcher
+from gpuwarden.collector.notify.settings import AlertingSettings
+from gpuwarden.collector.remediate.actuators.base import Actuator
+from gpuwarden.collector.remediate.approvals import (
+    SECRET_ENV,
+    Approvals,
+    TokenSigner,
+    load_secret,
+)
+from gpuwarden.collector.remediate.policy import RemediationSettings
+from gpuwarden.collector.remediate.remediator import Remediator
+from gpuwarden.collector.rules.model import Rule
+from gpuwarden.collector.storage.base import Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Remediation:
+    """What the routes need."""
+
+    storage: Storage
+    remediator: Remediator
+    renderer: RunbookRenderer
+    links: Links
+    rules: Mapping[str, Rule]
+    approvals: Approvals | None = None
+    dispatcher: AlertDispatcher | None = None
+
+
+def create_remediation(
+    storage: Storage,
+    rules: Iterable[Rule],
+    settings: RemediationSettings,
+    *,
+    actuators: Sequence[Actuator],
+    notifiers: Mapping[str, Notifier],
+    runbooks_dir: Path,
+    environ: Mapping[str, str],
+    fleet_size: Callable[[], int | None] = lambda: None,
+    alerting: AlertingSettings | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Remediation:
+    """Assemble the remediator, runbooks and approval links the settings describe.
+
+    Raises:
+        PolicyError: a rule names an unknown action kind.
+        ValueError: the approval secret is configured but unreadable or too short.
+    """
+    rules = list(rules)
+    links = Links(settings.external_url, settings.runbook_base_url, settings.dashboard_base_url)
+    approvals = None
+    if settings.approval_secret_file or environ.get(SECRET_ENV):
+        path = Path(settings.approval_secret_file) if settings.approval_secret_file else None
+        signer = TokenSigner(load_secret(path, environ), clock=clock)
+        ttl = settings.policy.approval_ttl_seconds
+        approvals = Approvals(storage, signer, ttl_seconds=ttl, clock=clock)
+    else:
+        log.info("no approval secret: approval links off (approve with the CLI or the API)")
+    remediator = Remediator(
+        storage,
+        rules,
+        actuators,
+        config=settings.policy,
+        notifiers=notifiers,
+        escalation_routes=settings.escalation_routes,
+        approvals=approvals,
+        links=links,
+        fleet_size=fleet_size,
+        clock=clock,
+    )
+    return Remediation(
+        storage=storage,
+        remediator=remediator,
+        renderer=RunbookRenderer(runbooks_dir),
+        links=links,
+        rules={rule.id: rule for rule in rules},
+        approvals=approvals,
+        dispatcher=None
+        if alerting is None
+        else AlertDispatcher(storage, rules, notifiers, alerting, links, clock=clock),
+    )
