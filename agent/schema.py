@@ -26,6 +26,7 @@ import difflib
 import re
 import types
 from collections.abc import Mapping
+from enum import Enum
 from os import PathLike
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
@@ -38,6 +39,17 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A configuration problem, with the file and key it came from."""
+
+
+class _OneOrMany:
+    """Marker: a list field that also takes one item written alone (``routes: slack:#a``)."""
+
+    def __repr__(self) -> str:
+        return "ONE_OR_MANY"
+
+
+#: Put in a list field's ``Annotated[...]``: a single item is read as a list of one.
+ONE_OR_MANY: Any = _OneOrMany()
 
 
 def read_yaml(path: Path, error: type[Exception] = ConfigError) -> dict[str, Any]:
@@ -80,7 +92,7 @@ def convert(
         error: one line, ``<where>: <section.dotted.key>: <what is wrong>``.
     """
     try:
-        value = msgspec.convert(data, cls, dec_hook=_dec_hook)
+        value = msgspec.convert(_as_lists(data, cls), cls, dec_hook=_dec_hook)
     except msgspec.ValidationError as exc:
         raise error(explain(str(exc), data, cls, where, section)) from None
     _freeze(value)
@@ -94,6 +106,23 @@ def _dec_hook(cls: type, obj: object) -> object:
             return Path(obj)
         raise TypeError(f"expected a path, got {_shown(obj)}")
     raise NotImplementedError(cls)
+
+
+def _as_lists(value: object, annotation: object) -> object:
+    """A copy of ``value`` where every ``ONE_OR_MANY`` field written as one item is a list."""
+    if ONE_OR_MANY in _metadata(annotation) and not isinstance(value, list):
+        return [value]
+    if isinstance(value, dict):
+        structs = _structs(annotation)
+        if structs:
+            fields = {f.encode_name: f.type for s in structs for f in msgspec.structs.fields(s)}
+            return {k: _as_lists(v, fields[k]) if k in fields else v for k, v in value.items()}
+        _, value_type = _entry_types(annotation)
+        return {k: _as_lists(v, value_type) for k, v in value.items()}
+    if isinstance(value, list):
+        item_type = _item_type(annotation)
+        return [_as_lists(v, item_type) for v in value]
+    return value
 
 
 def _freeze(value: object) -> object:
@@ -145,6 +174,8 @@ def explain(message: str, data: object, cls: object, where: str, section: str = 
     match = _AT.fullmatch(message)
     text, path = (match["message"], match["path"] or "") if match else (message, "")
     keys, value, annotation = _walk(path, data, cls)
+    if missing := re.fullmatch(r"Object missing required field `(.*)`", text):
+        keys, text = [*keys, missing[1]], "required"
     key = ".".join([section, *keys] if section else keys).replace(".[", "[")
     said = _say(text, value, annotation, keys[-1] if keys else section)
     return ": ".join(part for part in (where, key, said) if part)
@@ -154,8 +185,6 @@ def _say(text: str, value: object, annotation: object, key: str) -> str:
     """The operator's wording of msgspec's ``text`` about ``value``."""
     if found := re.fullmatch(r"Object contains unknown field `(.*)`", text):
         return _unknown(found[1], annotation)
-    if found := re.fullmatch(r"Object missing required field `(.*)`", text):
-        return f"{found[1]}: required"
     got = "" if value is _MISSING else f", got {_shown(value, secret=bool(_SECRET.search(key)))}"
     if text.startswith("Invalid enum value"):
         return f"expected one of {', '.join(map(str, _literal_values(annotation)))}{got}"
@@ -280,17 +309,33 @@ def _entry_types(annotation: object) -> tuple[object, object]:
     return object, object
 
 
-def _description(annotation: object) -> str | None:
+def _metadata(annotation: object) -> list[object]:
+    """The ``Annotated`` metadata of ``annotation`` (and of its members, for ``X | None``)."""
+    found: list[object] = []
     while get_origin(annotation) is Annotated:
-        for meta in get_args(annotation)[1:]:
-            if isinstance(meta, msgspec.Meta) and meta.description:
-                return meta.description
+        found.extend(get_args(annotation)[1:])
         annotation = get_args(annotation)[0]
-    return None
+    if get_origin(annotation) in (Union, types.UnionType):
+        for member in get_args(annotation):
+            found.extend(_metadata(member))
+    return found
+
+
+def _description(annotation: object) -> str | None:
+    return next(
+        (
+            m.description
+            for m in _metadata(annotation)
+            if isinstance(m, msgspec.Meta) and m.description
+        ),
+        None,
+    )
 
 
 def _literal_values(annotation: object) -> tuple[object, ...]:
     for member in _members(annotation):
+        if isinstance(member, type) and issubclass(member, Enum):
+            return tuple(m.value for m in member)
         if get_args(member) and str(get_origin(member)).endswith("Literal"):
             return get_args(member)
     return ()
