@@ -9,12 +9,24 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, get_args
 
-import yaml
+import msgspec
+
+from gpuwarden.agent.schema import ConfigError, convert, read_yaml, redacted_repr
+
+__all__ = [
+    "ENV",
+    "AgentConfig",
+    "CollectorConfig",
+    "ConfigError",
+    "HttpConfig",
+    "ResourceConfig",
+    "SpoolConfig",
+    "load_agent_config",
+]
 
 #: Every environment variable the agent reads, and the config key it overrides.
 ENV: Mapping[str, str] = MappingProxyType(
@@ -27,89 +39,72 @@ ENV: Mapping[str, str] = MappingProxyType(
     }
 )
 
-SOURCES = ("nvml", "simulated", "replay")
-PRICE_TIERS = ("on-demand", "spot", "reserved")
+Source = Literal["nvml", "simulated", "replay"]
+PriceTier = Literal["on-demand", "spot", "reserved"]
+SOURCES: tuple[str, ...] = get_args(Source)
+PRICE_TIERS: tuple[str, ...] = get_args(PriceTier)
 
 
-class ConfigError(ValueError):
-    """A configuration problem, with the file and key it came from."""
-
-
-@dataclass(frozen=True, slots=True)
-class CollectorConfig:
+class CollectorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Where and how the agent pushes OTLP."""
 
     endpoint: str | None = "http://127.0.0.1:4318/v1/metrics"
-    token: str | None = field(default=None, repr=False)
+    token: str | None = None
     token_file: Path | None = None
-    timeout_seconds: float = 10.0
+    timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0
     gzip_level: int = 6
     ca_file: Path | None = None
 
+    def __repr__(self) -> str:
+        return redacted_repr(self, "token")
 
-@dataclass(frozen=True, slots=True)
-class SpoolConfig:
+
+class SpoolConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The on-disk spool that keeps unsent requests across outages and restarts."""
 
     directory: Path = Path("/var/lib/gpuwarden/spool")
-    max_bytes: int = 256 * 1024 * 1024
+    #: one 8-GPU round is ~60 kB of protobuf: a smaller spool cannot hold a single round
+    max_bytes: Annotated[int, msgspec.Meta(ge=64 * 1024)] = 256 * 1024 * 1024
     fsync: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class HttpConfig:
+class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The agent's own HTTP endpoint: ``/healthz`` and, if enabled, Prometheus ``/metrics``."""
 
     enabled: bool = True
     host: str = "127.0.0.1"
-    port: int = 9402
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9402
     prometheus: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class ResourceConfig:
+class ResourceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Facts about the node that travel as OTLP resource attributes."""
 
     cluster: str | None = None
     instance_type: str | None = None
-    price_tier: str = "on-demand"
+    price_tier: PriceTier = "on-demand"
     region: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class AgentConfig:
+class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Everything the node agent needs to run."""
 
-    node_name: str = field(default_factory=socket.gethostname)
-    interval_seconds: float = 10.0
-    source: str = "nvml"
+    node_name: str = msgspec.field(default_factory=socket.gethostname)
+    interval_seconds: Annotated[float, msgspec.Meta(ge=0.05, le=3600)] = 10.0
+    source: Source = "nvml"
     nvml_library_path: Path | None = None
     scenario: str = "mixed"
     replay_path: Path | None = None
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")
-    collector: CollectorConfig = field(default_factory=CollectorConfig)
-    spool: SpoolConfig = field(default_factory=SpoolConfig)
-    http: HttpConfig = field(default_factory=HttpConfig)
-    resource: ResourceConfig = field(default_factory=ResourceConfig)
+    collector: CollectorConfig = msgspec.field(default_factory=CollectorConfig)
+    spool: SpoolConfig = msgspec.field(default_factory=SpoolConfig)
+    http: HttpConfig = msgspec.field(default_factory=HttpConfig)
+    resource: ResourceConfig = msgspec.field(default_factory=ResourceConfig)
 
     def __post_init__(self) -> None:
-        if not 0.05 <= self.interval_seconds <= 3600:
-            raise ConfigError(
-                f"interval_seconds must be in [0.05, 3600], got {self.interval_seconds}"
-            )
-        if self.source not in SOURCES:
-            raise ConfigError(f"source must be one of {', '.join(SOURCES)}, got {self.source!r}")
         if self.source == "replay" and self.replay_path is None:
             raise ConfigError("source 'replay' needs replay_path")
-        if self.resource.price_tier not in PRICE_TIERS:
-            raise ConfigError(
-                f"resource.price_tier must be one of {', '.join(PRICE_TIERS)}, "
-                f"got {self.resource.price_tier!r}"
-            )
-        if self.spool.max_bytes < 64 * 1024:
-            # one 8-GPU round is ~60 kB of protobuf: a smaller spool cannot hold a single round
-            raise ConfigError("spool.max_bytes must be at least 65536")
 
     def token(self) -> str | None:
         """The bearer token, from ``collector.token`` or the file ``collector.token_file``."""
@@ -125,46 +120,14 @@ class AgentConfig:
         return None
 
 
-T = TypeVar("T")
-
-
-def _coerce(cls: type[T], data: Mapping[str, Any], where: str) -> T:
-    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
-    known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in known:
-            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
-        default = getattr(cls(), key)
-        nested = type(default)
-        if hasattr(default, "__dataclass_fields__"):
-            kwargs[key] = _coerce(nested, value, f"{where}.{key}")
-        elif value is None:
-            kwargs[key] = None
-        elif isinstance(default, Path) or key.endswith(("_path", "_file", "directory", "_root")):
-            kwargs[key] = Path(str(value))
-        elif isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where}.{key}: expected true or false, got {value!r}")
-            kwargs[key] = value
-        elif isinstance(default, int | float) and not isinstance(default, bool):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
-            kwargs[key] = nested(value)
-        else:
-            kwargs[key] = str(value)
-    try:
-        return cls(**kwargs)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     head, _, rest = dotted.partition(".")
     if rest:
-        _set_dotted(data.setdefault(head, {}), rest, value)
+        section = data.get(head)
+        if section is None:
+            section = data[head] = {}
+        if isinstance(section, dict):  # else a wrong type, which the schema reports
+            _set_dotted(section, rest, value)
     else:
         data[head] = value
 
@@ -174,22 +137,11 @@ def load_agent_config(
 ) -> AgentConfig:
     """Load the agent config from ``path`` (optional), ``env`` and explicit CLI ``overrides``."""
     where = str(path) if path is not None else "<defaults>"
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-        if loaded is not None:
-            if not isinstance(loaded, dict):
-                raise ConfigError(f"{path}: expected a mapping at the top level")
-            data = loaded
+    data = read_yaml(path) if path is not None else {}
     for var, dotted in ENV.items():
         if env.get(var):
             _set_dotted(data, dotted, env[var])
     for dotted, value in (overrides or {}).items():
         if value is not None:
             _set_dotted(data, dotted, value)
-    return _coerce(AgentConfig, data, where)
+    return convert(data, AgentConfig, where)

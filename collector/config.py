@@ -219,11 +219,11 @@ def _value(key: str, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}.{key}: expected a mapping")
         if key == "alerting":
             try:
-                return AlertingSettings.from_mapping(value, f"{where}.{key}")
+                return AlertingSettings.from_mapping(value, f"{where}: {key}")
             except AlertingSettingsError as exc:
                 raise ConfigError(str(exc)) from None
         try:
-            return RemediationSettings.from_mapping(value, f"{where}.{key}")
+            return RemediationSettings.from_mapping(value, f"{where}: {key}")
         except PolicyError as exc:
             raise ConfigError(str(exc)) from None
     if kind is tuple:  # a list of paths

@@ -25,7 +25,11 @@ from gpuwarden.collector.notify.alertmanager_notifier import (
 )
 from gpuwarden.collector.notify.dispatcher import AlertDispatcher
 from gpuwarden.collector.notify.pagerduty_notifier import PagerDutyNotifier
-from gpuwarden.collector.notify.settings import AlertingSettings, AlertingSettingsError
+from gpuwarden.collector.notify.settings import (
+    AlertingSettings,
+    AlertingSettingsError,
+    RouteRule,
+)
 from gpuwarden.collector.notify.slack_notifier import SlackNotifier
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import Rule
@@ -416,16 +420,32 @@ def test_received_alerts_open_update_and_resolve_one_incident(storage):
 @pytest.mark.parametrize(
     ("section", "message"),
     [
-        ({"alertmanager": {}}, "alerting.alertmanager: unknown key"),
+        (
+            {"alertmanager": {}},
+            "alerting: unknown key 'alertmanager'; did you mean 'alertmanagers'?",
+        ),
+        ({"alertmanagers": {}}, "alerting.alertmanagers: expected a mapping of name to URL"),
+        ({"resend_seconds": "1m"}, "alerting.resend_seconds: expected a number, got '1m'"),
+        (
+            {"silence_while_settling": "no"},
+            "alerting.silence_while_settling: expected true or false",
+        ),
+        ({"audit_change_events": "slack:#a"}, "audit_change_events: expected pagerduty:<service>"),
         ({"alertmanagers": {"main": "ftp://x"}}, "alerting.alertmanagers.main: expected an http"),
         ({"resend_seconds": 0}, "alerting.resend_seconds: expected a number >= 1"),
         ({"group_threshold": 1}, "alerting.group_threshold"),
         ({"routing": [{"routes": ["sms:+1555"]}]}, r"alerting.routing\[0\].routes"),
-        ({"routing": [{"severities": ["loud"], "routes": ["slack:#a"]}]}, "severities"),
+        (
+            {"routing": [{"severities": ["loud"], "routes": ["slack:#a"]}]},
+            r"routing\[0\]\.severities\[0\]: expected one of info, warning, critical, page",
+        ),
         ({"routing": [{"teams": ["a"]}]}, r"routing\[0\].routes: required"),
     ],
 )
 def test_bad_alerting_sections_name_the_key(section, message):
+    assert AlertingSettings.from_mapping(
+        {"routing": [{"routes": "slack:#a", "teams": "ml"}]}, "alerting"
+    ).routing[0] == RouteRule(routes=("slack:#a",), teams=("ml",))  # one item alone: a list
     with pytest.raises(AlertingSettingsError, match=message):
         AlertingSettings.from_mapping(section, "alerting")
 

@@ -237,8 +237,8 @@ def test_an_unknown_action_kind_in_a_rule_is_a_clear_error(world: World) -> None
 
 
 def test_bad_policy_settings_are_clear_errors() -> None:
-    with pytest.raises(PolicyError, match="breaker_max_fleet_ratio"):
-        PolicyConfig(breaker_max_fleet_ratio=1.5)
+    with pytest.raises(PolicyError, match=r"x\.breaker_max_fleet_ratio: expected a number <= 1"):
+        RemediationSettings.from_mapping({"breaker_max_fleet_ratio": 1.5}, "x")
     with pytest.raises(PolicyError, match=r"cooldown_seconds\.reboot: unknown action kind"):
         PolicyConfig(cooldown_seconds={"reboot": 1.0})
 
@@ -633,9 +633,17 @@ def test_remediation_settings_parse_with_clear_errors() -> None:
     assert settings.escalation_routes == ("pagerduty:gpu-oncall",)
     assert RemediationSettings.from_mapping({}, "x").policy.dry_run  # dry-run by default
     cases: list[tuple[dict[str, Any], str]] = [
-        ({"dry_runn": True}, r"collector\.yaml: remediation\.dry_runn: unknown key"),
-        ({"dry_run": "no"}, r"remediation\.dry_run: expected bool"),
-        ({"breaker_max_actions": 0}, r"remediation: remediation\.breaker_max_actions: must be"),
+        (
+            {"dry_runn": True},
+            r"collector\.yaml: remediation: unknown key 'dry_runn'; did you mean 'dry_run'\?",
+        ),
+        ({"dry_run": "no"}, r"remediation\.dry_run: expected true or false, got 'no'"),
+        ({"breaker_max_actions": 0}, r"remediation\.breaker_max_actions: expected an integer >= 1"),
+        ({"max_attempts": "3"}, r"remediation\.max_attempts: expected an integer, got '3'"),
+        (
+            {"settle_seconds": {"drain": -1}},
+            r"remediation\.settle_seconds\.drain: expected a number >= 0",
+        ),
         ({"cooldown_seconds": {"reboot": 5}}, r"cooldown_seconds\.reboot: unknown action kind"),
         ({"escalation_routes": "pagerduty"}, r"escalation_routes: expected a list of routes"),
     ]

@@ -15,10 +15,12 @@ alerting:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
+
+from gpuwarden.agent.schema import ONE_OR_MANY, convert
 from gpuwarden.collector.rules.model import Severity
 from gpuwarden.collector.rules.vocabulary import ROUTE_SCHEMES
 
@@ -27,13 +29,21 @@ class AlertingSettingsError(ValueError):
     """A bad ``alerting:`` section; the message names the key."""
 
 
-@dataclass(frozen=True, slots=True)
-class RouteRule:
+_SCHEMES = "|".join(ROUTE_SCHEMES)
+#: ``<scheme>:<target>``, as rules write their routes.
+Route = Annotated[
+    str, msgspec.Meta(pattern=f"^({_SCHEMES}):.", description=f"<{_SCHEMES}>:<target>")
+]
+HttpUrl = Annotated[str, msgspec.Meta(pattern="^https?://", description="an http(s) URL")]
+Seconds = Annotated[float, msgspec.Meta(ge=1.0)]
+
+
+class RouteRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Extra routes for incidents of these severities and teams (empty: any)."""
 
-    routes: tuple[str, ...]
-    severities: tuple[str, ...] = ()
-    teams: tuple[str, ...] = ()
+    routes: Annotated[tuple[Route, ...], ONE_OR_MANY]
+    severities: Annotated[tuple[Severity, ...], ONE_OR_MANY] = ()
+    teams: Annotated[tuple[Annotated[str, msgspec.Meta(min_length=1)], ...], ONE_OR_MANY] = ()
 
     def matches(self, severity: str, team: str | None) -> bool:
         """Whether an incident of ``severity`` owned by ``team`` takes these routes."""
@@ -42,8 +52,7 @@ class RouteRule:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class AlertingSettings:
+class AlertingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Incident alerts: firing once per route, re-sent where the service wants it, resolved once.
 
     Attributes:
@@ -61,14 +70,20 @@ class AlertingSettings:
             as PagerDuty change events (off by default).
     """
 
-    alertmanagers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    interval_seconds: float = 15.0
-    resend_seconds: float = 60.0
-    group_threshold: int = 3
-    give_up_seconds: float = 86_400.0
+    alertmanagers: Annotated[
+        Mapping[str, HttpUrl],
+        msgspec.Meta(min_length=1, description="a mapping of name to URL"),
+    ] = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    interval_seconds: Seconds = 15.0
+    resend_seconds: Seconds = 60.0
+    group_threshold: Annotated[int, msgspec.Meta(ge=2)] = 3
+    give_up_seconds: Seconds = 86_400.0
     silence_while_settling: bool = True
     routing: tuple[RouteRule, ...] = ()
-    audit_change_events: str | None = None
+    audit_change_events: (
+        Annotated[str, msgspec.Meta(pattern="^pagerduty:.", description="pagerduty:<service>")]
+        | None
+    ) = None
 
     def routes_for(self, severity: str, team: str | None) -> tuple[str, ...]:
         """The routes the routing table adds for an incident."""
@@ -80,92 +95,5 @@ class AlertingSettings:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str) -> AlertingSettings:
-        """Parse the section; errors name ``where.key``."""
-        known = set(cls.__dataclass_fields__)
-        for key in data:
-            if key not in known:
-                raise AlertingSettingsError(
-                    f"{where}.{key}: unknown key (known: {', '.join(sorted(known))})"
-                )
-        kwargs: dict[str, Any] = {}
-        for key in ("interval_seconds", "resend_seconds", "give_up_seconds"):
-            if key in data:
-                kwargs[key] = _number(data[key], f"{where}.{key}", minimum=1.0)
-        if "group_threshold" in data:
-            value = data["group_threshold"]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-                raise AlertingSettingsError(f"{where}.group_threshold: expected an integer >= 2")
-            kwargs["group_threshold"] = value
-        if "silence_while_settling" in data:
-            if not isinstance(data["silence_while_settling"], bool):
-                raise AlertingSettingsError(f"{where}.silence_while_settling: expected true/false")
-            kwargs["silence_while_settling"] = data["silence_while_settling"]
-        if "alertmanagers" in data:
-            kwargs["alertmanagers"] = _urls(data["alertmanagers"], f"{where}.alertmanagers")
-        if "routing" in data:
-            kwargs["routing"] = _routing(data["routing"], f"{where}.routing")
-        if "audit_change_events" in data:
-            value = data["audit_change_events"]
-            scheme, _, service = str(value).partition(":")
-            if not isinstance(value, str) or scheme != "pagerduty" or not service:
-                raise AlertingSettingsError(
-                    f"{where}.audit_change_events: expected pagerduty:<service>"
-                )
-            kwargs["audit_change_events"] = value
-        return cls(**kwargs)
-
-
-def _number(value: object, where: str, *, minimum: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
-        raise AlertingSettingsError(f"{where}: expected a number >= {minimum:g}, got {value!r}")
-    return float(value)
-
-
-def _urls(value: object, where: str) -> Mapping[str, str]:
-    if not isinstance(value, dict) or not value:
-        raise AlertingSettingsError(f"{where}: expected a mapping of name to URL")
-    out: dict[str, str] = {}
-    for name, url in value.items():
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise AlertingSettingsError(f"{where}.{name}: expected an http(s) URL")
-        out[str(name)] = url
-    return MappingProxyType(out)
-
-
-def _strings(value: object, where: str) -> tuple[str, ...]:
-    items = value if isinstance(value, list) else [value]
-    if not all(isinstance(item, str) and item for item in items):
-        raise AlertingSettingsError(f"{where}: expected a string or a list of strings")
-    return tuple(str(item) for item in items)
-
-
-def _routing(value: object, where: str) -> tuple[RouteRule, ...]:
-    if not isinstance(value, list):
-        raise AlertingSettingsError(f"{where}: expected a list of mappings")
-    severities = {str(s) for s in Severity}
-    out = []
-    for i, item in enumerate(value):
-        here = f"{where}[{i}]"
-        if not isinstance(item, dict):
-            raise AlertingSettingsError(f"{here}: expected a mapping")
-        unknown = set(item) - {"routes", "severities", "teams"}
-        if unknown:
-            raise AlertingSettingsError(f"{here}.{sorted(unknown)[0]}: unknown key")
-        if "routes" not in item:
-            raise AlertingSettingsError(f"{here}.routes: required")
-        routes = _strings(item["routes"], f"{here}.routes")
-        for route in routes:
-            scheme, _, target = route.partition(":")
-            if scheme not in ROUTE_SCHEMES or not target:
-                raise AlertingSettingsError(
-                    f"{here}.routes: {route!r}: expected <{'|'.join(ROUTE_SCHEMES)}>:<target>"
-                )
-        sev = _strings(item["severities"], f"{here}.severities") if "severities" in item else ()
-        bad = [s for s in sev if s not in severities]
-        if bad:
-            raise AlertingSettingsError(
-                f"{here}.severities: {bad[0]!r} is not one of {', '.join(sorted(severities))}"
-            )
-        teams = _strings(item["teams"], f"{here}.teams") if "teams" in item else ()
-        out.append(RouteRule(routes=routes, severities=sev, teams=teams))
-    return tuple(out)
+        """Parse the section found at the dotted key ``where``; errors name ``where.key``."""
+        return convert(data, cls, "", AlertingSettingsError, section=where)

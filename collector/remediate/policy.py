@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
+
+from gpuwarden.agent.schema import convert
 from gpuwarden.collector.rules.model import ActionMode, Rule
 from gpuwarden.collector.rules.vocabulary import ACTIONS
 
@@ -49,8 +51,13 @@ class PolicyError(ValueError):
     """The rules or the remediation configuration are wrong; the message names the rule."""
 
 
-@dataclass(frozen=True, slots=True)
-class PolicyConfig:
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+Count = Annotated[int, msgspec.Meta(gt=0)]
+SecondsByKind = Mapping[str, Annotated[float, msgspec.Meta(ge=0)]]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Remediation settings (the ``remediation:`` section of the collector configuration).
 
     Attributes:
@@ -68,40 +75,22 @@ class PolicyConfig:
     """
 
     dry_run: bool = True
-    max_attempts: int = 3
-    breaker_max_actions: int = 10
-    breaker_window_seconds: float = 600.0
-    breaker_max_fleet_ratio: float = 0.1
-    cooldown_seconds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    settle_seconds: Mapping[str, float] = field(default_factory=lambda: SETTLE_SECONDS)
-    approval_ttl_seconds: float = 3600.0
-    stale_execution_seconds: float = 300.0
+    max_attempts: Count = 3
+    breaker_max_actions: Count = 10
+    breaker_window_seconds: Positive = 600.0
+    breaker_max_fleet_ratio: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.1
+    cooldown_seconds: SecondsByKind = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    settle_seconds: SecondsByKind = msgspec.field(default_factory=lambda: SETTLE_SECONDS)
+    approval_ttl_seconds: Positive = 3600.0
+    stale_execution_seconds: Positive = 300.0
 
     def __post_init__(self) -> None:
-        positive = {
-            "max_attempts": self.max_attempts,
-            "breaker_max_actions": self.breaker_max_actions,
-            "breaker_window_seconds": self.breaker_window_seconds,
-            "approval_ttl_seconds": self.approval_ttl_seconds,
-            "stale_execution_seconds": self.stale_execution_seconds,
-        }
-        for name, value in positive.items():
-            if not (math.isfinite(value) and value > 0):
-                raise PolicyError(f"remediation.{name}: must be > 0 (got {value})")
-        if not 0.0 < self.breaker_max_fleet_ratio <= 1.0:
-            raise PolicyError(
-                "remediation.breaker_max_fleet_ratio: must be in (0, 1] "
-                f"(got {self.breaker_max_fleet_ratio})"
-            )
         for table in ("cooldown_seconds", "settle_seconds"):
-            for kind, seconds in getattr(self, table).items():
+            for kind in getattr(self, table):
                 if kind not in ACTIONS:
                     raise PolicyError(
-                        f"remediation.{table}.{kind}: unknown action kind "
-                        f"(known: {', '.join(sorted(ACTIONS))})"
+                        f"{table}.{kind}: unknown action kind (known: {', '.join(sorted(ACTIONS))})"
                     )
-                if not (math.isfinite(seconds) and seconds >= 0):
-                    raise PolicyError(f"remediation.{table}.{kind}: must be >= 0 (got {seconds})")
 
     def settle(self, kind: str) -> float:
         """Seconds to wait before judging ``kind``'s effect."""
@@ -253,8 +242,7 @@ class Policy:
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class RemediationSettings:
+class RemediationSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The collector configuration's ``remediation:`` section, parsed once.
 
     Attributes:
@@ -268,67 +256,43 @@ class RemediationSettings:
         interval_seconds: how often the remediation pass runs.
     """
 
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    external_url: str = "http://127.0.0.1:4318"
-    runbook_base_url: str | None = None
-    dashboard_base_url: str | None = None
-    approval_secret_file: str | None = None
-    escalation_routes: tuple[str, ...] = ()
-    interval_seconds: float = 30.0
+    policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
+    external_url: NonEmpty = "http://127.0.0.1:4318"
+    runbook_base_url: NonEmpty | None = None
+    dashboard_base_url: NonEmpty | None = None
+    approval_secret_file: NonEmpty | None = None
+    escalation_routes: Annotated[
+        tuple[Annotated[str, msgspec.Meta(pattern=":")], ...],
+        msgspec.Meta(description="a list of routes such as pagerduty:oncall"),
+    ] = ()
+    interval_seconds: Positive = 30.0
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str) -> RemediationSettings:
-        """Parse the section; unknown keys and wrong types are errors naming ``where.key``.
+        """Parse the section found at the dotted key ``where``; errors name ``where.key``.
 
         Raises:
             PolicyError: with the file and key in the message.
         """
-        policy_keys = set(PolicyConfig.__dataclass_fields__)
-        own_keys = set(cls.__dataclass_fields__) - {"policy"}
-        policy: dict[str, Any] = {}
-        own: dict[str, Any] = {}
-        for key, value in data.items():
-            if key in policy_keys:
-                policy[key] = _typed(value, PolicyConfig.__dataclass_fields__[key].type, where, key)
-            elif key in own_keys:
-                own[key] = _typed(value, cls.__dataclass_fields__[key].type, where, key)
-            else:
-                known = ", ".join(sorted(policy_keys | own_keys))
-                raise PolicyError(f"{where}.{key}: unknown key (known: {known})")
-        for key in ("cooldown_seconds", "settle_seconds"):
-            if key in policy:
-                policy[key] = MappingProxyType(
-                    {**(SETTLE_SECONDS if key == "settle_seconds" else {}), **policy[key]}
-                )
-        try:
-            return cls(policy=PolicyConfig(**policy), **own)
-        except PolicyError as exc:
-            raise PolicyError(f"{where}: {exc}") from None
+        return convert(data, RemediationSection, "", PolicyError, section=where).settings()
 
 
-def _typed(value: object, annotation: object, where: str, key: str) -> Any:
-    """Check one value against its field's annotation (the few shapes used above)."""
-    text = str(annotation)
-    shown = text.replace("Mapping[str, float]", "a mapping of numbers")
-    wrong = PolicyError(f"{where}.{key}: expected {shown}, got {value!r}")
-    if text == "bool":
-        if not isinstance(value, bool):
-            raise wrong
-        return value
-    if text in ("int", "float"):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise wrong
-        return int(value) if text == "int" and float(value).is_integer() else float(value)
-    if text.startswith("Mapping"):
-        if not isinstance(value, Mapping) or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in value.values()
-        ):
-            raise wrong
-        return {str(k): float(v) for k, v in value.items()}
-    if text.startswith("tuple"):
-        if not isinstance(value, list) or not all(isinstance(v, str) and ":" in v for v in value):
-            raise PolicyError(f"{where}.{key}: expected a list of routes such as pagerduty:oncall")
-        return tuple(value)
-    if not isinstance(value, str) or not value:
-        raise wrong
-    return value
+class RemediationSection(PolicyConfig, frozen=True, forbid_unknown_fields=True):
+    """The ``remediation:`` section as written: the policy's keys and the links' side by side."""
+
+    external_url: NonEmpty = "http://127.0.0.1:4318"
+    runbook_base_url: NonEmpty | None = None
+    dashboard_base_url: NonEmpty | None = None
+    approval_secret_file: NonEmpty | None = None
+    escalation_routes: Annotated[
+        tuple[Annotated[str, msgspec.Meta(pattern=":")], ...],
+        msgspec.Meta(description="a list of routes such as pagerduty:oncall"),
+    ] = ()
+    interval_seconds: Positive = 30.0
+
+    def settings(self) -> RemediationSettings:
+        """The section as the remediator reads it; ``settle_seconds`` adds to the defaults."""
+        values = msgspec.structs.asdict(self)
+        own = {name: values.pop(name) for name in RemediationSettings.__struct_fields__[1:]}
+        values["settle_seconds"] = MappingProxyType({**SETTLE_SECONDS, **values["settle_seconds"]})
+        return RemediationSettings(policy=PolicyConfig(**values), **own)
