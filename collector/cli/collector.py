@@ -16,6 +16,7 @@ from aiohttp import web
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.build import (
     build_actuators,
+    build_http_client,
     build_notifiers,
     build_remediation,
     build_service,
@@ -65,8 +66,9 @@ def _app(config: CollectorConfig, environ: Mapping[str, str]) -> web.Application
         ) from None
     for problem in rules.problems:
         log.error("rule skipped: %s", problem)
+    http = build_http_client()  # one pooled client for every outgoing HTTP call
     try:
-        service = build_service(config)
+        service = build_service(config, http=http)
     except (OSError, StorageError) as exc:
         message = f"cannot open the database {config.database}: {exc}"
         raise _StartupRefusedError(1, message) from None
@@ -75,8 +77,8 @@ def _app(config: CollectorConfig, environ: Mapping[str, str]) -> web.Application
             config,
             service,
             rules,
-            actuators=build_actuators(config, environ, jobs=service.registry.get),
-            notifiers=build_notifiers(config, environ),
+            actuators=build_actuators(config, environ, jobs=service.registry.get, http=http),
+            notifiers=build_notifiers(config, environ, http=http),
             environ=environ,
         )
     except (PolicyError, ValueError, ConfigError) as exc:
@@ -92,6 +94,7 @@ def _app(config: CollectorConfig, environ: Mapping[str, str]) -> web.Application
 
     async def close_storage(_app: web.Application) -> None:
         service.storage.close()
+        http.close()
 
     app.on_cleanup.append(close_storage)
     return app
