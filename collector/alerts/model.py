@@ -81,6 +81,10 @@ class DeliveryResult:
         """The service accepted it."""
         return self.outcome is Delivery.DELIVERED
 
+    def __bool__(self) -> bool:
+        """Refused: a result is not a yes/no (``if notifier.send(...)`` was the old contract)."""
+        raise TypeError("DeliveryResult has no truth value: use .delivered or .outcome")
+
     @classmethod
     def ok(cls) -> DeliveryResult:
         """Accepted."""

@@ -153,7 +153,13 @@ def _reason(reason: str | None) -> str:
 
 
 def _failure(error: BaseException) -> str:
-    """``unreachable: <Type>`` naming the underlying cause (timeout, refused, TLS...)."""
-    cause = getattr(error, "reason", None)
-    kind = type(cause).__name__ if isinstance(cause, BaseException) else type(error).__name__
-    return f"unreachable: {kind}"
+    """``unreachable: <Type>``: a timeout by its own kind (connect or read), anything else by its
+    innermost cause (``ConnectionRefusedError``, ``gaierror``, ``SSLCertVerificationError``...)."""
+    timeout = isinstance(error, urllib3.exceptions.TimeoutError)
+    if timeout and not isinstance(error, urllib3.exceptions.NewConnectionError):
+        return f"unreachable: {type(error).__name__}"
+    cause: BaseException = error
+    seen = 0
+    while (inner := cause.__cause__ or cause.__context__) is not None and seen < 8:
+        cause, seen = inner, seen + 1
+    return f"unreachable: {type(cause).__name__}"
