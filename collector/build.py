@@ -23,6 +23,7 @@ from gpuwarden.collector.web.remediation_setup import Remediation, create_remedi
 
 if TYPE_CHECKING:
     from gpuwarden.collector.alerts.model import Notifier
+    from gpuwarden.collector.clients.http import HttpClient
     from gpuwarden.collector.remediate.actuators.base import Actuator
     from gpuwarden.collector.remediate.actuators.build import JobLookup
 
@@ -38,23 +39,36 @@ def load_configured_rules(config: CollectorConfig) -> RuleSet:
     return load_rules(paths, runbooks_dir=runbooks, skip_bad=config.skip_bad_rules)
 
 
+def build_http_client() -> HttpClient:
+    """The one pooled HTTP client the collector's notifiers, actuators and scrapes share."""
+    from gpuwarden.collector.clients.http import HttpClient
+
+    return HttpClient()
+
+
 def build_actuators(
-    config: CollectorConfig, environ: Mapping[str, str], *, jobs: JobLookup | None = None
+    config: CollectorConfig,
+    environ: Mapping[str, str],
+    *,
+    jobs: JobLookup | None = None,
+    http: HttpClient | None = None,
 ) -> list[Actuator]:
     """The actuators the config enables (:mod:`~gpuwarden.collector.remediate.actuators.build`)."""
     from gpuwarden.collector.remediate.actuators.build import build_actuators as build
 
-    return build(config, environ, jobs=jobs)
+    return build(config, environ, jobs=jobs, http=http)
 
 
-def build_notifiers(config: CollectorConfig, environ: Mapping[str, str]) -> dict[str, Notifier]:
+def build_notifiers(
+    config: CollectorConfig, environ: Mapping[str, str], *, http: HttpClient | None = None
+) -> dict[str, Notifier]:
     """The notifiers the config enables, by route scheme.
 
     Slack: ``slack_webhooks_file`` (``<#channel> <URL>`` lines) and/or the environment's
     ``GPUWARDEN_SLACK_WEBHOOK_URL`` for every other channel. PagerDuty: ``pagerduty_keys_file``
     (``<service> <integration key>`` lines). Alertmanager: ``alerting.alertmanagers``. Webhooks
     (``webhook:<name>`` routes): the ``webhooks`` the action uses too. Secrets stay out of logs
-    and error messages.
+    and error messages. The HTTP notifiers share ``http`` (Slack posts through slack_sdk).
     """
     from gpuwarden.collector.config import parse_secrets
 
@@ -75,17 +89,21 @@ def build_notifiers(config: CollectorConfig, environ: Mapping[str, str]) -> dict
         from gpuwarden.collector.notify.pagerduty_notifier import PagerDutyNotifier
 
         keys = parse_secrets(config.pagerduty_keys_file, "integration key")
-        notifiers["pagerduty"] = PagerDutyNotifier(keys, events_url=config.pagerduty_events_url)
+        notifiers["pagerduty"] = PagerDutyNotifier(
+            keys, events_url=config.pagerduty_events_url, http=http
+        )
     if config.webhooks:
         from gpuwarden.collector.notify.webhook_notifier import WebhookNotifier
         from gpuwarden.collector.remediate.actuators.build import load_webhooks
 
-        notifiers["webhook"] = WebhookNotifier(load_webhooks(config, environ))
+        notifiers["webhook"] = WebhookNotifier(load_webhooks(config, environ), http=http)
     if config.alerting.alertmanagers:
         from gpuwarden.collector.notify.alertmanager_notifier import AlertmanagerNotifier
 
         notifiers["alertmanager"] = AlertmanagerNotifier(
-            config.alerting.alertmanagers, hold_seconds=3 * config.alerting.resend_seconds
+            config.alerting.alertmanagers,
+            hold_seconds=3 * config.alerting.resend_seconds,
+            http=http,
         )
     return notifiers
 
@@ -128,8 +146,10 @@ def build_service(
     *,
     clock: Callable[[], float] = time.time,
     job_sources: Sequence[tuple[str, JobSource]] | None = None,
+    http: HttpClient | None = None,
 ) -> CollectorService:
-    """The store, storage, job registry and accounting the config describes."""
+    """The store, storage, job registry and accounting the config describes (model-server
+    scrapes through ``http``)."""
     if config.database.parent and str(config.database) != ":memory:":
         config.database.parent.mkdir(parents=True, exist_ok=True)
     storage = SqliteStorage(config.database, clock=clock)
@@ -172,7 +192,7 @@ def build_service(
             ]
         except ValueError as exc:
             raise ConfigError(f"model_servers: {exc}") from None
-        scraper = ModelServerScraper(targets, clock=clock)
+        scraper = ModelServerScraper(targets, clock=clock, http=http)
     return CollectorService(
         scraper=scraper,
         store=WindowStore(

@@ -35,7 +35,7 @@ from gpuwarden.agent.sources.scenario import (
     XidFault,
 )
 from gpuwarden.agent.sources.simulated import SimulatedSource
-from gpuwarden.collector.alerts.model import Alert, AlertStatus
+from gpuwarden.collector.alerts.model import Alert, AlertStatus, DeliveryResult
 from gpuwarden.collector.detect.catalog import SPECS as DETECTORS
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, ActionResult, Outcome
@@ -265,7 +265,7 @@ class ConsoleNotifier:
         """The route scheme this stands in for."""
         return self._scheme
 
-    def send(self, alert: Alert, route: str) -> bool:
+    def send(self, alert: Alert, route: str) -> DeliveryResult:
         """Print one line (and the approval links) instead of posting."""
         self.sent.append(alert)
         state = "RESOLVED" if alert.status is AlertStatus.RESOLVED else "FIRING"
@@ -276,4 +276,4 @@ class ConsoleNotifier:
         for action in alert.actions:
             if action.approval_url:
                 self._log(f"    approve {action.kind} {action.target}: {action.approval_url}")
-        return True
+        return DeliveryResult.ok()

@@ -55,6 +55,7 @@ class Capture:
     requests: list[dict[str, Any]] = field(default_factory=list)
     script: list[int] = field(default_factory=list)  # statuses to answer first (429, 500)
     attempts: int = 0
+    retry_after: str = "1"  # the Retry-After of a scripted 429
 
 
 def _scripted(capture: Capture) -> web.Response | None:
@@ -62,7 +63,7 @@ def _scripted(capture: Capture) -> web.Response | None:
     if not capture.script:
         return None
     status = capture.script.pop(0)
-    headers = {"Retry-After": "1"} if status == 429 else None
+    headers = {"Retry-After": capture.retry_after} if status == 429 else None
     return web.Response(status=status, text="rate_limited" if status == 429 else "error",
                         headers=headers)  # fmt: skip
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gpuwarden.collector.alerts.model import Alert, AlertStatus
+from gpuwarden.collector.alerts.model import Alert, AlertStatus, Delivery
 from gpuwarden.collector.alerts.runbooks import Links
 from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.ingest.alertmanager import AlertReceiver, PayloadError, parse_payload
@@ -70,11 +70,9 @@ def services() -> Iterator[dict[str, tuple[Capture, ServedApp]]]:
 def notifiers(services: dict[str, tuple[Capture, ServedApp]]) -> dict[str, Any]:
     slack_url = f"{services['slack'][1].url}/services/T/B/X"
     return {
-        "slack": SlackNotifier({"#gpu-waste": slack_url, "#gpu-infra": slack_url}, max_retries=0),
+        "slack": SlackNotifier({"#gpu-waste": slack_url, "#gpu-infra": slack_url}),
         "pagerduty": PagerDutyNotifier(
-            {"gpu-infra": PD_KEY},
-            events_url=f"{services['pd'][1].url}/v2/enqueue",
-            max_attempts=1,
+            {"gpu-infra": PD_KEY}, events_url=f"{services['pd'][1].url}/v2/enqueue"
         ),
     }
 
@@ -181,6 +179,45 @@ def test_an_undelivered_alert_is_retried_with_backoff_and_resolves_with_the_same
     assert actions == [("trigger", "gpuwarden-idle-gpu:slurm:c:1")] * 1 + [
         ("resolve", "gpuwarden-idle-gpu:slurm:c:1")
     ]
+
+
+def test_a_retryable_answer_waits_for_its_retry_after_when_longer_than_the_backoff(
+    storage, services, clock
+):
+    pd, _ = services["pd"]
+    routing = AlertingSettings.from_mapping(
+        {"routing": [{"teams": ["ml-platform"], "routes": ["pagerduty:gpu-infra"]}]}, "alerting"
+    ).routing
+    d = dispatcher(storage, services, clock, routing=routing, interval_seconds=15)
+    idle_incident(storage, 1, clock.now)
+    pd.script, pd.retry_after = [429], "120"
+    assert d.tick().failed == 1
+    (record,) = storage.notifications(delivered=False)
+    assert (record.attempts, record.last_error) == (1, "HTTP 429 Too Many Requests")
+    assert record.next_attempt_at == clock.now + 120  # not the 15 s backoff
+    clock.now += 119
+    d.tick()
+    assert pd.attempts == 1
+    clock.now += 1
+    assert d.tick().sent == 1
+    assert pd.attempts == 2
+
+
+def test_a_rejected_notice_is_given_up_at_once_with_its_reason(storage, services, clock, caplog):
+    slack, _ = services["slack"]
+    d = dispatcher(storage, services, clock, interval_seconds=15)
+    idle_incident(storage, 1, clock.now)
+    slack.script = [400]
+    with caplog.at_level(logging.WARNING):
+        result = d.tick()
+    assert (result.failed, result.lost) == (1, 1)
+    (record,) = storage.notifications(status="lost")
+    assert record.last_error == "HTTP 400 error"  # Slack's answer body says why
+    assert "rejected: HTTP 400" in caplog.text
+    for _ in range(3):
+        clock.now += 3600
+        d.tick()
+    assert slack.attempts == 1  # never tried again
 
 
 def test_a_notice_nobody_accepts_is_given_up_and_logged(storage, services, clock, caplog):
@@ -303,7 +340,7 @@ def test_firing_resend_resolve_and_a_silence_while_an_action_settles(storage, cl
         ] == []
 
 
-def test_alertmanager_notifier_retries_5xx_not_400(clock):
+def test_alertmanager_notifier_answers_once_5xx_retryable_400_rejected(clock):
     capture = Capture(script=[500, 502, 503, 400])
 
     async def alerts(_request: web.Request) -> web.Response:
@@ -314,18 +351,14 @@ def test_alertmanager_notifier_retries_5xx_not_400(clock):
     app.router.add_post("/api/v2/alerts", alerts)
     served = ServedApp(app)
     try:
-        sleeps: list[float] = []
-        notifier = AlertmanagerNotifier(
-            {"main": served.url}, clock=clock, sleep=sleeps.append, max_attempts=3
-        )
-
+        notifier = AlertmanagerNotifier({"main": served.url}, clock=clock)
         alert = Alert("fp", "idle-gpu", AlertStatus.FIRING, "warning", "s", clock.now, "http://x/r")
-        assert notifier.send(alert, "main") is False
-        assert (capture.attempts, sleeps) == (3, [1.0, 2.0])
-        assert notifier.send(alert, "main") is False  # 400: the alert is invalid, final
-        assert (capture.attempts, sleeps) == (4, [1.0, 2.0])
-        assert notifier.send(alert, "main") is True
-        assert notifier.send(alert, "nowhere") is False  # an unknown route: logged, no crash
+        outcomes = [notifier.send(alert, "main").outcome for _ in range(5)]
+        assert outcomes == [Delivery.RETRYABLE] * 3 + [Delivery.REJECTED, Delivery.DELIVERED]
+        assert capture.attempts == 5  # one request per send: no retry inside
+        unknown = notifier.send(alert, "nowhere")  # an unknown route: logged, no crash
+        assert unknown.outcome is Delivery.REJECTED
+        assert capture.attempts == 5
     finally:
         served.stop()
 
@@ -602,7 +635,7 @@ def test_two_hundred_simultaneous_faults_page_once_and_resolve_once(storage, ser
 # --- the webhook route ------------------------------------------------------------------------
 
 
-def test_webhook_route_posts_a_signed_alert_and_retries_5xx(storage, clock):
+def test_webhook_route_posts_a_signed_alert_and_the_dispatcher_retries_5xx(storage, clock):
     from gpuwarden.collector.alerts.signing import (
         IDEMPOTENCY_HEADER,
         SIGNATURE_HEADER,
@@ -635,10 +668,7 @@ def test_webhook_route_posts_a_signed_alert_and_retries_5xx(storage, clock):
     app.router.add_post("/hook", hook)
     served = ServedApp(app)
     try:
-        sleeps: list[float] = []
-        notifier = WebhookNotifier(
-            [Webhook("ticketing", f"{served.url}/hook", secret)], sleep=sleeps.append
-        )
+        notifier = WebhookNotifier([Webhook("ticketing", f"{served.url}/hook", secret)])
         settings = AlertingSettings.from_mapping(
             {"routing": [{"teams": ["ml-platform"], "routes": ["webhook:ticketing"]}]}, "a"
         )
@@ -646,8 +676,11 @@ def test_webhook_route_posts_a_signed_alert_and_retries_5xx(storage, clock):
             storage, RULES.rules, {"webhook": notifier}, settings, LINKS, clock=clock
         )
         incident = idle_incident(storage, 1, clock.now)
+        assert d.tick().failed == 1  # the 503: one request, retried by the dispatcher
+        assert capture.attempts == 1
+        clock.now += 15
         assert d.tick().sent == 1
-        assert sleeps == [1.0]  # the 503 was retried once
+        assert capture.attempts == 2
         ((ok, body, key),) = seen
         assert ok
         assert body["event"] == "alert"
@@ -660,8 +693,9 @@ def test_webhook_route_posts_a_signed_alert_and_retries_5xx(storage, clock):
         assert [b["status"] for _, b, _ in seen] == ["firing", "resolved"]
         bad = WebhookNotifier([Webhook("ticketing", f"{served.url}/hook", b"x" * 16)])
         alert = Alert("fp", "idle-gpu", AlertStatus.FIRING, "warning", "s", clock.now, "http://r")
-        assert bad.send(alert, "ticketing") is False  # wrong secret: the receiver says 401
-        assert bad.send(alert, "nowhere") is False
+        refused = bad.send(alert, "ticketing")  # wrong secret: the receiver says 401
+        assert (refused.outcome, refused.reason) == (Delivery.REJECTED, "HTTP 401 Unauthorized")
+        assert bad.send(alert, "nowhere").outcome is Delivery.REJECTED
     finally:
         served.stop()
 

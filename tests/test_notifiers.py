@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.collector.alerts.model import Alert, AlertStatus, ProposedAction
+from gpuwarden.collector.alerts.model import Alert, AlertStatus, Delivery, ProposedAction
 from gpuwarden.collector.notify.pagerduty_notifier import PagerDutyNotifier, dedup_key
 from gpuwarden.collector.notify.slack_notifier import SlackNotifier, slack_message
 from tests.capture_servers import Capture, ServedApp, pagerduty_app, slack_app
@@ -65,7 +65,7 @@ def test_slack_block_kit_message_carries_facts_runbook_and_approval(slack, caplo
     capture, served = slack
     notifier = SlackNotifier({"#gpu-waste": served.url + SECRET_HOOK_PATH})
     with caplog.at_level(logging.DEBUG):
-        assert notifier.send(alert(), "#gpu-waste")
+        assert notifier.send(alert(), "#gpu-waste").delivered
     (request,) = capture.requests
     assert request["problems"] == []
     body = request["body"]
@@ -88,7 +88,7 @@ def test_slack_texts_are_cut_to_the_limits_and_a_resolve_has_no_approve_button(s
     capture, served = slack
     notifier = SlackNotifier({}, default_webhook=served.url + SECRET_HOOK_PATH)
     long = alert(AlertStatus.RESOLVED, summary="x" * 5000)
-    assert notifier.send(long, "#anywhere")
+    assert notifier.send(long, "#anywhere").delivered
     body = capture.requests[0]["body"]
     assert capture.requests[0]["problems"] == []
     assert all(e["action_id"] != "approve-0" for b in body["blocks"] if b["type"] == "actions"
@@ -96,33 +96,32 @@ def test_slack_texts_are_cut_to_the_limits_and_a_resolve_has_no_approve_button(s
     assert slack_message(long)["blocks"][0]["text"]["text"].startswith("RESOLVED")
 
 
-def test_slack_429_is_retried_after_retry_after(slack):
+def test_slack_429_is_answered_once_as_retryable_with_its_retry_after(slack):
     capture, served = slack
     capture.script = [429]
-    assert SlackNotifier({"#c": served.url + SECRET_HOOK_PATH}).send(alert(), "#c")
-    assert capture.attempts == 2
-    assert len(capture.requests) == 1
+    result = SlackNotifier({"#c": served.url + SECRET_HOOK_PATH}).send(alert(), "#c")
+    assert result.outcome is Delivery.RETRYABLE
+    assert result.retry_after_seconds == 1.0
+    assert capture.attempts == 1  # no retry inside the notifier: the dispatcher decides
 
 
-def test_slack_without_a_webhook_or_refused_is_not_delivered_and_never_raises(slack, caplog):
+def test_slack_without_a_webhook_or_refused_is_rejected_and_never_raises(slack, caplog):
     capture, served = slack
-    assert not SlackNotifier({}).send(alert(), "#none")
+    assert SlackNotifier({}).send(alert(), "#none").outcome is Delivery.REJECTED
     capture.script = [400]
     with caplog.at_level(logging.WARNING):
-        assert not SlackNotifier({"#c": served.url + SECRET_HOOK_PATH}).send(alert(), "#c")
+        refused = SlackNotifier({"#c": served.url + SECRET_HOOK_PATH}).send(alert(), "#c")
+    assert refused.outcome is Delivery.REJECTED
     assert "secret-token" not in caplog.text
-    dead = SlackNotifier({"#c": "http://127.0.0.1:9/services/x"}, max_retries=0)
-    assert not dead.send(alert(), "#c")
+    dead = SlackNotifier({"#c": "http://127.0.0.1:9/services/x"})
+    assert dead.send(alert(), "#c").outcome is Delivery.RETRYABLE
 
 
-def notifier(url: str, **kw: object) -> PagerDutyNotifier:
-    sleeps: list[float] = []
+def notifier(url: str) -> PagerDutyNotifier:
     return PagerDutyNotifier(
         {"gpu-oncall": ROUTING_KEY},
         events_url=url + "/v2/enqueue",
         change_url=url + "/v2/change/enqueue",
-        sleep=sleeps.append,
-        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -130,8 +129,8 @@ def test_pagerduty_trigger_then_resolve_with_the_same_dedup_key(pagerduty, caplo
     capture, served = pagerduty
     pd = notifier(served.url)
     with caplog.at_level(logging.DEBUG):
-        assert pd.send(alert(), "gpu-oncall")
-        assert pd.send(alert(AlertStatus.RESOLVED), "gpu-oncall")
+        assert pd.send(alert(), "gpu-oncall").delivered
+        assert pd.send(alert(AlertStatus.RESOLVED), "gpu-oncall").delivered
     trigger, resolve = (r["body"] for r in capture.requests)
     assert all(r["problems"] == [] for r in capture.requests)
     assert trigger["event_action"] == "trigger"
@@ -151,28 +150,40 @@ def test_pagerduty_trigger_then_resolve_with_the_same_dedup_key(pagerduty, caplo
     assert ROUTING_KEY not in caplog.text
 
 
-def test_pagerduty_retries_429_and_500_with_backoff_but_never_400(pagerduty):
+@pytest.mark.parametrize(
+    ("script", "outcome", "retry_after"),
+    [
+        ([429], Delivery.RETRYABLE, 1.0),
+        ([500], Delivery.RETRYABLE, None),
+        ([503], Delivery.RETRYABLE, None),
+        ([], Delivery.DELIVERED, None),
+    ],
+)
+def test_pagerduty_answers_each_event_once(pagerduty, script, outcome, retry_after):
     capture, served = pagerduty
-    sleeps: list[float] = []
-    pd = PagerDutyNotifier({"s": ROUTING_KEY}, events_url=served.url + "/v2/enqueue",
-                           sleep=sleeps.append, backoff_seconds=0.5)  # fmt: skip
-    capture.script = [429, 500]
-    assert pd.send(alert(), "s")
-    assert capture.attempts == 3
-    assert sleeps == [0.5, 1.0]
-    bad = PagerDutyNotifier({"s": "short-key"}, events_url=served.url + "/v2/enqueue",
-                            sleep=sleeps.append)  # fmt: skip
-    before = capture.attempts
-    assert not bad.send(alert(), "s")  # 400: invalid, not retried
-    assert capture.attempts == before + 1
-    capture.script = [500] * 10
-    assert not pd.send(alert(), "s")  # gives up after max_attempts
-    assert not pd.send(alert(), "unknown-service")
+    capture.script = list(script)
+    result = PagerDutyNotifier({"s": ROUTING_KEY}, events_url=served.url + "/v2/enqueue").send(
+        alert(), "s"
+    )
+    assert (result.outcome, result.retry_after_seconds) == (outcome, retry_after)
+    assert capture.attempts == 1  # exactly one request, whatever the answer
+
+
+def test_pagerduty_400_and_an_unknown_service_are_rejected(pagerduty):
+    capture, served = pagerduty
+    bad = PagerDutyNotifier({"s": "short-key"}, events_url=served.url + "/v2/enqueue")
+    result = bad.send(alert(), "s")
+    assert result.outcome is Delivery.REJECTED
+    assert result.reason.startswith("HTTP 400")
+    assert capture.attempts == 1
+    assert bad.send(alert(), "unknown-service").outcome is Delivery.REJECTED
+    assert capture.attempts == 1  # nothing sent without a routing key
 
 
 def test_pagerduty_change_event_for_the_audit(pagerduty):
     capture, served = pagerduty
-    assert notifier(served.url).change_event("gpu-oncall", "requeued slurm:c:102", {"by": "auto"})
+    result = notifier(served.url).change_event("gpu-oncall", "requeued slurm:c:102", {"by": "a"})
+    assert result.delivered
     (request,) = capture.requests
     assert request["path"] == "/v2/change/enqueue"
     assert request["body"]["payload"]["summary"] == "requeued slurm:c:102"

@@ -37,6 +37,7 @@ from tests.test_remediator import (
     RecordingNotifier,
     make_rule,
     open_incident,
+    pages_dispatcher,
 )
 
 TOKEN = "api-token-0123456789abcdef"
@@ -55,6 +56,7 @@ class Setup:
     path: Path
 
     def approval_token(self) -> str:
+        pages_dispatcher(self.storage, self.clock, self.slack, self.pager).tick()
         url = self.slack.sent[-1][0].actions[0].approval_url
         assert url is not None
         return url.rsplit("/", 1)[1]
@@ -72,7 +74,7 @@ def build(tmp_path: Path, runbooks_dir: Path | None = None, **config: object) ->
         rules,
         [actuator],
         config=PolicyConfig(**config),  # type: ignore[arg-type]
-        notifiers={"slack": slack, "pagerduty": pager},
+        outbox=pages_dispatcher(storage, clock, slack, pager),
         escalation_routes=("pagerduty:oncall",),
         approvals=approvals,
         links=Links(base_url="http://127.0.0.1:4318"),

@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.collector.alerts.model import Alert
+from gpuwarden.collector.alerts.model import Alert, DeliveryResult
 from gpuwarden.collector.alerts.runbooks import Links
+from gpuwarden.collector.notify.dispatcher import AlertDispatcher
+from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.remediate.actuators.base import (
     ActionRequest,
     ActionResult,
@@ -99,9 +101,22 @@ class RecordingNotifier:
     name: str = "pagerduty"
     sent: list[tuple[Alert, str]] = field(default_factory=list)
 
-    def send(self, alert: Alert, route: str) -> bool:
+    def send(self, alert: Alert, route: str) -> DeliveryResult:
         self.sent.append((alert, route))
-        return True
+        return DeliveryResult.ok()
+
+
+def pages_dispatcher(storage: SqliteStorage, clock: FakeClock, *notifiers: Any) -> AlertDispatcher:
+    """The durable dispatcher as the remediator's outbox; without rules or routing it sends no
+    incident alerts, only the pages handed to it."""
+    return AlertDispatcher(
+        storage,
+        [],
+        {n.name: n for n in notifiers},
+        AlertingSettings(),
+        Links(base_url="http://127.0.0.1:4318"),
+        clock=clock,
+    )
 
 
 def make_rule(
@@ -156,6 +171,15 @@ class World:
     slack: RecordingNotifier
     path: Path
 
+    @property
+    def outbox(self) -> AlertDispatcher:
+        return pages_dispatcher(self.storage, self.clock, self.pager, self.slack)
+
+    def sent(self, scheme: str) -> list[tuple[Alert, str]]:
+        """What reached ``scheme`` once the dispatcher has run a pass."""
+        self.outbox.tick()
+        return (self.pager if scheme == "pagerduty" else self.slack).sent
+
     def remediator(
         self,
         rules: list[Rule] | None = None,
@@ -169,7 +193,7 @@ class World:
             rules or [make_rule()],
             [actuator or self.actuator],
             config=PolicyConfig(**config),
-            notifiers={"pagerduty": self.pager, "slack": self.slack},
+            outbox=pages_dispatcher(store, self.clock, self.pager, self.slack),
             escalation_routes=("pagerduty:gpu-oncall",),
             approvals=Approvals(store, TokenSigner(SECRET, clock=self.clock), clock=self.clock),
             links=Links(base_url="http://127.0.0.1:4318"),
@@ -346,6 +370,8 @@ def test_a_crash_between_intent_and_execution_never_executes_twice(world: World)
         assert healthy.calls == []  # never executed again
         (row,) = reopened.actions()
         assert row.state == ActionState.UNKNOWN
+        assert world.pager.sent == []  # stored, not sent from the remediator
+        pages_dispatcher(reopened, world.clock, world.pager).tick()
         pages = [a for a, _ in world.pager.sent]
         assert len(pages) == 1
         assert "result unknown" in pages[0].summary
@@ -365,6 +391,7 @@ def test_a_crash_after_execution_is_reconciled_by_the_probe(world: World) -> Non
         assert healthy.calls == []
         assert healthy.world == {"slurm:test:101": 1}  # acted on exactly once
         assert reopened.actions()[0].state == ActionState.VERIFYING
+        assert pages_dispatcher(reopened, world.clock, world.pager).tick().paged == 0
         assert world.pager.sent == []
 
 
@@ -380,7 +407,7 @@ def test_200_simultaneous_findings_act_at_most_the_cap_and_page_once(world: Worl
     breaker = world.storage.breaker("global")
     assert breaker is not None
     assert breaker.state == "open"
-    pages = [a for a, route in world.pager.sent if a.rule_id == "remediation-breaker"]
+    pages = [a for a, route in world.sent("pagerduty") if a.rule_id == "remediation-breaker"]
     assert len(pages) == 1
     assert len(world.storage.actions(states=[ActionState.HALTED])) == 195
     # Halted until a human resets it: more passes and new findings do nothing.
@@ -388,7 +415,7 @@ def test_200_simultaneous_findings_act_at_most_the_cap_and_page_once(world: Worl
     open_incident(world.storage, world.clock, job="slurm:test:late")
     remediator.tick()
     assert len(world.actuator.real_calls) == 5
-    assert len(world.pager.sent) == 1
+    assert len(world.sent("pagerduty")) == 1
     # A reset resumes automation for new incidents; halted ones stay halted.
     assert remediator.reset_breaker(actor="alice")
     assert not remediator.reset_breaker(actor="alice")
@@ -406,7 +433,7 @@ def test_the_breaker_caps_the_share_of_the_fleet(world: World) -> None:
         [make_rule()],
         [world.actuator],
         config=PolicyConfig(dry_run=False, breaker_max_actions=100, breaker_max_fleet_ratio=0.1),
-        notifiers={"pagerduty": world.pager},
+        outbox=world.outbox,
         escalation_routes=("pagerduty:gpu-oncall",),
         fleet_size=lambda: 30,
         clock=world.clock,
@@ -415,7 +442,7 @@ def test_the_breaker_caps_the_share_of_the_fleet(world: World) -> None:
         open_incident(world.storage, world.clock, job=f"slurm:test:{i}")
     remediator.tick()
     assert len(world.actuator.real_calls) == 3  # 10 % of 30 targets
-    assert len(world.pager.sent) == 1
+    assert len(world.sent("pagerduty")) == 1
 
 
 def test_dry_run_actions_do_not_trip_the_breaker(world: World) -> None:
@@ -460,7 +487,7 @@ def test_degrade_is_verified_after_the_settle_time_and_restored_once_resolved(
     remediator.tick()
     assert world.storage.actions()[0].state == ActionState.RESTORED
     assert len(world.actuator.rollbacks) == 1
-    assert world.pager.sent == []
+    assert world.sent("pagerduty") == []
 
 
 def test_degrade_that_did_not_help_is_rolled_back_and_escalated(world: World) -> None:
@@ -470,7 +497,7 @@ def test_degrade_that_did_not_help_is_rolled_back_and_escalated(world: World) ->
     remediator.tick()
     assert world.storage.actions()[0].state == ActionState.ROLLED_BACK
     assert len(world.actuator.rollbacks) == 1
-    pages = [(a, r) for a, r in world.pager.sent]
+    pages = [(a, r) for a, r in world.sent("pagerduty")]
     assert len(pages) == 1
     assert pages[0][0].severity == "page"
     assert "did not help" in pages[0][0].summary
@@ -485,7 +512,7 @@ def test_a_requeue_that_did_not_help_escalates_without_rollback(world: World) ->
     remediator.tick()
     assert world.storage.actions()[0].state == ActionState.ESCALATED
     assert world.actuator.rollbacks == []
-    assert len(world.pager.sent) == 1
+    assert len(world.sent("pagerduty")) == 1
 
 
 def test_failures_are_retried_up_to_max_attempts_then_escalated(world: World) -> None:
@@ -500,7 +527,7 @@ def test_failures_are_retried_up_to_max_attempts_then_escalated(world: World) ->
     assert len(failing.real_calls) == 2
     (row,) = world.storage.actions()
     assert (row.state, row.attempts) == (ActionState.ESCALATED, 2)
-    assert len(world.pager.sent) == 1
+    assert len(world.sent("pagerduty")) == 1
 
 
 def test_a_rule_parameter_max_attempts_wins(world: World) -> None:
@@ -535,7 +562,7 @@ def test_approve_mode_waits_for_a_human_and_survives_a_restart(world: World) -> 
     assert world.actuator.calls == []
     (row,) = world.storage.actions()
     assert row.state == ActionState.AWAITING_APPROVAL
-    (request, route) = world.slack.sent[0]
+    (request, route) = world.sent("slack")[0]
     assert route == "#gpu-waste"
     assert request.actions[0].approval_url is not None
     assert request.actions[0].approval_url.startswith("http://127.0.0.1:4318/approve/v1.")
@@ -563,7 +590,7 @@ def test_one_approval_request_per_action_and_target(world: World) -> None:
     rows = world.storage.actions()
     assert len(rows) == 4
     assert {r.state for r in rows} == {ActionState.AWAITING_APPROVAL}
-    assert len(world.slack.sent) == 1
+    assert len(world.sent("slack")) == 1
 
 
 def test_credentials_never_reach_logs_or_the_audit(
@@ -574,7 +601,7 @@ def test_credentials_never_reach_logs_or_the_audit(
     remediator = world.remediator([rule], dry_run=False)
     open_incident(world.storage, world.clock, extra={"api_token": "tok-SECRET-123"})
     remediator.tick()
-    url = world.slack.sent[0][0].actions[0].approval_url
+    url = world.sent("slack")[0][0].actions[0].approval_url
     assert url is not None
     token = url.rsplit("/", 1)[1]
     approvals = Approvals(world.storage, TokenSigner(SECRET, clock=world.clock), clock=world.clock)
@@ -596,7 +623,7 @@ def test_credentials_never_reach_logs_or_the_audit(
     for secret in ("tok-SECRET-123", token, SECRET.decode()):
         assert secret not in caplog.text
         assert secret not in dump
-    alerts = " ".join(str(a) for a, _ in world.slack.sent + world.pager.sent)
+    alerts = " ".join(str(a) for a, _ in world.sent("slack") + world.sent("pagerduty"))
     assert "tok-SECRET-123" not in alerts  # the approval link is meant for the alert; secrets not
     assert caplog.records  # the flow did log
 
@@ -697,3 +724,96 @@ def test_an_actuator_that_can_only_simulate_leaves_a_dry_run_not_a_verification(
     (row,) = world.storage.actions()
     assert row.state == ActionState.DRY_RUN
     assert world.audit_results() == ["intent", "dry_run"]
+
+
+# Pages go through the durable dispatcher -------------------------------------------------------
+
+
+@dataclass
+class FlakyNotifier:
+    """Answers retryable (the service is down) until ``up`` is set, then records."""
+
+    name: str = "pagerduty"
+    up: bool = False
+    tries: int = 0
+    sent: list[tuple[Alert, str]] = field(default_factory=list)
+
+    def send(self, alert: Alert, route: str) -> DeliveryResult:
+        self.tries += 1
+        if not self.up:
+            return DeliveryResult.retry("HTTP 503", retry_after_seconds=60.0)
+        self.sent.append((alert, route))
+        return DeliveryResult.ok()
+
+
+def test_a_page_survives_a_failing_notifier_and_is_delivered_on_a_later_pass(world: World) -> None:
+    pager = FlakyNotifier()
+    outbox = pages_dispatcher(world.storage, world.clock, pager)
+    remediator = Remediator(
+        world.storage,
+        [make_rule()],
+        [world.actuator],
+        config=PolicyConfig(dry_run=False, breaker_max_actions=2),
+        outbox=outbox,
+        escalation_routes=("pagerduty:gpu-oncall",),
+        clock=world.clock,
+    )
+    for i in range(5):
+        open_incident(world.storage, world.clock, job=f"slurm:test:{i}")
+    remediator.tick()  # the breaker trips and pages
+    assert pager.tries == 0  # handed to the outbox, not sent from the remediator
+    first = outbox.tick()
+    assert (first.paged, first.failed, pager.tries) == (0, 1, 1)
+    (page,) = world.storage.pages()
+    assert (page.status, page.attempts, page.last_error) == ("pending", 1, "HTTP 503")
+    assert page.next_attempt_at == world.clock.now + 60.0  # its Retry-After, over the backoff
+    world.clock.now += 30
+    assert outbox.tick().paged == 0  # not due yet
+    assert pager.tries == 1
+    pager.up = True
+    world.clock.now += 30
+    assert outbox.tick().paged == 1
+    ((alert, route),) = pager.sent
+    assert (alert.rule_id, route) == ("remediation-breaker", "gpu-oncall")
+    assert "stopped automating" in alert.summary
+    assert world.storage.pages()[0].status == "delivered"
+    assert outbox.tick().paged == 0  # delivered once
+    assert len(pager.sent) == 1
+
+
+def test_a_rejected_page_is_given_up_at_once_with_its_reason(world: World) -> None:
+    @dataclass
+    class Refusing:
+        name: str = "slack"
+        tries: int = 0
+
+        def send(self, alert: Alert, route: str) -> DeliveryResult:
+            self.tries += 1
+            return DeliveryResult.reject("HTTP 400 invalid_blocks")
+
+    slack = Refusing()
+    outbox = pages_dispatcher(world.storage, world.clock, slack)
+    remediator = Remediator(
+        world.storage,
+        [make_rule(mode=ActionMode.APPROVE)],
+        [world.actuator],
+        config=PolicyConfig(),
+        outbox=outbox,
+        approvals=Approvals(
+            world.storage, TokenSigner(SECRET, clock=world.clock), clock=world.clock
+        ),
+        links=Links(base_url="http://127.0.0.1:4318"),
+        clock=world.clock,
+    )
+    open_incident(world.storage, world.clock)
+    remediator.tick()
+    (pending,) = world.storage.pages()
+    assert pending.alert["actions"][0]["approval_url"].startswith("http://127.0.0.1:4318/approve/")
+    result = outbox.tick()
+    assert (result.failed, result.lost, slack.tries) == (1, 1, 1)
+    (page,) = world.storage.pages()
+    assert (page.status, page.last_error) == ("lost", "HTTP 400 invalid_blocks")
+    assert page.alert["actions"][0]["approval_url"] is None  # no live token kept once done
+    world.clock.now += 3600
+    outbox.tick()
+    assert slack.tries == 1  # never tried again

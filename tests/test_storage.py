@@ -436,21 +436,22 @@ def test_migrates_an_empty_database_and_reopening_is_a_no_op(
 ) -> None:
     path = tmp_path / "state.db"
     with SqliteStorage(path, clock=clock) as store:
-        assert store.applied_migrations == [1, 2, 3]
+        assert store.applied_migrations == [1, 2, 3, 4]
         store.upsert_jobs([make_job()])
-    assert applied(path) == [(1, 1000.0), (2, 1000.0), (3, 1000.0)]
+    assert applied(path) == [(1, 1000.0), (2, 1000.0), (3, 1000.0), (4, 1000.0)]
     with raw(path) as conn:
         tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
     assert {
         *("jobs", "models", "events", "accounting", "incidents", "audit_log"),
         *("remediation_actions", "approvals", "breaker_state", "schema_migrations"),
         "notifications",
+        "pages",
     } <= tables
     clock.now = 5000.0
     with SqliteStorage(path, clock=clock) as store:
         assert store.applied_migrations == []
         assert store.jobs() == [make_job()]
-    assert applied(path) == [(1, 1000.0), (2, 1000.0), (3, 1000.0)]
+    assert applied(path) == [(1, 1000.0), (2, 1000.0), (3, 1000.0), (4, 1000.0)]
 
 
 def test_upgrades_a_database_at_an_older_version(tmp_path: Path, clock: FakeClock) -> None:
@@ -459,10 +460,10 @@ def test_upgrades_a_database_at_an_older_version(tmp_path: Path, clock: FakeCloc
         assert migrate(conn, now=1.0, location=str(path), migrations=MIGRATIONS[:1]) == [1]
         conn.execute("INSERT INTO models VALUES ('m', 'v1', 1, NULL, NULL, NULL, '{}', 1.0)")
     with SqliteStorage(path, clock=clock) as store:
-        assert store.applied_migrations == [2, 3]
+        assert store.applied_migrations == [2, 3, 4]
         assert store.models() == [ModelDeployment("m", "v1", 1)]
         assert store.open_incident(incident()) is not None
-    assert applied(path) == [(1, 1.0), (2, 1000.0), (3, 1000.0)]
+    assert applied(path) == [(1, 1.0), (2, 1000.0), (3, 1000.0), (4, 1000.0)]
 
 
 def test_refuses_a_database_from_a_newer_program(tmp_path: Path) -> None:
@@ -697,3 +698,18 @@ def test_sigkill_mid_write_keeps_every_committed_transaction(tmp_path: Path) -> 
     # ... holding every reported commit, plus at most the one in flight when the kill landed.
     stored = len(job_batches) + len(periods) + len(audits)
     assert committed <= stored <= committed + 1
+
+
+def test_pages_are_stored_then_updated_in_place(tmp_path: Path, clock: FakeClock) -> None:
+    from gpuwarden.collector.storage.base import PageRecord
+
+    with SqliteStorage(tmp_path / "state.db", clock=clock) as store:
+        page_id = store.add_page(PageRecord("slack:#c", {"summary": "s"}, created_at=1.0))
+        (page,) = store.pages(status="pending")
+        assert page == PageRecord("slack:#c", {"summary": "s"}, 1.0, page_id=page_id)
+        store.save_page(replace(page, status="delivered", sent_at=2.0, alert={"summary": "t"}))
+        assert store.pages(status="pending") == []
+        (done,) = store.pages()
+        assert (done.status, done.sent_at, dict(done.alert)) == ("delivered", 2.0, {"summary": "t"})
+        with pytest.raises(ValueError, match="new page"):
+            store.add_page(done)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpuwarden.collector.clients.http import HttpClient
 
 TIMESTAMP_HEADER = "X-Gpuwarden-Timestamp"
 SIGNATURE_HEADER = "X-Gpuwarden-Signature"
@@ -106,22 +106,22 @@ def verify(
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    """What the endpoint answered (``status`` 0: no answer)."""
+    """What the endpoint answered (``status`` 0: no answer); ``retry_after`` is its
+    ``Retry-After`` header, if any."""
 
     status: int
     detail: str
+    retry_after: str | None = None
 
 
 Sender = Callable[[str, bytes, Mapping[str, str], float], Response]
 
 
-def urllib_sender(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Response:
-    """POST with the standard library; network failures become status 0."""
-    request = urllib.request.Request(url, data=body, headers=dict(headers), method="POST")  # noqa: S310
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310
-            return Response(answer.status, "")
-    except urllib.error.HTTPError as error:
-        return Response(error.code, str(error.reason))
-    except (urllib.error.URLError, OSError) as error:
-        return Response(0, f"unreachable: {type(error).__name__}")
+def http_sender(http: HttpClient) -> Sender:
+    """A sender that POSTs through ``http`` (once: no retry, no redirect)."""
+
+    def send(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Response:
+        answer = http.request("POST", url, body=body, headers=headers, timeout_seconds=timeout)
+        return Response(answer.status, answer.detail, answer.header("Retry-After"))
+
+    return send

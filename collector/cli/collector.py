@@ -16,6 +16,7 @@ from aiohttp import web
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.build import (
     build_actuators,
+    build_http_client,
     build_notifiers,
     build_remediation,
     build_service,
@@ -74,8 +75,9 @@ def _app(
         ) from None
     for problem in rules.problems:
         log.error("rule skipped: %s", problem)
+    http = build_http_client()  # one pooled client for every outgoing HTTP call
     try:
-        service = build_service(config)
+        service = build_service(config, http=http)
     except MissingExtraError as exc:
         raise _missing_extra(exc, config_path) from None
     except ConfigError as exc:  # a job source's client settings that do not load
@@ -88,8 +90,8 @@ def _app(
             config,
             service,
             rules,
-            actuators=build_actuators(config, environ, jobs=service.registry.get),
-            notifiers=build_notifiers(config, environ),
+            actuators=build_actuators(config, environ, jobs=service.registry.get, http=http),
+            notifiers=build_notifiers(config, environ, http=http),
             environ=environ,
         )
     except MissingExtraError as exc:
@@ -108,6 +110,7 @@ def _app(
 
     async def close_storage(_app: web.Application) -> None:
         service.storage.close()
+        http.close()
 
     app.on_cleanup.append(close_storage)
     return app

@@ -15,8 +15,8 @@ Attributes: ``model`` (vLLM ``model_name``, Triton ``model``, else the target's 
 
 The scraper does not ingest: ``ScrapeResult.accept_into(service)`` hands the points to any
 :class:`MetricSink` (``CollectorService`` is one), so scraping is testable without a store and the
-caller names the source. ``scrape_once`` blocks (stdlib HTTP, targets in turn, each bounded by
-``timeout_seconds``): run it in a worker thread.
+caller names the source. ``scrape_once`` blocks (the collector's pooled HTTP client, targets in
+turn, each bounded by ``timeout_seconds``): run it in a worker thread.
 """
 
 from __future__ import annotations
@@ -27,17 +27,16 @@ import itertools
 import logging
 import math
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import IO, Literal, Protocol
-from urllib.parse import urlsplit
+from typing import Literal, Protocol
+from urllib.parse import urljoin, urlsplit
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwarden.collector.clients.http import HttpClient
 from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
 
 log = logging.getLogger(__name__)
@@ -46,6 +45,8 @@ Server = Literal["vllm", "triton", "prometheus"]
 SERVERS: tuple[Server, ...] = ("vllm", "triton", "prometheus")
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 ACCEPT = "text/plain; version=0.0.4"  # servers answer OpenMetrics only when asked for it
+MAX_REDIRECTS = 10
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 Attrs = dict[str, str | int | float | bool]
 
 #: Attribute names the scraper sets.
@@ -217,48 +218,43 @@ class ScrapeError(Exception):
     """A target that answered with something we refuse (an HTTP error, an oversized page)."""
 
 
-class _HttpRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(
-        self,
-        req: urllib.request.Request,
-        fp: IO[bytes],
-        code: int,
-        msg: str,
-        headers: http.client.HTTPMessage,
-        newurl: str,
-    ) -> urllib.request.Request | None:
-        if urlsplit(newurl).scheme not in ("http", "https"):
-            fp.close()
-            raise ScrapeError(f"redirect to a non-HTTP URL refused: {newurl}")
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+def fetch_metrics(
+    url: str,
+    timeout_seconds: float,
+    max_bytes: int = MAX_RESPONSE_BYTES,
+    *,
+    http: HttpClient | None = None,
+) -> bytes:
+    """GET one metrics page: HTTP(S) only (redirects too), no proxy, at most ``max_bytes``.
 
-
-def fetch_metrics(url: str, timeout_seconds: float, max_bytes: int = MAX_RESPONSE_BYTES) -> bytes:
-    """GET one metrics page: HTTP(S) only (redirects too), no proxy, at most ``max_bytes``."""
-    opener = urllib.request.OpenerDirector()
-    for handler in (
-        urllib.request.UnknownHandler(),  # file:, ftp:, data: ... fail
-        urllib.request.HTTPHandler(),
-        urllib.request.HTTPSHandler(),
-        urllib.request.HTTPDefaultErrorHandler(),
-        _HttpRedirects(),
-        urllib.request.HTTPErrorProcessor(),
-    ):
-        opener.add_handler(handler)
+    The client follows no redirect itself; this follows up to ``MAX_REDIRECTS`` of them, each to
+    an HTTP(S) URL only.
+    """
+    client = http or HttpClient()
     headers = {"Accept": ACCEPT, "User-Agent": "gpuwarden"}
-    request = urllib.request.Request(url, headers=headers)  # noqa: S310 (only HTTP handlers above)
-    try:
-        with opener.open(request, timeout=timeout_seconds) as response:
-            length = response.headers.get("Content-Length", "")
-            if length.isdigit() and int(length) > max_bytes:
-                raise ScrapeError(f"response of {length} bytes exceeds {max_bytes} bytes")
-            body: bytes = response.read(max_bytes + 1)
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        raise ScrapeError(f"HTTP {exc.code} {exc.reason}") from None
-    if len(body) > max_bytes:
-        raise ScrapeError(f"response exceeds {max_bytes} bytes")
-    return body
+    if urlsplit(url).scheme not in ("http", "https"):
+        raise ScrapeError(f"not an HTTP URL: {url}")
+    for _ in range(MAX_REDIRECTS + 1):
+        answer = client.request(
+            "GET", url, headers=headers, timeout_seconds=timeout_seconds, max_body_bytes=max_bytes
+        )
+        if answer.status == 0:
+            raise ScrapeError(answer.detail)
+        location = answer.header("Location")
+        if answer.status in _REDIRECTS and location:
+            url = urljoin(url, location)
+            if urlsplit(url).scheme not in ("http", "https"):
+                raise ScrapeError(f"redirect to a non-HTTP URL refused: {url}")
+            continue
+        if not answer.ok:
+            raise ScrapeError(f"HTTP {answer.status} {answer.detail}")
+        length = answer.header("Content-Length") or ""
+        if length.isdigit() and int(length) > max_bytes:
+            raise ScrapeError(f"response of {length} bytes exceeds {max_bytes} bytes")
+        if answer.truncated:
+            raise ScrapeError(f"response exceeds {max_bytes} bytes")
+        return answer.body
+    raise ScrapeError(f"more than {MAX_REDIRECTS} redirects")
 
 
 class ModelServerScraper:
@@ -266,10 +262,11 @@ class ModelServerScraper:
 
     Args:
         targets: the endpoints.
-        fetch: ``(url, timeout_seconds) -> body``; default :func:`fetch_metrics`.
+        fetch: ``(url, timeout_seconds) -> body``; default :func:`fetch_metrics` through ``http``.
         clock: Unix seconds, for the points' timestamps.
         timeout_seconds: each target's connect and read timeout.
         max_response_bytes: larger pages are refused (an injected ``fetch``'s too).
+        http: the shared HTTP client (default: one of its own).
     """
 
     def __init__(
@@ -280,9 +277,12 @@ class ModelServerScraper:
         clock: Callable[[], float] = time.time,
         timeout_seconds: float = 5.0,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
+        http: HttpClient | None = None,
     ) -> None:
         self.targets = tuple(targets)
-        self._fetch = fetch or functools.partial(fetch_metrics, max_bytes=max_response_bytes)
+        self._fetch = fetch or functools.partial(
+            fetch_metrics, max_bytes=max_response_bytes, http=http or HttpClient()
+        )
         self._clock = clock
         self._timeout_seconds = timeout_seconds
         self._max_bytes = max_response_bytes

@@ -8,8 +8,9 @@ regular intervals; each push carries ``endsAt = now + hold``, so if the collecto
 re-sending (it died), Alertmanager resolves the alert by itself instead of keeping it forever.
 A resolved incident is pushed with the same labels and ``endsAt`` at its resolve time.
 
-Routes are ``alertmanager:<name>``, each name mapping to a base URL in the config. 5xx and
-network errors are retried with backoff; 400 (the alert is invalid) is not.
+Routes are ``alertmanager:<name>``, each name mapping to a base URL in the config. Each push is
+sent once: 5xx and network errors come back retryable, 400 (the alert is invalid) rejected; the
+dispatcher decides whether to try again.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ import json
 import logging
 import re
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from gpuwarden.collector.alerts.model import Alert, AlertStatus
+from gpuwarden.collector.alerts.model import Alert, AlertStatus, DeliveryResult
+from gpuwarden.collector.clients.http import HttpClient, HttpResult
+from gpuwarden.collector.notify.answers import delivery
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +93,9 @@ class AlertmanagerNotifier:
     Args:
         urls: name (as in the route, ``alertmanager:<name>``) → base URL (``http://am:9093``).
         hold_seconds: ``endsAt`` of a firing push is now + this; re-send faster than that.
-        max_attempts: tries per request on 5xx and network errors.
-        backoff_seconds: the first wait; doubled each retry.
-        sleep: waits (tests make it instant).
+        timeout_seconds: connect and read timeout of each request.
         clock: wall clock.
+        http: the shared HTTP client.
     """
 
     def __init__(
@@ -103,22 +103,18 @@ class AlertmanagerNotifier:
         urls: Mapping[str, str],
         *,
         hold_seconds: float = 300.0,
-        max_attempts: int = 3,
-        backoff_seconds: float = 1.0,
         timeout_seconds: float = 10.0,
-        sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.time,
+        http: HttpClient | None = None,
     ) -> None:
         for name, url in urls.items():
             if not url.startswith(("https://", "http://")):
                 raise ValueError(f"alertmanager {name}: the URL must be http(s)")
         self._urls = {name: url.rstrip("/") for name, url in urls.items()}
         self._hold = hold_seconds
-        self._attempts = max(1, max_attempts)
-        self._backoff = backoff_seconds
         self._timeout = timeout_seconds
-        self._sleep = sleep
         self._clock = clock
+        self._http = http or HttpClient()
 
     @property
     def name(self) -> str:
@@ -130,20 +126,20 @@ class AlertmanagerNotifier:
         """Firing alerts must be pushed again before ``hold_seconds`` run out."""
         return True
 
-    def send(self, alert: Alert, route: str) -> bool:
+    def send(self, alert: Alert, route: str) -> DeliveryResult:
         """Push ``alert`` (firing or resolved) to the Alertmanager ``route``."""
         return self.send_many([alert], route)
 
-    def send_many(self, alerts: Sequence[Alert], route: str) -> bool:
+    def send_many(self, alerts: Sequence[Alert], route: str) -> DeliveryResult:
         """Push several alerts in one ``POST /api/v2/alerts`` (the body is an array)."""
         base = self._urls.get(route)
         if base is None:
             log.warning("alertmanager: no URL for %r; %d alerts not sent", route, len(alerts))
-            return False
+            return DeliveryResult.reject(f"no URL for alertmanager {route}")
         now = self._clock()
         body = [postable_alert(alert, now=now, hold_seconds=self._hold) for alert in alerts]
-        status, _ = self._request("POST", f"{base}/api/v2/alerts", body, route)
-        return status == 200
+        answer = self._request("POST", f"{base}/api/v2/alerts", body, route)
+        return delivery(answer, accepted={200})
 
     def silence(self, alert: Alert, route: str, *, until: float, comment: str) -> str | None:
         """Silence ``alert`` (matched by its fingerprint label) until ``until``; the silence id."""
@@ -166,8 +162,9 @@ class AlertmanagerNotifier:
             "createdBy": "gpuwarden-remediator",
             "comment": comment[:_ANNOTATION_CHARS],
         }
-        status, answer = self._request("POST", f"{base}/api/v2/silences", body, route)
-        if status != 200 or not isinstance(answer, dict):
+        reply = self._request("POST", f"{base}/api/v2/silences", body, route)
+        answer = _json(reply.body) if reply.status == 200 else None
+        if not isinstance(answer, dict):
             return None
         silence_id = answer.get("silenceID")
         return str(silence_id) if silence_id else None
@@ -178,45 +175,26 @@ class AlertmanagerNotifier:
         if base is None:
             return False
         url = f"{base}/api/v2/silence/{quote(silence_id, safe='')}"
-        status, _ = self._request("DELETE", url, None, route)
-        return status in (200, 404)
+        return self._request("DELETE", url, None, route).status in (200, 404)
 
-    def _request(
-        self, method: str, url: str, body: object, route: str
-    ) -> tuple[int | None, object]:
+    def _request(self, method: str, url: str, body: object, route: str) -> HttpResult:
+        """One request, no retry; a refusal or no answer is logged."""
         data = None if body is None else json.dumps(body).encode()
-        wait = self._backoff
-        status: int | None = None
-        for attempt in range(1, self._attempts + 1):
-            status, answer = self._once(method, url, data)
-            if status is not None and status < 500:
-                if status >= 300:
-                    log.warning(
-                        "alertmanager %s refused %s %s (HTTP %s): %s",
-                        route,
-                        method,
-                        url.rsplit("/api/", 1)[-1],
-                        status,
-                        str(answer)[:200],
-                    )
-                return status, answer
-            if attempt < self._attempts:
-                self._sleep(wait)
-                wait *= 2
-        log.warning("alertmanager %s: HTTP %s after %d attempts", route, status, self._attempts)
-        return status, None
-
-    def _once(self, method: str, url: str, data: bytes | None) -> tuple[int | None, object]:
         headers = {"Content-Type": "application/json"} if data is not None else {}
-        request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http(s) checked in __init__
-        try:
-            with urllib.request.urlopen(request, timeout=self._timeout) as response:  # noqa: S310
-                return int(response.status), _json(response.read())
-        except urllib.error.HTTPError as error:
-            with error:
-                return int(error.code), error.read(512).decode("utf-8", "replace")
-        except OSError:
-            return None, None
+        answer = self._http.request(
+            method, url, body=data, headers=headers, timeout_seconds=self._timeout
+        )
+        if not answer.ok and not (method == "DELETE" and answer.status == 404):
+            log.warning(
+                "alertmanager %s: %s %s: HTTP %s %s: %s",
+                route,
+                method,
+                url.rsplit("/api/", 1)[-1],
+                answer.status,
+                answer.detail,
+                answer.body[:200].decode("utf-8", "replace"),
+            )
+        return answer
 
 
 def _json(raw: bytes) -> object:

@@ -5,7 +5,8 @@ rolled back, approved or rejected, the breaker tripped or reset) becomes one cha
 the configured PagerDuty service, where responders see it next to their incidents. Intents
 (written before an actuator call) are skipped: their outcome follows. A cursor in the store
 remembers the last entry sent, so a restart neither repeats nor skips; an entry PagerDuty did
-not accept stops the pass and is tried again on the next one.
+not accept for now (no answer, 429, 5xx) stops the pass and is tried again on the next one; an
+entry it rejected for good (400) is logged and passed over.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol, runtime_checkable
 
+from gpuwarden.collector.alerts.model import Delivery, DeliveryResult
 from gpuwarden.collector.alerts.redact import redact
 from gpuwarden.collector.storage.base import Storage
 from gpuwarden.collector.storage.records import AuditEntry
@@ -28,8 +30,8 @@ BATCH = 100
 class ChangeEvents(Protocol):
     """What sends change events (the PagerDuty notifier)."""
 
-    def change_event(self, route: str, summary: str, details: dict[str, object]) -> bool:
-        """Send one; whether PagerDuty accepted it."""
+    def change_event(self, route: str, summary: str, details: dict[str, object]) -> DeliveryResult:
+        """Send one, once."""
         ...
 
 
@@ -71,10 +73,18 @@ class AuditMirror:
                     "incident": entry.incident_fingerprint or "",
                     "inputs": redact(entry.inputs),
                 }
-                if not self._pagerduty.change_event(self._service, change_summary(entry), details):
+                result = self._pagerduty.change_event(self._service, change_summary(entry), details)
+                if result.outcome is Delivery.RETRYABLE:
                     log.warning("audit mirror: entry %s not accepted; retried", entry.entry_id)
                     break
-                sent += 1
+                if result.delivered:
+                    sent += 1
+                else:
+                    log.warning(
+                        "audit mirror: entry %s rejected (%s); skipped",
+                        entry.entry_id,
+                        result.reason,
+                    )
             position = entry.entry_id
             self._storage.set_cursor(CURSOR, position)
         return sent

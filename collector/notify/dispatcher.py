@@ -8,8 +8,12 @@ and sends the difference:
   table's, by severity and team);
 - a route that wants firing alerts re-sent (Alertmanager): again every ``resend_seconds``;
 - an incident that resolved while a route knows it as firing: **resolved**, once;
-- a push the service did not accept: retried on later passes with backoff, for
-  ``give_up_seconds``, then logged as lost;
+- a push the service answered as retryable (no answer, 429, 5xx): retried on later passes with
+  backoff (never sooner than its ``Retry-After``), for ``give_up_seconds``, then logged as lost;
+  a push it rejected for good (400...): lost at once, with its reason. The dispatcher is the
+  only place that retries: a notifier answers each push once;
+- the remediator's pages (approval requests, escalations, the breaker), handed over through
+  :meth:`AlertDispatcher.enqueue`: stored, then delivered and retried the same way;
 - many new (or resolved) incidents of one rule in one pass on a chat route: one grouped message;
 - while a real action on the incident settles: a silence of our own Alertmanager alert until
   its verification, expired when the incident resolves;
@@ -26,13 +30,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
-from gpuwarden.collector.alerts.model import Alert, AlertStatus, Notifier, ProposedAction
+from gpuwarden.collector.alerts.model import (
+    Alert,
+    AlertStatus,
+    Delivery,
+    DeliveryResult,
+    Notifier,
+    ProposedAction,
+)
 from gpuwarden.collector.alerts.redact import redact
 from gpuwarden.collector.alerts.runbooks import UNKNOWN, Links
 from gpuwarden.collector.notify.audit_mirror import AuditMirror, ChangeEvents
 from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.rules.model import Rule
-from gpuwarden.collector.storage.base import NotificationRecord, Storage
+from gpuwarden.collector.storage.base import NotificationRecord, PageRecord, Storage
 from gpuwarden.collector.storage.records import Incident, IncidentState
 
 log = logging.getLogger(__name__)
@@ -40,6 +51,8 @@ log = logging.getLogger(__name__)
 FIRING = "firing"
 RESOLVED = "resolved"
 LOST = "lost"
+PENDING = "pending"
+DELIVERED = "delivered"
 GROUPED_SCHEMES = frozenset({"slack", "pagerduty"})
 """Routes where a flood of messages (or pages) is worse than one list. Alertmanager groups by
 itself and needs each alert's own identity (silences, resolves)."""
@@ -71,8 +84,8 @@ class Silencer(Protocol):
 class BatchNotifier(Protocol):
     """A notifier whose service takes many alerts in one request."""
 
-    def send_many(self, alerts: Sequence[Alert], route: str) -> bool:
-        """Deliver all of ``alerts`` to ``route`` in one request; whether it was accepted."""
+    def send_many(self, alerts: Sequence[Alert], route: str) -> DeliveryResult:
+        """Deliver all of ``alerts`` to ``route`` in one request, once."""
         ...
 
 
@@ -81,7 +94,7 @@ BATCH = 500
 
 @dataclass(frozen=True, slots=True)
 class DispatchResult:
-    """What one pass did."""
+    """What one pass did (``failed`` and ``lost`` count the remediator's pages too)."""
 
     sent: int = 0
     failed: int = 0
@@ -90,6 +103,7 @@ class DispatchResult:
     silenced: int = 0
     mirrored: int = 0
     acknowledged: int = 0
+    paged: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +179,74 @@ class AlertDispatcher:
             result = self._deliver(now, due)
             acked = self._acks(now, open_incidents)
             mirrored = self._mirror.tick() if self._mirror is not None else 0
-        return replace(result, silenced=silenced, mirrored=mirrored, acknowledged=acked)
+            paged, failed, lost = self._deliver_pages(now)
+        return replace(
+            result,
+            silenced=silenced,
+            mirrored=mirrored,
+            acknowledged=acked,
+            paged=paged,
+            failed=result.failed + failed,
+            lost=result.lost + lost,
+        )
+
+    # The remediator's pages -----------------------------------------------------------------
+
+    def enqueue(self, alert: Alert, routes: Sequence[str]) -> None:
+        """Store ``alert`` for each route (the :class:`AlertOutbox` port of the remediator); the
+        passes deliver it and retry what is not accepted, like incident alerts."""
+        now = self._clock()
+        body = alert_json(alert)
+        for route in dict.fromkeys(routes):
+            if self._notifier(route) is not None:
+                self._storage.add_page(PageRecord(route=route, alert=body, created_at=now))
+
+    def _deliver_pages(self, now: float) -> tuple[int, int, int]:
+        """Send the pages that are due; (delivered, not delivered, given up)."""
+        sent = failed = lost = 0
+        for page in self._storage.pages(status=PENDING):
+            if (page.next_attempt_at or 0.0) > now or self._notifier(page.route) is None:
+                continue
+            alert = alert_from_json(page.alert)
+            result = self._send(alert, page.route)
+            if result.delivered:
+                # what was sent stays readable; its approval links (bearer tokens) do not
+                kept = alert_json(_without_links(alert))
+                self._storage.save_page(
+                    replace(page, status=DELIVERED, sent_at=now, last_error=None, alert=kept)
+                )
+                sent += 1
+                continue
+            failed += 1
+            attempts = page.attempts + 1
+            if result.outcome is Delivery.REJECTED or (
+                now - page.created_at >= self._settings.give_up_seconds
+            ):
+                log.warning(
+                    "page %s (%s) to %s given up after %d attempts: %s",
+                    page.page_id,
+                    alert.rule_id,
+                    page.route,
+                    attempts,
+                    result.reason,
+                )
+                kept = alert_json(_without_links(alert))
+                self._storage.save_page(
+                    replace(
+                        page, status=LOST, attempts=attempts, last_error=result.reason, alert=kept
+                    )
+                )
+                lost += 1
+                continue
+            self._storage.save_page(
+                replace(
+                    page,
+                    attempts=attempts,
+                    next_attempt_at=now + self._wait(attempts, result),
+                    last_error=result.reason or "not accepted",
+                )
+            )
+        return sent, failed, lost
 
     def _known(self) -> dict[tuple[int, str], NotificationRecord]:
         """Every route's firing (or given-up) state, and the resolves not delivered yet."""
@@ -269,19 +350,20 @@ class AlertDispatcher:
             if len(items) < self._settings.group_threshold:
                 continue
             alert = self._group_alert(rule_id, status, items, now)
-            ok = self._send(alert, route)
+            result = self._send(alert, route)
             for item in items:
-                lost += self._record(item, ok, now, group_key=alert.fingerprint)
+                lost += self._record(item, result, now, group_key=alert.fingerprint)
                 in_groups.add(id(item))
+            ok = result.delivered
             sent, failed, grouped = sent + ok, failed + (not ok), grouped + 1
         singles = [item for item in due if id(item) not in in_groups]
         batched = self._deliver_batches(now, singles)
         for item in singles:
             if id(item) in batched:
-                ok = batched[id(item)]
-                lost += self._record(item, ok, now)
-                sent, failed = sent + ok, failed + (not ok)
-        group_resolves: dict[tuple[str, str], bool] = {}
+                result = batched[id(item)]
+                lost += self._record(item, result, now)
+                sent, failed = sent + result.delivered, failed + (not result.delivered)
+        group_resolves: dict[tuple[str, str], DeliveryResult] = {}
         for item in (item for item in singles if id(item) not in batched):
             if item.group_key is not None and (item.group_key, item.route) in group_resolves:
                 lost += self._record(item, group_resolves[(item.group_key, item.route)], now)
@@ -290,14 +372,14 @@ class AlertDispatcher:
                 alert = self._group_resolved(item.incident, item.group_key, now)
             else:
                 alert = self._alert(item.incident, item.status, now)
-            ok = self._send(alert, item.route)
+            result = self._send(alert, item.route)
             if item.group_key is not None:
-                group_resolves[(item.group_key, item.route)] = ok
-            lost += self._record(item, ok, now)
-            sent, failed = sent + ok, failed + (not ok)
+                group_resolves[(item.group_key, item.route)] = result
+            lost += self._record(item, result, now)
+            sent, failed = sent + result.delivered, failed + (not result.delivered)
         return DispatchResult(sent=sent, failed=failed, grouped=grouped, lost=lost)
 
-    def _deliver_batches(self, now: float, items: Sequence[_Due]) -> dict[int, bool]:
+    def _deliver_batches(self, now: float, items: Sequence[_Due]) -> dict[int, DeliveryResult]:
         """Routes whose service takes many alerts in one request (Alertmanager): one request per
         ``BATCH`` alerts instead of one each (a re-send of every firing alert each minute)."""
         by_route: dict[str, list[_Due]] = {}
@@ -305,7 +387,7 @@ class AlertDispatcher:
             candidate: object = self._notifiers.get(item.route.partition(":")[0])
             if isinstance(candidate, BatchNotifier) and item.group_key is None:
                 by_route.setdefault(item.route, []).append(item)
-        out: dict[int, bool] = {}
+        out: dict[int, DeliveryResult] = {}
         for route, queued in by_route.items():
             scheme, _, where = route.partition(":")
             notifier: object = self._notifiers[scheme]
@@ -314,30 +396,38 @@ class AlertDispatcher:
                 chunk = queued[start : start + BATCH]
                 alerts = [self._alert(i.incident, i.status, now) for i in chunk]
                 try:
-                    ok = bool(notifier.send_many(alerts, where))
-                except Exception:  # a notifier bug must not stop the others; retried next pass
+                    result = notifier.send_many(alerts, where)
+                except Exception as exc:  # a notifier bug must not stop the others; retried
                     log.exception("notifier %s failed for %d alerts", scheme, len(alerts))
-                    ok = False
-                out.update(dict.fromkeys((id(i) for i in chunk), ok))
+                    result = DeliveryResult.retry(f"notifier error: {type(exc).__name__}")
+                out.update(dict.fromkeys((id(i) for i in chunk), result))
         return out
 
-    def _send(self, alert: Alert, route: str) -> bool:
+    def _send(self, alert: Alert, route: str) -> DeliveryResult:
         scheme, _, where = route.partition(":")
         notifier = self._notifiers[scheme]
         try:
-            return bool(notifier.send(alert, where))
-        except Exception:  # a notifier bug must not stop the others; retried next pass
+            return notifier.send(alert, where)
+        except Exception as exc:  # a notifier bug must not stop the others; retried next pass
             log.exception("notifier %s failed for %s", scheme, alert.rule_id)
-            return False
+            return DeliveryResult.retry(f"notifier error: {type(exc).__name__}")
 
-    def _record(self, item: _Due, ok: bool, now: float, *, group_key: str | None = None) -> int:
+    def _wait(self, attempts: int, result: DeliveryResult) -> float:
+        """Backoff before the next try: doubling from the pass interval, never sooner than the
+        service's ``Retry-After``."""
+        backoff = min(_MAX_BACKOFF, self._settings.interval_seconds * 2.0 ** (attempts - 1))
+        return max(backoff, result.retry_after_seconds or 0.0)
+
+    def _record(
+        self, item: _Due, result: DeliveryResult, now: float, *, group_key: str | None = None
+    ) -> int:
         """Save the route's new state; 1 when the notice is given up as lost."""
         incident_id = item.incident.incident_id
         assert incident_id is not None  # noqa: S101 - only stored incidents are dispatched
         previous = item.record
         first_at = previous.first_at if previous is not None else now
         group_key = group_key or item.group_key or (previous.group_key if previous else None)
-        if ok:
+        if result.delivered:
             record = NotificationRecord(
                 incident_id,
                 item.route,
@@ -357,23 +447,34 @@ class AlertDispatcher:
             # the route already knows it is firing; try again at the next resend
             if item.record is not None:
                 self._storage.save_notification(
-                    replace(item.record, last_error="re-send not accepted")
+                    replace(item.record, last_error=f"re-send not accepted: {result.reason}")
                 )
             return 0
-        if now - first_at >= self._settings.give_up_seconds:
+        rejected = result.outcome is Delivery.REJECTED
+        if rejected or now - first_at >= self._settings.give_up_seconds:
             log.warning(
-                "%s notice of incident %s to %s not accepted for %.0f s (%d attempts): given up",
+                "%s notice of incident %s to %s %s (%d attempts): given up",
                 item.status,
                 incident_id,
                 item.route,
-                now - first_at,
+                f"rejected: {result.reason}"
+                if rejected
+                else f"not accepted for {now - first_at:.0f} s: {result.reason}",
                 attempts,
             )
             self._storage.save_notification(
-                NotificationRecord(incident_id, item.route, LOST, False, first_at, None, attempts)
+                NotificationRecord(
+                    incident_id,
+                    item.route,
+                    LOST,
+                    False,
+                    first_at,
+                    None,
+                    attempts,
+                    last_error=result.reason,
+                )
             )
             return 1
-        backoff = min(_MAX_BACKOFF, self._settings.interval_seconds * 2 ** (attempts - 1))
         record = NotificationRecord(
             incident_id,
             item.route,
@@ -382,8 +483,8 @@ class AlertDispatcher:
             first_at=first_at,
             sent_at=previous.sent_at if previous else None,
             attempts=attempts,
-            next_attempt_at=now + backoff,
-            last_error="not accepted",
+            next_attempt_at=now + self._wait(attempts, result),
+            last_error=result.reason or "not accepted",
             silence_id=previous.silence_id if previous else None,
             silenced_until=previous.silenced_until if previous else None,
             group_key=group_key if item.status == RESOLVED else None,
@@ -486,7 +587,7 @@ class AlertDispatcher:
             ):
                 continue
             alert = replace(self._alert(incident, FIRING, now), status=AlertStatus.ACKNOWLEDGED)
-            if self._send(alert, record.route):
+            if self._send(alert, record.route).delivered:
                 self._storage.save_notification(replace(record, acked_at=now))
                 done += 1
         return done
@@ -537,3 +638,68 @@ class AlertDispatcher:
                 )
                 done += 1
         return done
+
+
+# Alerts as JSON (the pages table) --------------------------------------------------------------
+
+
+def alert_json(alert: Alert) -> dict[str, Any]:
+    """``alert`` as a JSON object (:func:`alert_from_json` reads it back)."""
+    return {
+        "fingerprint": alert.fingerprint,
+        "rule_id": alert.rule_id,
+        "status": str(alert.status),
+        "severity": alert.severity,
+        "summary": alert.summary,
+        "starts_at": alert.starts_at,
+        "runbook_url": alert.runbook_url,
+        "ends_at": alert.ends_at,
+        "team": alert.team,
+        "incident_url": alert.incident_url,
+        "dashboard_url": alert.dashboard_url,
+        "labels": dict(alert.labels),
+        "facts": dict(alert.facts),
+        "actions": [
+            {
+                "kind": a.kind,
+                "target": a.target,
+                "mode": a.mode,
+                "state": a.state,
+                "approval_url": a.approval_url,
+            }
+            for a in alert.actions
+        ],
+    }
+
+
+def alert_from_json(data: Mapping[str, Any]) -> Alert:
+    """The alert :func:`alert_json` wrote."""
+    return Alert(
+        fingerprint=str(data["fingerprint"]),
+        rule_id=str(data["rule_id"]),
+        status=AlertStatus(data["status"]),
+        severity=str(data["severity"]),
+        summary=str(data["summary"]),
+        starts_at=float(data["starts_at"]),
+        runbook_url=str(data["runbook_url"]),
+        ends_at=None if data.get("ends_at") is None else float(data["ends_at"]),
+        team=data.get("team"),
+        incident_url=data.get("incident_url"),
+        dashboard_url=data.get("dashboard_url"),
+        labels={str(k): str(v) for k, v in (data.get("labels") or {}).items()},
+        facts={str(k): str(v) for k, v in (data.get("facts") or {}).items()},
+        actions=tuple(
+            ProposedAction(
+                kind=str(a["kind"]),
+                target=str(a["target"]),
+                mode=str(a["mode"]),
+                state=str(a["state"]),
+                approval_url=a.get("approval_url"),
+            )
+            for a in data.get("actions") or ()
+        ),
+    )
+
+
+def _without_links(alert: Alert) -> Alert:
+    return replace(alert, actions=tuple(replace(a, approval_url=None) for a in alert.actions))

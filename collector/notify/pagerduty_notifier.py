@@ -3,9 +3,10 @@
 The ``dedup_key`` is ``gpuwarden-<fingerprint>`` (stable across restarts, at most 255
 characters), so every update of an incident lands on the same PagerDuty alert and its resolve
 closes it. Routing keys come per service (``pagerduty:<service>``) from the config or the
-environment and are never logged. 429 and 5xx (and network errors) are retried with
-exponential backoff; 400 is not (the event is invalid and would stay so). ``change_event``
-sends the audit breadcrumbs PagerDuty shows next to incidents.
+environment and are never logged. Each event is sent once: 429 and 5xx (and network errors) come
+back retryable, 400 rejected (the event is invalid and would stay so); the dispatcher decides
+whether to try again. ``change_event`` sends the audit breadcrumbs PagerDuty shows next to
+incidents.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuwarden.collector.alerts.model import Alert, AlertStatus
+from gpuwarden.collector.alerts.model import Alert, AlertStatus, DeliveryResult
+from gpuwarden.collector.clients.http import HttpClient
+from gpuwarden.collector.notify.answers import delivery
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +91,8 @@ class PagerDutyNotifier:
         change_url: the change-events endpoint (default: next to ``events_url``,
             ``.../v2/change/enqueue``).
         source: ``payload.source`` (this collector).
-        max_attempts: tries per event on 429, 5xx and network errors.
-        backoff_seconds: the first wait; doubled each retry.
-        sleep: waits (tests make it instant).
+        timeout_seconds: connect and read timeout of each request.
+        http: the shared HTTP client.
     """
 
     def __init__(
@@ -102,10 +102,8 @@ class PagerDutyNotifier:
         events_url: str = EVENTS_URL,
         change_url: str | None = None,
         source: str = "gpuwarden-collector",
-        max_attempts: int = 4,
-        backoff_seconds: float = 2.0,
         timeout_seconds: float = 10.0,
-        sleep: Callable[[float], None] = time.sleep,
+        http: HttpClient | None = None,
     ) -> None:
         if change_url is None:
             base = events_url.removesuffix("/v2/enqueue")
@@ -117,31 +115,29 @@ class PagerDutyNotifier:
         self._events_url = events_url
         self._change_url = change_url
         self._source = source
-        self._attempts = max(1, max_attempts)
-        self._backoff = backoff_seconds
         self._timeout = timeout_seconds
-        self._sleep = sleep
+        self._http = http or HttpClient()
 
     @property
     def name(self) -> str:
         """The route scheme."""
         return "pagerduty"
 
-    def send(self, alert: Alert, route: str) -> bool:
-        """Trigger or resolve on the service ``route``; True when PagerDuty accepted it."""
+    def send(self, alert: Alert, route: str) -> DeliveryResult:
+        """Trigger, acknowledge or resolve on the service ``route``, once."""
         key = self._keys.get(route)
         if not key:
             log.warning(
                 "pagerduty: no routing key for service %s; %s not sent", route, alert.rule_id
             )
-            return False
+            return DeliveryResult.reject(f"no routing key for service {route}")
         return self._post(self._events_url, pagerduty_event(alert, key, self._source), route)
 
-    def change_event(self, route: str, summary: str, details: Mapping[str, Any]) -> bool:
+    def change_event(self, route: str, summary: str, details: Mapping[str, Any]) -> DeliveryResult:
         """A change event (the remediation audit's breadcrumb) on the service ``route``."""
         key = self._keys.get(route)
         if not key:
-            return False
+            return DeliveryResult.reject(f"no routing key for service {route}")
         body = {
             "routing_key": key,
             "payload": {
@@ -153,32 +149,15 @@ class PagerDutyNotifier:
         }
         return self._post(self._change_url, body, route)
 
-    def _post(self, url: str, body: Mapping[str, Any], route: str) -> bool:
-        data = json.dumps(body).encode()
-        wait = self._backoff
-        for attempt in range(1, self._attempts + 1):
-            status = self._once(url, data)
-            if status == 202:
-                return True
-            if status is not None and status != 429 and status < 500:
-                log.warning("pagerduty: service %s refused the event (HTTP %s)", route, status)
-                return False  # 400: invalid, retrying cannot help
-            if attempt < self._attempts:
-                log.info("pagerduty: HTTP %s for service %s; retry in %.1f s", status, route, wait)
-                self._sleep(wait)
-                wait *= 2
-        log.warning("pagerduty: service %s: giving up after %d attempts", route, self._attempts)
-        return False
-
-    def _once(self, url: str, data: bytes) -> int | None:
-        request = urllib.request.Request(  # noqa: S310 - http(s) checked in __init__
-            url, data=data, method="POST", headers={"Content-Type": "application/json"}
+    def _post(self, url: str, body: Mapping[str, Any], route: str) -> DeliveryResult:
+        answer = self._http.request(
+            "POST",
+            url,
+            body=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            timeout_seconds=self._timeout,
         )
-        try:
-            with urllib.request.urlopen(request, timeout=self._timeout) as response:  # noqa: S310
-                return int(response.status)
-        except urllib.error.HTTPError as error:
-            with error:
-                return int(error.code)
-        except OSError:
-            return None
+        result = delivery(answer, accepted={202})
+        if not result.delivered:
+            log.warning("pagerduty: service %s: %s (%s)", route, result.reason, result.outcome)
+        return result

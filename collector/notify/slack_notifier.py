@@ -3,9 +3,10 @@
 One webhook URL per channel route (``slack:#gpu-waste``), read from the collector's config or
 the environment and never logged. A message has a header, the summary, the facts as fields,
 the actions taken or proposed, and buttons: runbook, incident, dashboard, and the signed
-approval link of an action that waits for one. Texts are cut to Slack's limits. A 429 is
-retried after its ``Retry-After`` (slack_sdk's rate-limit handler), connection errors and 5xx
-a few times; other refusals are logged (without the URL) and reported as not delivered.
+approval link of an action that waits for one. Texts are cut to Slack's limits. Each message is
+posted once (slack_sdk without its retry handlers): a 429 (with its ``Retry-After``), a 5xx or a
+connection error comes back retryable, any other refusal rejected; refusals are logged without
+the URL. The dispatcher decides whether to try again.
 """
 
 from __future__ import annotations
@@ -14,14 +15,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from slack_sdk.http_retry.builtin_handlers import (
-    ConnectionErrorRetryHandler,
-    RateLimitErrorRetryHandler,
-    ServerErrorRetryHandler,
-)
 from slack_sdk.webhook import WebhookClient
 
-from gpuwarden.collector.alerts.model import Alert, AlertStatus
+from gpuwarden.collector.alerts.model import Alert, AlertStatus, DeliveryResult
+from gpuwarden.collector.clients.http import HttpResult
+from gpuwarden.collector.notify.answers import delivery
 
 log = logging.getLogger(__name__)
 _SDK_LOG = logging.getLogger(f"{__name__}.sdk")
@@ -109,8 +107,7 @@ class SlackNotifier:
         webhooks: channel (as in the route, e.g. ``#gpu-waste``) → incoming-webhook URL.
         default_webhook: used for channels without their own URL (optional).
         timeout_seconds: per request.
-        max_retries: retries on 429 (after ``Retry-After``), 5xx and connection errors.
-        client_factory: builds the ``WebhookClient`` (tests may shorten waits).
+        client_factory: builds the ``WebhookClient`` (default: one without retry handlers).
     """
 
     def __init__(
@@ -119,13 +116,11 @@ class SlackNotifier:
         *,
         default_webhook: str | None = None,
         timeout_seconds: float = 10.0,
-        max_retries: int = 2,
         client_factory: Callable[[str], WebhookClient] | None = None,
     ) -> None:
         self._webhooks = dict(webhooks)
         self._default = default_webhook
         self._timeout = timeout_seconds
-        self._retries = max_retries
         self._factory = client_factory or self._client
 
     @property
@@ -139,33 +134,31 @@ class SlackNotifier:
             url,
             timeout=int(self._timeout),
             logger=_SDK_LOG,
-            retry_handlers=[
-                RateLimitErrorRetryHandler(max_retry_count=self._retries),
-                ServerErrorRetryHandler(max_retry_count=self._retries),
-                ConnectionErrorRetryHandler(max_retry_count=self._retries),
-            ],
+            retry_handlers=[],  # None would mean slack_sdk's defaults: the dispatcher retries
         )
 
-    def send(self, alert: Alert, route: str) -> bool:
-        """Post ``alert`` to the channel ``route``; True when Slack answered 200."""
+    def send(self, alert: Alert, route: str) -> DeliveryResult:
+        """Post ``alert`` to the channel ``route``, once; delivered when Slack answered 200."""
         url = self._webhooks.get(route, self._default)
         if not url:
             log.warning(
                 "slack: no webhook configured for %s; alert %s not sent", route, alert.rule_id
             )
-            return False
+            return DeliveryResult.reject(f"no webhook configured for {route}")
         try:
             response = self._factory(url).send_dict(slack_message(alert))
         except Exception as exc:  # noqa: BLE001 - a notifier must never take the remediator down
             log.warning("slack: %s for %s: %s", type(exc).__name__, route, alert.rule_id)
-            return False
-        if response.status_code == 200:
-            return True
-        log.warning(
-            "slack: %s answered %s (%s) for %s",
-            route,
-            response.status_code,
-            str(response.body)[:100],
-            alert.rule_id,
-        )
-        return False
+            return DeliveryResult.retry(f"unreachable: {type(exc).__name__}")
+        headers = {str(k).lower(): str(v) for k, v in (response.headers or {}).items()}
+        answer = HttpResult(response.status_code, headers=headers, detail=str(response.body)[:100])
+        result = delivery(answer, accepted={200})
+        if not result.delivered:
+            log.warning(
+                "slack: %s answered %s (%s) for %s",
+                route,
+                response.status_code,
+                str(response.body)[:100],
+                alert.rule_id,
+            )
+        return result

@@ -5,7 +5,8 @@ summary, runbook and incident URLs, labels, facts, actions). The headers are the
 action's: ``X-Gpuwarden-Timestamp``, ``X-Gpuwarden-Signature`` (``sha256=`` HMAC-SHA256 of
 ``<timestamp>.<body>`` with the endpoint's secret) and ``Idempotency-Key``
 (``<fingerprint>:<status>``), so a receiver verifies, refuses replays and drops repeats.
-429, 408 and 5xx (and no answer) are retried with backoff; any other 4xx is final.
+Each alert is posted once: 429, 425, 408 and 5xx (and no answer) come back retryable, any other
+4xx rejected; the dispatcher decides whether to try again.
 """
 
 from __future__ import annotations
@@ -16,19 +17,20 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gpuwarden.collector.alerts.model import Alert
+from gpuwarden.collector.alerts.model import Alert, DeliveryResult
 from gpuwarden.collector.alerts.signing import (
     IDEMPOTENCY_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     Sender,
     Webhook,
+    http_sender,
     signature,
-    urllib_sender,
 )
+from gpuwarden.collector.clients.http import HttpClient, HttpResult
+from gpuwarden.collector.notify.answers import delivery
 
 log = logging.getLogger(__name__)
-_RETRYABLE = frozenset({0, 408, 425, 429})
 
 
 def alert_body(alert: Alert) -> dict[str, Any]:
@@ -61,10 +63,8 @@ class WebhookNotifier:
     Args:
         webhooks: the endpoints (secrets loaded at start-up, never logged).
         clock: Unix seconds, for the signed timestamp.
-        max_attempts: tries per alert on 429, 408, 5xx and network errors.
-        backoff_seconds: the first wait; doubled each retry.
-        sleep: waits (tests make it instant).
-        sender: the HTTP seam.
+        http: the shared HTTP client (default: one of its own).
+        sender: the HTTP seam (default: a POST through ``http``).
     """
 
     def __init__(
@@ -72,48 +72,35 @@ class WebhookNotifier:
         webhooks: Iterable[Webhook],
         *,
         clock: Callable[[], float] = time.time,
-        max_attempts: int = 3,
-        backoff_seconds: float = 1.0,
-        sleep: Callable[[float], None] = time.sleep,
-        sender: Sender = urllib_sender,
+        http: HttpClient | None = None,
+        sender: Sender | None = None,
     ) -> None:
         self._webhooks = {webhook.name: webhook for webhook in webhooks}
         self._clock = clock
-        self._attempts = max(1, max_attempts)
-        self._backoff = backoff_seconds
-        self._sleep = sleep
-        self._sender = sender
+        self._sender = sender or http_sender(http or HttpClient())
 
     @property
     def name(self) -> str:
         """The route scheme."""
         return "webhook"
 
-    def send(self, alert: Alert, route: str) -> bool:
-        """POST ``alert`` to the webhook ``route``; True on a 2xx."""
+    def send(self, alert: Alert, route: str) -> DeliveryResult:
+        """POST ``alert`` to the webhook ``route``, once; delivered on a 2xx."""
         webhook = self._webhooks.get(route)
         if webhook is None:
             log.warning("webhook: none named %r is configured; %s not sent", route, alert.rule_id)
-            return False
+            return DeliveryResult.reject(f"no webhook named {route}")
         body = json.dumps(alert_body(alert), sort_keys=True, separators=(",", ":")).encode()
-        wait = self._backoff
-        status = 0
-        for attempt in range(1, self._attempts + 1):
-            timestamp = str(int(self._clock()))
-            headers = {
-                "Content-Type": "application/json",
-                TIMESTAMP_HEADER: timestamp,
-                SIGNATURE_HEADER: signature(webhook.secret, timestamp, body),
-                IDEMPOTENCY_HEADER: f"{alert.fingerprint}:{alert.status}",
-            }
-            status = self._sender(webhook.url, body, headers, webhook.timeout_seconds).status
-            if 200 <= status < 300:
-                return True
-            if status not in _RETRYABLE and status < 500:
-                log.warning("webhook %s refused the alert (HTTP %s)", route, status)
-                return False
-            if attempt < self._attempts:
-                self._sleep(wait)
-                wait *= 2
-        log.warning("webhook %s: HTTP %s after %d attempts", route, status, self._attempts)
-        return False
+        timestamp = str(int(self._clock()))
+        headers = {
+            "Content-Type": "application/json",
+            TIMESTAMP_HEADER: timestamp,
+            SIGNATURE_HEADER: signature(webhook.secret, timestamp, body),
+            IDEMPOTENCY_HEADER: f"{alert.fingerprint}:{alert.status}",
+        }
+        answer = self._sender(webhook.url, body, headers, webhook.timeout_seconds)
+        retry_after = {"retry-after": answer.retry_after} if answer.retry_after else {}
+        result = delivery(HttpResult(answer.status, headers=retry_after, detail=answer.detail))
+        if not result.delivered:
+            log.warning("webhook %s: %s (%s)", route, result.reason, result.outcome)
+        return result

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from gpuwarden.collector.alerts.model import Alert, AlertStatus, Notifier, ProposedAction
+from gpuwarden.collector.alerts.model import Alert, AlertOutbox, AlertStatus, ProposedAction
 from gpuwarden.collector.alerts.redact import redact
 from gpuwarden.collector.alerts.runbooks import Links
 from gpuwarden.collector.remediate.actuators.base import (
@@ -150,7 +150,8 @@ class Remediator:
         rules: the loaded rules (their ``actions``).
         actuators: one per system; each action kind is served by at most one.
         config: the policy settings (dry-run by default).
-        notifiers: by route scheme (``slack``, ``pagerduty``...), for approval requests and pages.
+        outbox: where approval requests and pages go (the alert dispatcher stores, delivers and
+            retries them); without one they are logged and not sent.
         escalation_routes: where breaker trips and escalations page (``pagerduty:...``).
         approvals: approval links for ``approve`` actions (without: CLI/API approval only).
         links: URLs for runbooks, incidents and approval links in messages.
@@ -170,7 +171,7 @@ class Remediator:
         actuators: Iterable[Actuator],
         *,
         config: PolicyConfig,
-        notifiers: Mapping[str, Notifier] | None = None,
+        outbox: AlertOutbox | None = None,
         escalation_routes: Sequence[str] = (),
         approvals: Approvals | None = None,
         links: Links | None = None,
@@ -192,7 +193,7 @@ class Remediator:
                     f"{len(several)} actuators execute {kind!r}: each needs accepts(target) "
                     "(e.g. Slurm for slurm:... jobs, Kubernetes for k8s:... jobs)"
                 )
-        self._notifiers = dict(notifiers or {})
+        self._outbox = outbox
         self._escalation_routes = tuple(escalation_routes)
         self._approvals = approvals
         self._links = links or Links()
@@ -780,17 +781,19 @@ class Remediator:
         )
 
     def _send(self, alert: Alert, routes: Iterable[str]) -> None:
-        for route in routes:
-            scheme, _, where = route.partition(":")
-            notifier = self._notifiers.get(scheme)
-            if notifier is None:
-                log.warning("no notifier for route scheme %r: alert not sent", scheme)
-                continue
-            try:
-                if not notifier.send(alert, where):
-                    log.warning("%s did not accept the alert for %s", scheme, alert.rule_id)
-            except Exception:  # a notifier bug must not stop remediation
-                log.exception("notifier %s failed", scheme)
+        """Hand ``alert`` to the outbox for ``routes``: stored now, delivered and retried by the
+        alert dispatcher (never sent from here, so a slow or failing service cannot hold up
+        remediation, and a page is not lost when the service is down)."""
+        routes = tuple(routes)
+        if not routes:
+            return
+        if self._outbox is None:
+            log.warning("no alert outbox: %s for %s not sent", alert.summary, alert.rule_id)
+            return
+        try:
+            self._outbox.enqueue(alert, routes)
+        except Exception:  # paging must not stop remediation; the state is in the store
+            log.exception("could not store the alert for %s", alert.rule_id)
 
 
 _NONE = ActionResult(Outcome.FAILED, "probe could not tell")

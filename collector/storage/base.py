@@ -30,6 +30,7 @@ from gpuwarden.collector.storage.records import (
     EventKind,
     Incident,
     IncidentState,
+    JsonObject,
     ModelDeployment,
     RollupDimension,
     RollupTotal,
@@ -104,6 +105,23 @@ class NotificationRecord:
     silenced_until: float | None = None
     group_key: str | None = None
     acked_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PageRecord:
+    """One alert handed to the alert dispatcher for one route (the remediator's pages), and how
+    its delivery went: ``pending`` until the route accepts it (``delivered``) or the dispatcher
+    gives up (``lost``). ``alert`` is the alert as JSON; ``page_id`` is assigned on insert."""
+
+    route: str
+    alert: JsonObject
+    created_at: float
+    status: str = "pending"  # pending | delivered | lost
+    attempts: int = 0
+    next_attempt_at: float | None = None
+    sent_at: float | None = None
+    last_error: str | None = None
+    page_id: int | None = None
 
 
 class StorageError(Exception):
@@ -314,6 +332,18 @@ class Storage(Protocol):
         delivered: bool | None = None,
     ) -> list[NotificationRecord]:
         """Notification states, optionally of one incident, one status, delivered or not."""
+        ...
+
+    def add_page(self, record: PageRecord) -> int:
+        """Store a new page (``page_id=None``); its id."""
+        ...
+
+    def save_page(self, record: PageRecord) -> None:
+        """Update a stored page's delivery state."""
+        ...
+
+    def pages(self, *, status: str | None = None) -> list[PageRecord]:
+        """Pages, oldest first, optionally of one status."""
         ...
 
     def cursor(self, name: str) -> int:

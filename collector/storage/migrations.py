@@ -224,6 +224,23 @@ CREATE TABLE cursors (
 );
 """
 
+_PAGES = """
+-- Alerts handed to the alert dispatcher for one route each (the remediator's approval requests,
+-- escalations and breaker pages): stored first, then delivered and retried from here.
+CREATE TABLE pages (
+    page_id         INTEGER PRIMARY KEY,
+    route           TEXT NOT NULL,
+    alert           TEXT NOT NULL,      -- JSON object: the alert
+    created_at      REAL NOT NULL,
+    status          TEXT NOT NULL,      -- pending | delivered | lost
+    attempts        INTEGER NOT NULL,   -- failed pushes
+    next_attempt_at REAL,
+    sent_at         REAL,
+    last_error      TEXT
+);
+CREATE INDEX pages_status ON pages (status);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, models, events, accounting", _CORE),
     Migration(
@@ -232,6 +249,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         _INCIDENTS_AND_REMEDIATION,
     ),
     Migration(3, "notification state per incident and route, log cursors", _NOTIFICATIONS),
+    Migration(4, "pages: the remediator's alerts, stored until a route accepts them", _PAGES),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -36,6 +36,7 @@ from gpuwarden.collector.storage.base import (
     ApprovalRecord,
     BreakerRecord,
     NotificationRecord,
+    PageRecord,
     StorageError,
 )
 from gpuwarden.collector.storage.migrations import migrate
@@ -197,6 +198,15 @@ _NOTIFICATIONS = _Codec(
     from_sql={"delivered": bool},
 )
 _SAVE_NOTIFICATION = _NOTIFICATIONS.insert_sql(verb="INSERT OR REPLACE")
+_PAGES = _Codec(
+    "pages",
+    PageRecord,
+    _names(PageRecord, without="page_id"),
+    row_id="page_id",
+    to_sql={"alert": dump_json},
+    from_sql={"alert": load_json},
+)
+_PAGE_MUTABLE = ("status", "attempts", "next_attempt_at", "sent_at", "last_error", "alert")
 _ACTION_MUTABLE = (
     "dry_run",
     "state",
@@ -623,6 +633,31 @@ class SqliteStorage:
         flag = None if delivered is None else int(delivered)
         rows = self._read(sql, (incident_id, incident_id, status, status, flag, flag))
         return [_NOTIFICATIONS.load(row) for row in rows]
+
+    def add_page(self, record: PageRecord) -> int:
+        if record.page_id is not None:
+            raise ValueError("add_page takes a new page (page_id=None)")
+        with self._write() as conn:
+            page_id = conn.execute(_PAGES.insert_sql(), _PAGES.params(record)).lastrowid
+        if page_id is None:  # pragma: no cover - a successful INSERT always sets it
+            raise StorageError("pages insert returned no id")
+        return page_id
+
+    def save_page(self, record: PageRecord) -> None:
+        if record.page_id is None:
+            raise ValueError("save_page takes a stored page")
+        sets = ", ".join(f"{c} = ?" for c in _PAGE_MUTABLE)
+        values = [
+            dump_json(record.alert) if c == "alert" else getattr(record, c) for c in _PAGE_MUTABLE
+        ]
+        with self._write() as conn:
+            conn.execute(f"UPDATE pages SET {sets} WHERE page_id = ?", (*values, record.page_id))  # noqa: S608 - column names are constants
+
+    def pages(self, *, status: str | None = None) -> list[PageRecord]:
+        rows = self._read(
+            "SELECT * FROM pages WHERE (? IS NULL OR status = ?) ORDER BY page_id", (status, status)
+        )
+        return [_PAGES.load(row) for row in rows]
 
     def cursor(self, name: str) -> int:
         rows = self._read("SELECT position FROM cursors WHERE name = ?", (name,))

@@ -73,12 +73,17 @@ def create_remediation(
         approvals = Approvals(storage, signer, ttl_seconds=ttl, clock=clock)
     else:
         log.info("no approval secret: approval links off (approve with the CLI or the API)")
+    dispatcher = (
+        None
+        if alerting is None
+        else AlertDispatcher(storage, rules, notifiers, alerting, links, clock=clock)
+    )
     remediator = Remediator(
         storage,
         rules,
         actuators,
         config=settings.policy,
-        notifiers=notifiers,
+        outbox=dispatcher,
         escalation_routes=settings.escalation_routes,
         approvals=approvals,
         links=links,
@@ -92,7 +97,5 @@ def create_remediation(
         links=links,
         rules={rule.id: rule for rule in rules},
         approvals=approvals,
-        dispatcher=None
-        if alerting is None
-        else AlertDispatcher(storage, rules, notifiers, alerting, links, clock=clock),
+        dispatcher=dispatcher,
     )

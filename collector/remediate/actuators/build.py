@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
     from gpuwarden.collector.alerts.signing import Webhook
+    from gpuwarden.collector.clients.http import HttpClient
     from gpuwarden.collector.jobs.model import Job
     from gpuwarden.collector.remediate.actuators.base import Actuator
 
@@ -42,6 +43,7 @@ def build_actuators(
     *,
     jobs: JobLookup | None = None,
     clock: Callable[[], float] = time.time,
+    http: HttpClient | None = None,
 ) -> list[Actuator]:
     """The actuators ``config`` enables, in a fixed order: Slurm, Kubernetes, HTTPRoute/KServe,
     HTTP router, webhooks.
@@ -52,6 +54,7 @@ def build_actuators(
         jobs: job lookup that turns a ``k8s:<uid>`` key into the pod to requeue; without it
             Kubernetes jobs are not requeued (the action is proposed instead).
         clock: Unix seconds, for webhook signatures.
+        http: the shared HTTP client of the router and webhook actuators.
 
     Kinds without an actuator (e.g. scale-up without ``kubernetes_actions``) are proposed in
     alerts, never executed.
@@ -78,9 +81,9 @@ def build_actuators(
     if client is not None and config.kubernetes_routes:
         actuators.append(_kubernetes_routes(client, config))
     if config.router_url is not None:
-        actuators.append(_router(config, config.router_url))
+        actuators.append(_router(config, config.router_url, http))
     if config.webhooks:
-        actuators.append(_webhooks(config, environ, clock))
+        actuators.append(_webhooks(config, environ, clock, http))
     return actuators
 
 
@@ -183,7 +186,7 @@ def _kubernetes_routes(client: ApiClient, config: CollectorConfig) -> Actuator:
     return KubernetesRoutingActuator(CustomObjects(client), bindings)
 
 
-def _router(config: CollectorConfig, url: str) -> Actuator:
+def _router(config: CollectorConfig, url: str, http: HttpClient | None) -> Actuator:
     from gpuwarden.collector.remediate.actuators.http_router import HttpRouterActuator
 
     token = ""
@@ -193,7 +196,7 @@ def _router(config: CollectorConfig, url: str) -> Actuator:
         except OSError as exc:
             message = f"router_token_file {config.router_token_file}: cannot read: {exc.strerror}"
             raise ConfigError(message) from None
-    return HttpRouterActuator(url, config.router_routes, token=token)
+    return HttpRouterActuator(url, config.router_routes, token=token, http=http)
 
 
 def load_webhooks(config: CollectorConfig, environ: Mapping[str, str]) -> list[Webhook]:
@@ -217,8 +220,11 @@ def load_webhooks(config: CollectorConfig, environ: Mapping[str, str]) -> list[W
 
 
 def _webhooks(
-    config: CollectorConfig, environ: Mapping[str, str], clock: Callable[[], float]
+    config: CollectorConfig,
+    environ: Mapping[str, str],
+    clock: Callable[[], float],
+    http: HttpClient | None,
 ) -> Actuator:
     from gpuwarden.collector.remediate.actuators.webhook import WebhookActuator
 
-    return WebhookActuator(load_webhooks(config, environ), clock=clock)
+    return WebhookActuator(load_webhooks(config, environ), clock=clock, http=http)

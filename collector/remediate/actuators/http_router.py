@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwarden.collector.clients.http import HttpClient
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, ActionResult, Outcome
 
 DEFAULT_RATIO = 0.5
@@ -38,7 +37,8 @@ class HttpRouterActuator:
         base_url: the router, e.g. ``http://router:8080``.
         routes: deployment (the incident's ``model``) → its route.
         token: bearer token of the router, if it wants one (never logged).
-        timeout_seconds: per HTTP call.
+        timeout_seconds: per HTTP call (connect and read).
+        http: the shared HTTP client (default: one of its own).
     """
 
     kinds = frozenset({"degrade", "restore"})
@@ -50,6 +50,7 @@ class HttpRouterActuator:
         *,
         token: str = "",
         timeout_seconds: float = 10.0,
+        http: HttpClient | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError("the router URL must be http:// or https://")
@@ -57,6 +58,7 @@ class HttpRouterActuator:
         self._routes = dict(routes)
         self._token = token
         self._timeout = timeout_seconds
+        self._http = http or HttpClient()
 
     def accepts(self, target: str) -> bool:
         """Deployments with a configured route."""
@@ -110,24 +112,31 @@ class HttpRouterActuator:
     # --- HTTP -------------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """Status and decoded answer (JSON on a 2xx, else the start of the text).
+
+        Raises:
+            _UnreachableError: no answer.
+            ValueError: a 2xx answer that is not JSON.
+        """
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
-        request = urllib.request.Request(  # noqa: S310 - http(s) checked in __init__
-            self._base + path, data=data, method=method, headers=headers
+        answer = self._http.request(
+            method, self._base + path, body=data, headers=headers, timeout_seconds=self._timeout
         )
-        try:
-            with urllib.request.urlopen(request, timeout=self._timeout) as response:  # noqa: S310
-                return response.status, json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as error:
-            with error:
-                return error.code, error.read().decode(errors="replace")[:300]
+        if answer.status == 0:
+            raise _UnreachableError(answer.detail.removeprefix("unreachable: "))
+        if answer.ok:
+            return answer.status, json.loads(answer.body or b"null")
+        return answer.status, answer.body.decode(errors="replace")[:300]
 
     def _weights(self, route: str) -> dict[str, float] | ActionResult:
         try:
             status, body = self._call("GET", f"/v1/routes/{route}")
-        except (OSError, ValueError) as exc:
+        except _UnreachableError as exc:
+            return ActionResult(Outcome.FAILED, f"router unreachable: {exc}")
+        except ValueError as exc:
             return ActionResult(Outcome.FAILED, f"router unreachable: {type(exc).__name__}")
         if status == 404:
             return ActionResult(Outcome.NOT_FOUND, f"the router has no route {route}")
@@ -143,13 +152,19 @@ class HttpRouterActuator:
     ) -> ActionResult:
         try:
             status, body = self._call("PUT", f"/v1/routes/{route}", {"backends": weights})
-        except (OSError, ValueError) as exc:
+        except _UnreachableError as exc:
+            return ActionResult(Outcome.FAILED, f"router unreachable: {exc}")
+        except ValueError as exc:
             return ActionResult(Outcome.FAILED, f"router unreachable: {type(exc).__name__}")
         if status == 200:
             return ActionResult(Outcome.DONE, f"route {route} now {weights}", {"weights": undo})
         if 400 <= status < 500:
             return ActionResult(Outcome.REFUSED, f"router refused route {route}: {status} {body}")
         return ActionResult(Outcome.FAILED, f"router answered {status} for route {route}")
+
+
+class _UnreachableError(Exception):
+    """The router gave no answer (the message names the error type)."""
 
 
 def _wanted(

@@ -27,9 +27,10 @@ from gpuwarden.collector.alerts.signing import (
     Response,
     Sender,
     Webhook,
+    http_sender,
     signature,
-    urllib_sender,
 )
+from gpuwarden.collector.clients.http import HttpClient
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, ActionResult, Outcome
 
 _RETRYABLE = frozenset({408, 425, 429})
@@ -41,7 +42,8 @@ class WebhookActuator:
     Args:
         webhooks: the configured endpoints.
         clock: Unix seconds, for the signed timestamp.
-        sender: the HTTP seam (``urllib_sender`` by default).
+        http: the shared HTTP client (default: one of its own).
+        sender: the HTTP seam (default: a POST through ``http``).
     """
 
     def __init__(
@@ -49,11 +51,12 @@ class WebhookActuator:
         webhooks: list[Webhook],
         *,
         clock: Callable[[], float],
-        sender: Sender = urllib_sender,
+        http: HttpClient | None = None,
+        sender: Sender | None = None,
     ) -> None:
         self._webhooks = {webhook.name: webhook for webhook in webhooks}
         self._clock = clock
-        self._sender = sender
+        self._sender = sender or http_sender(http or HttpClient())
 
     @property
     def kinds(self) -> frozenset[str]:

@@ -1,0 +1,1 @@
+"""Clients of the services the collector calls over the network."""
