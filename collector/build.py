@@ -39,11 +39,12 @@ def load_configured_rules(config: CollectorConfig) -> RuleSet:
     return load_rules(paths, runbooks_dir=runbooks, skip_bad=config.skip_bad_rules)
 
 
-def build_http_client() -> HttpClient:
-    """The one pooled HTTP client the collector's notifiers, actuators and scrapes share."""
-    from gpuwarden.collector.clients.http import HttpClient
+def build_http_client(environ: Mapping[str, str] | None = None) -> HttpClient:
+    """The one pooled HTTP client the collector's notifiers, actuators and scrapes share, going
+    through the proxies ``environ`` names (``HTTPS_PROXY``, ``HTTP_PROXY``, ``NO_PROXY``)."""
+    from gpuwarden.collector.clients.http import HttpClient, Proxies
 
-    return HttpClient()
+    return HttpClient(proxies=Proxies.from_environment(environ or {}))
 
 
 def build_actuators(
@@ -163,17 +164,20 @@ def build_service(
             setting = (
                 "kubernetes_in_cluster" if config.kubernetes_in_cluster else "kubernetes_kubeconfig"
             )
-            with needs_extra("kubernetes", setting):
-                from gpuwarden.collector.jobs.kubernetes import KubernetesJobSource, core_api
+            from gpuwarden.collector.jobs.kube_client import KubeApis, load_client
 
-            try:
-                api = core_api(
-                    kubeconfig=config.kubernetes_kubeconfig,
-                    context=config.kubernetes_context,
-                    in_cluster=config.kubernetes_in_cluster,
-                )
-            except JobSourceError as exc:
-                raise ConfigError(f"kubernetes: {exc}") from None
+            with needs_extra("kubernetes", setting):
+                from gpuwarden.collector.jobs.kubernetes import KubernetesJobSource
+
+                try:
+                    client = load_client(
+                        kubeconfig=config.kubernetes_kubeconfig,
+                        context=config.kubernetes_context,
+                        in_cluster=config.kubernetes_in_cluster,
+                    )
+                except JobSourceError as exc:
+                    raise ConfigError(f"kubernetes: {exc}") from None
+            api = KubeApis(client).core()
             source = KubernetesJobSource(api, namespace=config.kubernetes_namespace)
             job_sources.append(("kubernetes", source))
     scraper = None

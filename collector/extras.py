@@ -17,9 +17,9 @@ from gpuwarden.agent.config import ConfigError
 
 EXTRA_MODULES: Mapping[str, frozenset[str]] = MappingProxyType(
     {
-        # the adapters catch urllib3's errors, which the kubernetes client lets through
-        "kubernetes": frozenset({"kubernetes", "urllib3"}),
+        "kubernetes": frozenset({"kubernetes"}),
         "slack": frozenset({"slack_sdk"}),
+        "collector": frozenset({"numpy", "pandas", "scipy", "statsmodels", "aiohttp", "jinja2"}),
     }
 )
 """Extra → the top-level modules it installs that our adapters import."""

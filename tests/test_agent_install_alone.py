@@ -51,3 +51,9 @@ def test_the_agent_installs_alone_without_the_collector_stack(tmp_path):
     )
     assert once.returncode == 0, once.stderr
     assert '"uuid": "GPU-' in once.stdout
+    # the rule commands need the detectors, which need the collector extra: one line says so
+    checked = run(str(venv / "bin" / "gpuwarden"), "rules", "check", cwd=tmp_path)
+    assert checked.returncode == 1
+    assert checked.stderr.strip() == (
+        "gpuwarden rules check: needs the 'collector' extra: pip install 'gpuwarden[collector]'"
+    )

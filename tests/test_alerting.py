@@ -15,14 +15,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gpuwarden.collector.alerts.model import Alert, AlertStatus, Delivery
+from gpuwarden.collector.alerts.model import FINGERPRINT_LABEL, Alert, AlertStatus, Delivery
 from gpuwarden.collector.alerts.runbooks import Links
 from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.ingest.alertmanager import AlertReceiver, PayloadError, parse_payload
-from gpuwarden.collector.notify.alertmanager_notifier import (
-    FINGERPRINT_LABEL,
-    AlertmanagerNotifier,
-)
+from gpuwarden.collector.notify.alertmanager_notifier import AlertmanagerNotifier
 from gpuwarden.collector.notify.dispatcher import AlertDispatcher
 from gpuwarden.collector.notify.pagerduty_notifier import PagerDutyNotifier
 from gpuwarden.collector.notify.settings import (

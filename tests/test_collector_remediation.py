@@ -78,7 +78,7 @@ def test_a_bad_remediation_section_stops_the_start_with_the_key(tmp_path):
     proc, _ = start(tmp_path, "remediation:\n  dry_runn: false\n")
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
-    assert "remediation.dry_runn: unknown key" in err
+    assert "remediation: unknown key 'dry_runn'; did you mean 'dry_run'?" in err
 
 
 def test_incidents_and_actions_commands_read_the_database(tmp_path):

@@ -105,3 +105,27 @@ def test_refused_connections_and_other_schemes_are_status_0_never_raised():
 def test_timeouts_must_be_positive():
     with pytest.raises(ValueError, match="positive"):
         HttpTimeout(connect_seconds=0)
+
+
+def test_requests_go_through_the_proxy_the_environment_names(server):
+    """A site behind a proxy keeps reaching PagerDuty and Slack: the client sends plain-HTTP
+    requests to the proxy in absolute form (the proxy here is the local server; the target
+    host is never resolved), and NO_PROXY hosts go direct."""
+    from gpuwarden.collector.clients.http import Proxies
+
+    peers, served = server
+    proxies = Proxies.from_environment({"HTTP_PROXY": served.url, "no_proxy": "localhost"})
+    client = HttpClient(proxies=proxies)
+    via = client.request("POST", "http://alerts.example.invalid/v2/enqueue", body=b"{}")
+    assert via.status == 200
+    assert peers.paths == ["/v2/enqueue"]  # reached the proxy, for the far host's path
+    direct = Proxies.from_environment({"HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": "127.0.0.1"})
+    assert HttpClient(proxies=direct).request("GET", served.url + "/d").status == 200
+    assert proxies.for_url("http://localhost:1/x") is None
+    assert proxies.for_url("https://events.pagerduty.com/v2/enqueue") is None  # no HTTPS_PROXY
+    both = Proxies.from_environment({"HTTPS_PROXY": "http://p:3128", "NO_PROXY": ".corp, db:5432"})
+    assert both.for_url("https://events.pagerduty.com/x") == "http://p:3128"
+    assert both.for_url("https://api.corp/x") is None
+    assert both.for_url("https://db:5432/x") is None
+    assert both.for_url("https://db:443/x") == "http://p:3128"
+    client.close()

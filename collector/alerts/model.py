@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
 
+FINGERPRINT_LABEL = "gpuwarden_fingerprint"
+"""The label that carries an incident's fingerprint on the alerts gpuwarden sends Alertmanager;
+the Alertmanager webhook receiver drops alerts that carry it (they are gpuwarden's own)."""
+
 
 def _empty() -> Mapping[str, Any]:
     return MappingProxyType({})

@@ -16,13 +16,16 @@ import getpass
 import json
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+if TYPE_CHECKING:
+    from gpuwarden.collector.clients.http import HttpClient
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+"""The largest API answer read (a long incident list is a few megabytes)."""
 TOKEN_ENV = "GPUWARDEN_API_TOKEN"  # noqa: S105 - a variable name, not a secret
 Json = dict[str, Any]
 
@@ -128,35 +131,45 @@ class SqliteBackend:
 class ApiBackend:
     """Talks to the collector's ``/v1`` API with a bearer token."""
 
-    def __init__(self, url: str, token: str, *, timeout_seconds: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout_seconds: float = 30.0,
+        http: HttpClient | None = None,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise CliError(f"--url {url!r}: expected http:// or https://")
         self._url = url.rstrip("/")
         self._token = token
         self._timeout = timeout_seconds
+        if http is None:
+            from gpuwarden.collector.clients.http import HttpClient
+
+            http = HttpClient()
+        self._http = http
 
     def __repr__(self) -> str:  # never show the token
         return f"ApiBackend({self._url!r})"
 
     def _call(self, method: str, path: str) -> tuple[int, Json]:
-        request = urllib.request.Request(  # noqa: S310 - scheme checked in __init__
+        answer = self._http.request(
+            method,
             self._url + path,
-            method=method,
             headers={"Authorization": f"Bearer {self._token}", "Accept": "application/json"},
+            timeout_seconds=self._timeout,
+            max_body_bytes=MAX_ANSWER_BYTES,
         )
+        if answer.status == 0:
+            raise CliError(f"{self._url}: cannot reach the collector: {answer.detail}")
+        if answer.status in (401, 403):
+            raise CliError(f"{self._url}: {answer.status}: check the API token")
         try:
-            with urllib.request.urlopen(request, timeout=self._timeout) as response:  # noqa: S310
-                return response.status, json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            try:
-                body = json.loads(exc.read() or b"{}")
-            except ValueError:
-                body = {}
-            if exc.code in (401, 403):
-                raise CliError(f"{self._url}: {exc.code}: check the API token") from None
-            return exc.code, body if isinstance(body, dict) else {}
-        except (urllib.error.URLError, OSError) as exc:
-            raise CliError(f"{self._url}: cannot reach the collector: {exc}") from None
+            body = json.loads(answer.body or b"{}")
+        except ValueError:
+            body = {}
+        return answer.status, body if isinstance(body, dict) else {}
 
     def _get(self, path: str) -> Json | None:
         status, body = self._call("GET", path)

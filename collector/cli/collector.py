@@ -75,7 +75,7 @@ def _app(
         ) from None
     for problem in rules.problems:
         log.error("rule skipped: %s", problem)
-    http = build_http_client()  # one pooled client for every outgoing HTTP call
+    http = build_http_client(environ)  # one pooled client for every outgoing HTTP call
     try:
         service = build_service(config, http=http)
     except MissingExtraError as exc:

@@ -1,21 +1,31 @@
 """``gpuwarden rules check`` and ``gpuwarden rules detectors``.
 
 Light on purpose: the CLI imports this module to build its parser, also on agent-only installs,
-so it needs only the standard library, PyYAML and ``gpuwarden.collector.rules.loader``.
+so it needs only the standard library, PyYAML and ``gpuwarden.collector.rules``. The detector
+vocabulary lives with the detectors (``gpuwarden.collector.detect.catalog``), which need the
+collector extra: it is imported when a command runs, and its absence is one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from gpuwarden.collector.detect.catalog import SPECS as DETECTORS
-from gpuwarden.collector.detect.catalog import load_rules
+from gpuwarden.collector.extras import MissingExtraError, needs_extra
 from gpuwarden.collector.rules.durations import format_duration, format_number
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
-from gpuwarden.collector.rules.model import ActionMode, ParamSpec, ParamType, Severity
+from gpuwarden.collector.rules.model import (
+    SELECTOR_FIELDS,
+    ActionMode,
+    DetectorSpec,
+    ParamSpec,
+    ParamType,
+    RuleSet,
+    Severity,
+)
 from gpuwarden.collector.rules.vocabulary import ACTIONS, ROUTE_SCHEMES
 
 EXIT_OK, EXIT_ERROR = 0, 1
@@ -58,8 +68,14 @@ def run_rules(
     """Run ``gpuwarden rules ...`` from parsed arguments; return the exit code."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    try:
+        with needs_extra("collector", f"gpuwarden rules {args.rules_command}"):
+            from gpuwarden.collector.detect import catalog
+    except MissingExtraError as exc:
+        print(exc, file=err)
+        return EXIT_ERROR
     if args.rules_command == "detectors":
-        out.write(render_vocabulary())
+        out.write(render_vocabulary(catalog.SPECS))
         return EXIT_OK
     if args.rules_command == "test":
         from gpuwarden.collector.backtest.cli import run_backtest_command
@@ -71,7 +87,7 @@ def run_rules(
         print(f"gpuwarden rules check: {runbooks}: no such runbooks folder", file=err)
         return EXIT_ERROR
     # skip_bad collects every problem instead of stopping at the first one.
-    result = load_rules(paths, runbooks_dir=runbooks, skip_bad=True)
+    result: RuleSet = catalog.load_rules(paths, runbooks_dir=runbooks, skip_bad=True)
     for problem in result.problems:
         print(problem, file=err)
     if result.problems:
@@ -119,7 +135,7 @@ def _param_rows(table: dict[str, ParamSpec]) -> list[str]:
     return [*rows, ""]
 
 
-def render_vocabulary() -> str:
+def render_vocabulary(detectors: Mapping[str, DetectorSpec]) -> str:
     """The detector and action vocabularies as Markdown (the rule-writer's reference)."""
     lines = ["# Detection rule vocabulary", ""]
     lines += [
@@ -129,11 +145,13 @@ def render_vocabulary() -> str:
         "## Detectors",
         "",
     ]
-    for spec in DETECTORS.values():
+    for spec in detectors.values():
         lines += [f"### `{spec.name}`", "", spec.description, ""]
         lines.append(f"Finds problems of a {' or '.join(spec.subjects)}.")
         if spec.signals:
             lines.append(f"Reads by default: {', '.join(f'`{s}`' for s in spec.signals)}.")
+        honoured = [name for name in SELECTOR_FIELDS if name in spec.selector]
+        lines.append(f"Selector fields it honours: {', '.join(honoured) or 'none'}.")
         if spec.requires:
             lines.append(f"The selector must set: {', '.join(spec.requires)}.")
         lines += ["", *_param_rows(dict(spec.parameters))]

@@ -7,10 +7,15 @@ policy (connect and read, per call or the default), verifies TLS, and never retr
 a redirect: whoever calls decides what an answer means, and the durable alert dispatcher is the
 only place that tries a delivery again. Network failures and timeouts are not exceptions here:
 they come back as status 0 with a ``detail`` naming the error type.
+
+Proxies come from the environment the composition root hands over (:class:`Proxies`, read from
+``HTTPS_PROXY``, ``HTTP_PROXY`` and ``NO_PROXY`` as curl and the standard library read them): a
+site that reaches PagerDuty or Slack through a proxy keeps doing so.
 """
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -64,6 +69,52 @@ class HttpTimeout:
             raise ValueError("HTTP timeouts must be positive")
 
 
+@dataclass(frozen=True, slots=True)
+class Proxies:
+    """Where requests go through a proxy: per scheme, except hosts ``no_proxy`` names."""
+
+    http: str | None = None
+    https: str | None = None
+    no_proxy: str = ""
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> Proxies:
+        """``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY``, lower-case names first (as curl does)."""
+
+        def get(name: str) -> str | None:
+            value = environ.get(name.lower()) or environ.get(name.upper())
+            return value.strip() or None if value else None
+
+        return cls(get("http_proxy"), get("https_proxy"), get("no_proxy") or "")
+
+    def for_url(self, url: str) -> str | None:
+        """The proxy URL for ``url``, or None to connect directly."""
+        parts = urllib.parse.urlsplit(url)
+        proxy = self.https if parts.scheme == "https" else self.http
+        if proxy is None or not parts.hostname:
+            return None
+        return None if _bypassed(parts.hostname, parts.port, self.no_proxy) else proxy
+
+
+def _bypassed(host: str, port: int | None, no_proxy: str) -> bool:
+    """Whether ``NO_PROXY`` names the host: ``*``, the host itself, a domain it is in
+    (``example.com`` and ``.example.com`` both cover ``api.example.com``), optionally with the
+    port (``host:8080``)."""
+    for raw in no_proxy.split(","):
+        entry = raw.strip().lower()
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        name, _, wanted = entry.partition(":")
+        if wanted and wanted != str(port):
+            continue
+        name = name.lstrip(".")
+        if host.lower() == name or host.lower().endswith("." + name):
+            return True
+    return False
+
+
 class HttpClient:
     """Pooled HTTP(S) with one timeout policy, no retries and no redirects.
 
@@ -71,13 +122,30 @@ class HttpClient:
         timeout: the default connect and read timeouts.
         pool: the connection pools (default: a ``PoolManager`` that verifies TLS); tests may
             pass their own.
+        proxies: where to go through a proxy (default: never).
     """
 
     def __init__(
-        self, *, timeout: HttpTimeout | None = None, pool: urllib3.PoolManager | None = None
+        self,
+        *,
+        timeout: HttpTimeout | None = None,
+        pool: urllib3.PoolManager | None = None,
+        proxies: Proxies | None = None,
     ) -> None:
         self._timeout = timeout or HttpTimeout()
         self._pool = pool or urllib3.PoolManager(num_pools=POOLS, cert_reqs="CERT_REQUIRED")
+        self._proxies = proxies or Proxies()
+        self._via: dict[str, urllib3.ProxyManager] = {}
+
+    def _pool_for(self, url: str) -> urllib3.PoolManager:
+        proxy = self._proxies.for_url(url)
+        if proxy is None:
+            return self._pool
+        manager = self._via.get(proxy)
+        if manager is None:
+            manager = urllib3.ProxyManager(proxy, num_pools=POOLS, cert_reqs="CERT_REQUIRED")
+            self._via[proxy] = manager
+        return manager
 
     def request(
         self,
@@ -108,7 +176,7 @@ class HttpClient:
             else urllib3.Timeout(connect=timeout_seconds, read=timeout_seconds)
         )
         try:
-            response = self._pool.request(
+            response = self._pool_for(url).request(
                 method,
                 url,
                 body=body,
@@ -146,6 +214,8 @@ class HttpClient:
     def close(self) -> None:
         """Close every kept connection."""
         self._pool.clear()
+        for manager in self._via.values():
+            manager.clear()
 
 
 def _reason(reason: str | None) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from gpuwarden.collector.notify.alertmanager_notifier import FINGERPRINT_LABEL
+from gpuwarden.collector.alerts.model import FINGERPRINT_LABEL
 from gpuwarden.collector.rules.model import Rule, Severity
 from gpuwarden.collector.storage.base import Storage
 from gpuwarden.collector.storage.records import Incident, IncidentState

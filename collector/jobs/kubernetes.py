@@ -13,7 +13,6 @@ import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
 from types import MappingProxyType
 
 import urllib3
@@ -28,7 +27,6 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException, OpenApiException
 
 from gpuwarden.collector.jobs import JobSourceError
-from gpuwarden.collector.jobs.kube_client import KubeApis, load_client
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 
 log = logging.getLogger(__name__)
@@ -51,18 +49,6 @@ _PHASES: Mapping[str | None, JobState] = MappingProxyType(
 )
 _ENDED_PHASES = frozenset({"Succeeded", "Failed"})
 _DISRUPTION_REASONS = frozenset({"Preempted", "Evicted"})
-
-
-def core_api(
-    *, kubeconfig: Path | None = None, context: str | None = None, in_cluster: bool = False
-) -> CoreV1Api:
-    """The ``CoreV1Api`` this source lists pods with, configured by
-    :func:`~gpuwarden.collector.jobs.kube_client.load_client` (kubeconfig or service account).
-
-    Raises ``JobSourceError`` naming what is wrong with the configuration.
-    """
-    client = load_client(kubeconfig=kubeconfig, context=context, in_cluster=in_cluster)
-    return KubeApis(client).core()
 
 
 def _timestamp(value: datetime | None) -> float | None:

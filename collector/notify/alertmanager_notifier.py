@@ -24,13 +24,12 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from gpuwarden.collector.alerts.model import Alert, AlertStatus, DeliveryResult
+from gpuwarden.collector.alerts.model import FINGERPRINT_LABEL, Alert, AlertStatus, DeliveryResult
 from gpuwarden.collector.clients.http import HttpClient, HttpResult
 from gpuwarden.collector.notify.answers import delivery
 
 log = logging.getLogger(__name__)
 
-FINGERPRINT_LABEL = "gpuwarden_fingerprint"
 _LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 _VALUE_CHARS = 1024
 _ANNOTATION_CHARS = 8192
