@@ -176,6 +176,28 @@ def ownership(
     return shares
 
 
+def main_holders(
+    gpus: Sequence[GpuTimeline],
+    jobs: Sequence[Job],
+    times: FloatArray,
+    step_seconds: float,
+    now: float,
+) -> tuple[list[str], npt.NDArray[np.bool_]]:
+    """Per GPU, the job that held it longest over ``times`` ("" for none), and GPU × slot where
+    that job held all of it (see :func:`ownership`)."""
+    held = np.zeros((len(gpus), len(times)), dtype=bool)
+    owners: list[str] = []
+    for i, gpu in enumerate(gpus):
+        shares = ownership(gpu, jobs, times, step_seconds, now)
+        main = max(
+            (k for k in shares if k != UNALLOCATED), key=lambda k: shares[k].sum(), default=""
+        )
+        owners.append(main)
+        if main:
+            held[i] = shares[main] > 0.999
+    return owners, held
+
+
 def account(
     gpus: Sequence[GpuTimeline],
     jobs: Sequence[Job],

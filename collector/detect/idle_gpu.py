@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, ownership
+from gpuwarden.collector.accounting.gpu_time import main_holders
 from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
 from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
 from gpuwarden.collector.rules.model import Rule, Subject
@@ -88,18 +88,8 @@ def run_idle_gpu(ctx: DetectionContext, rule: Rule, p: IdleGpuParams, now: float
     times, gpus = ctx.timelines(start, end)
     if not gpus or len(times) == 0:
         return []
-    jobs = ctx.jobs()
     util = np.vstack([g.utilization_ratio for g in gpus])
-    held = np.zeros(util.shape, dtype=bool)
-    owner: list[str] = []
-    for i, gpu in enumerate(gpus):
-        shares = ownership(gpu, jobs, times, step, end)
-        main = max(
-            (k for k in shares if k != UNALLOCATED), key=lambda k: shares[k].sum(), default=""
-        )
-        owner.append(main)
-        if main:
-            held[i] = shares[main] > 0.999
+    owner, held = main_holders(gpus, ctx.jobs(), times, step, end)
     width = Counter(key for key in owner if key)
     verdicts = idle_verdicts(
         util, held, threshold_ratio=p.utilization_below, min_coverage=p.min_coverage

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, GpuTimeline, ownership
+from gpuwarden.collector.accounting.gpu_time import GpuTimeline, main_holders
 from gpuwarden.collector.detect.contract import DetectionContext
 from gpuwarden.collector.detect.findings import Facts, Finding, JsonScalar, Verdict, new_finding
 from gpuwarden.collector.detect.numerics.screen import row_mean
@@ -209,17 +209,7 @@ def read_window(ctx: DetectionContext, now: float, window_seconds: float) -> Win
         ]
     if not gpus or len(times) == 0:
         return None
-    jobs = ctx.jobs()
-    held = np.zeros((len(gpus), len(times)), dtype=bool)
-    owner = []
-    for i, gpu in enumerate(gpus):
-        shares = ownership(gpu, jobs, times, step, end)
-        main = max(
-            (k for k in shares if k != UNALLOCATED), key=lambda k: shares[k].sum(), default=""
-        )
-        owner.append(main)
-        if main:
-            held[i] = shares[main] > 0.999
+    owner, held = main_holders(gpus, ctx.jobs(), times, step, end)
     return Window(start, end, times, step, gpus, owner, held)
 
 
