@@ -398,6 +398,18 @@ def firing(scenario: Scenario, rule: Rule) -> int:
     return cycle(scenario, rule).firing
 
 
+_baselines: dict[int, int] = {}
+
+
+def fires_at_baseline(scenario: Scenario) -> int:
+    """The baseline rule's firing count, run once per scenario (the data never changes; the
+    cases assert it before their own, so none can pass vacuously)."""
+    key = id(scenario)
+    if key not in _baselines:
+        _baselines[key] = firing(scenario, variant(scenario))
+    return _baselines[key]
+
+
 def findings(scenario: Scenario, rule: Rule) -> list[Finding]:
     """What the engine keeps of the rule's findings (the same selection, without incidents)."""
     detector = DETECTORS[rule.detector]
@@ -427,7 +439,7 @@ def test_every_computed_detector_has_a_scenario_and_complete_tables():
 @pytest.mark.parametrize("name", COMPUTED)
 def test_the_baseline_rule_fires(scenarios, name):
     scenario = scenarios[name]
-    assert firing(scenario, variant(scenario)) == BASELINE[name] > 0
+    assert fires_at_baseline(scenario) == BASELINE[name] > 0
 
 
 SELECTOR_CASES = [
@@ -446,7 +458,7 @@ def with_field(selector: Selector, field: str, value: Any) -> Selector:
 @pytest.mark.parametrize(("name", "field"), SELECTOR_CASES)
 def test_a_declared_selector_field_selects(scenarios, name, field):
     scenario = scenarios[name]
-    assert firing(scenario, variant(scenario)) == BASELINE[name] > 0
+    assert fires_at_baseline(scenario) == BASELINE[name] > 0
     match, firing_with_match, nothing = SELECTORS[name][field]
     base = scenario.rule.selector
     assert firing(scenario, variant(scenario, selector=with_field(base, field, match))) == (
@@ -464,7 +476,7 @@ PARAM_CASES = [
 @pytest.mark.parametrize(("name", "param"), PARAM_CASES)
 def test_a_parameter_changes_the_findings(scenarios, name, param):
     scenario = scenarios[name]
-    assert firing(scenario, variant(scenario)) == BASELINE[name] > 0
+    assert fires_at_baseline(scenario) == BASELINE[name] > 0
     case = PARAMS[name][param]
     match case:
         case Fires(value, want, given, given_firing):
