@@ -27,7 +27,7 @@ from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_fin
 from gpuwarden.collector.detect.numerics import anomaly
 from gpuwarden.collector.rules.model import Rule, Subject
 from gpuwarden.collector.rules.params import duration, integer, number
-from gpuwarden.collector.store.types import SeriesInfo
+from gpuwarden.collector.store.types import AttrValue, SeriesInfo, label_text
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +69,20 @@ def series_facts(attrs: Mapping[str, object]) -> Facts:
     )
 
 
-def series_selected(rule: Rule, attrs: Mapping[str, object]) -> bool:
-    """Whether the rule's selector (teams, jobs, nodes, models) takes a series' attributes
-    (checked before a series is scored, so ``max_series`` counts selected series only)."""
+def series_selected(rule: Rule, attrs: Mapping[str, AttrValue]) -> bool:
+    """Whether the rule's selector (teams, jobs, nodes, models, labels) takes a series'
+    attributes (checked before a series is scored, so ``max_series`` counts selected series only).
+
+    The labels are passed too: ``Selector.matches`` fails a label it is not given, so without
+    them a rule with ``selector.labels`` selected nothing (the store already filtered by them).
+    """
     facts = series_facts(attrs)
     return rule.selector.matches(
         team=facts.team,
         job=facts.job,
         node=facts.nodes[0] if facts.nodes else None,
         model=facts.model,
+        labels={name: label_text(value) for name, value in attrs.items()},
     )
 
 
