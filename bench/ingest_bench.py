@@ -77,13 +77,9 @@ from gpuwarden.agent.build import build_agent
 from gpuwarden.agent.config import AgentConfig, HttpConfig, SpoolConfig
 from gpuwarden.agent.config import CollectorConfig as AgentCollectorConfig
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.ingest.otlp import (
-    PROTOBUF,
-    attributes,
-    decompress,
-    number_columns,
-    parse_request,
-)
+from gpuwarden.collector.ingest.otlp import attributes
+from gpuwarden.collector.ingest.otlp_columns import number_columns
+from gpuwarden.collector.ingest.otlp_transport import PROTOBUF, decompress, parse_request
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.sqlite import MEMORY, SqliteStorage

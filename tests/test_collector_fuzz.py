@@ -17,12 +17,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from gpuwarden.collector.ingest.otlp import (
+from gpuwarden.collector.ingest.otlp import number_points
+from gpuwarden.collector.ingest.otlp_transport import (
     JSON,
     PROTOBUF,
     OtlpError,
     decompress,
-    number_points,
     parse_request,
 )
 

@@ -30,16 +30,10 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 )
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
 
-from gpuwarden.collector.ingest.otlp import (
-    JSON,
-    PROTOBUF,
-    OtlpError,
-    RequestShape,
-    number_columns,
-    number_points,
-    parse_request,
-    shape_key,
-)
+from gpuwarden.collector.ingest.otlp import number_points
+from gpuwarden.collector.ingest.otlp_columns import number_columns
+from gpuwarden.collector.ingest.otlp_shape import RequestShape, shape_key
+from gpuwarden.collector.ingest.otlp_transport import JSON, PROTOBUF, OtlpError, parse_request
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.service import Accepted, CollectorService
 from gpuwarden.collector.storage.sqlite import MEMORY, SqliteStorage

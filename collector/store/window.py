@@ -40,15 +40,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from gpuwarden.collector.ingest.otlp import (
-    PROTOBUF,
-    NumberColumns,
-    NumberPoint,
-    RequestShape,
-    number_columns,
-    parse_request,
-    shape_key,
-)
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.ingest.otlp_columns import NumberColumns, number_columns
+from gpuwarden.collector.ingest.otlp_shape import RequestShape, shape_key
+from gpuwarden.collector.ingest.otlp_transport import PROTOBUF, parse_request
 from gpuwarden.collector.store.histograms import HistogramSeries, histogram_quantile
 from gpuwarden.collector.store.rows import SeriesTable
 from gpuwarden.collector.store.types import (
@@ -256,7 +251,7 @@ class WindowStore:
         without a ``NumberPoint`` per point: attribute items are looked up as sent.
 
         A protobuf sender's (first resource's) second request makes the store keep its shape
-        (``otlp.RequestShape``) with the rows its points resolved to; a later request that
+        (``otlp_shape.RequestShape``) with the rows its points resolved to; a later request that
         matches it byte for byte but for point times and values is read without parsing. When
         a sender whose shape matched sends another shape (a new series), that one is kept at
         once; a sender whose shapes never match gets one built every other request at most.

@@ -16,13 +16,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.ingest.otlp import (
+from gpuwarden.collector.ingest.otlp import histogram_points, number_points
+from gpuwarden.collector.ingest.otlp_transport import (
     OtlpError,
     decompress,
     encode_response,
-    histogram_points,
     media_type,
-    number_points,
     parse_request,
 )
 from gpuwarden.collector.ingest.sink import MetricsSink

@@ -1,0 +1,75 @@
+"""OTLP/HTTP transport: the media types we take, ``Content-Encoding`` (gzip with a size cap),
+parsing a body (protobuf or JSON) into an ``ExportMetricsServiceRequest`` and encoding the
+answer in the request's media type. Every failure is an :class:`OtlpError` carrying the HTTP
+status to answer.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+
+class OtlpError(Exception):
+    """A request we refuse, with the HTTP status that says why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def media_type(content_type: str | None) -> str:
+    """The bare media type of a Content-Type header, or raise 415."""
+    bare = (content_type or "").split(";", 1)[0].strip().lower()
+    if bare not in (PROTOBUF, JSON):
+        raise OtlpError(415, f"unsupported content type {bare or '(none)'!r}; use {PROTOBUF}")
+    return bare
+
+
+def decompress(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
+    """Undo ``Content-Encoding``; refuse anything that inflates past ``max_bytes`` (gzip bombs)."""
+    enc = (encoding or "identity").strip().lower()
+    if enc == "identity":
+        return body
+    if enc != "gzip":
+        raise OtlpError(415, f"unsupported content encoding {enc!r}; use gzip or identity")
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise OtlpError(400, f"invalid gzip body: {exc}") from None
+    if len(out) > max_bytes or inflater.unconsumed_tail:
+        raise OtlpError(413, f"decompressed body exceeds {max_bytes} bytes")
+    if not inflater.eof:
+        raise OtlpError(400, "truncated gzip body")
+    return out
+
+
+def parse_request(payload: bytes, kind: str) -> ExportMetricsServiceRequest:
+    """Parse an ``ExportMetricsServiceRequest`` in the given media type, or raise 400."""
+    request = ExportMetricsServiceRequest()
+    try:
+        if kind == PROTOBUF:
+            request.ParseFromString(payload)
+        else:
+            json_format.Parse(payload.decode("utf-8"), request, ignore_unknown_fields=True)
+    except (DecodeError, json_format.ParseError, UnicodeDecodeError, RecursionError) as exc:
+        raise OtlpError(400, f"malformed OTLP {kind} body: {exc}") from None
+    return request
+
+
+def encode_response(response: ExportMetricsServiceResponse, kind: str) -> bytes:
+    """Serialise the response in the same media type as the request."""
+    if kind == PROTOBUF:
+        return response.SerializeToString()
+    return json_format.MessageToJson(response).encode("utf-8")
