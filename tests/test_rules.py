@@ -80,6 +80,8 @@ RULE_ERRORS: list[tuple[dict[str, Any], str, str]] = [
     (_base(parameters={"utilization_below": 1.5}), "parameters.utilization_below",
      "between 0 and 1"),
     (_base(parameters={"window_seconds": 10}), "parameters.window_seconds", "between 1m and 1w"),
+    # no coverage at all would make a window without a sample idle: refused, not a crash later
+    (_base(parameters={"min_coverage": 0}), "parameters.min_coverage", "between 0.01 and 1"),
     (_base(parameters={"window_seconds": "30 minutes"}), "parameters.window_seconds",
      "expected a duration"),
     (_base(parameters=["window_seconds"]), "parameters", "expected a mapping"),

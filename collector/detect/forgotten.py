@@ -19,7 +19,7 @@ from gpuwarden.collector.detect.waste import (
     waste_finding,
 )
 from gpuwarden.collector.rules.model import Rule, Subject
-from gpuwarden.collector.rules.params import duration, number
+from gpuwarden.collector.rules.params import coverage, duration, number
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,12 +30,7 @@ class ForgottenGpuParams:
         "1d", "1h", "30d", "How long the allocation must have been (nearly) unused."
     )
     utilization_below: float = number(0.05, 0.0, 1.0, "Mean GPU utilisation below this.")
-    min_coverage: float = number(
-        0.8,
-        0.0,
-        1.0,
-        "Share of the window that must have samples (missing data never counts as fine).",
-    )
+    min_coverage: float = coverage()
 
 
 def run_forgotten_gpu(

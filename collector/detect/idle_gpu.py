@@ -21,7 +21,7 @@ from gpuwarden.collector.accounting.gpu_time import main_holders
 from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
 from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
 from gpuwarden.collector.rules.model import Rule, Subject
-from gpuwarden.collector.rules.params import duration, integer, number
+from gpuwarden.collector.rules.params import coverage, duration, integer, number
 
 FloatMatrix = npt.NDArray[np.floating[Any]]
 BoolMatrix = npt.NDArray[np.bool_]
@@ -35,12 +35,7 @@ class IdleGpuParams:
     utilization_below: float = number(
         0.05, 0.0, 1.0, "A sample is idle when GPU utilisation is below this ratio."
     )
-    min_coverage: float = number(
-        0.8,
-        0.0,
-        1.0,
-        "Share of the window that must have samples (missing data never counts as fine).",
-    )
+    min_coverage: float = coverage()
     min_gpus: int = integer(1, 1, 100_000, "Only jobs holding at least this many GPUs.")
 
 

@@ -27,7 +27,7 @@ from gpuwarden.collector.detect.waste import (
     waste_finding,
 )
 from gpuwarden.collector.rules.model import Rule, Subject
-from gpuwarden.collector.rules.params import duration, number
+from gpuwarden.collector.rules.params import coverage, duration, number
 from gpuwarden.collector.store.types import Resolution
 
 
@@ -40,12 +40,7 @@ class InputBoundParams:
     cpu_utilization_above: float = number(
         0.85, 0.0, 1.0, "... while host CPU utilisation is above this."
     )
-    min_coverage: float = number(
-        0.8,
-        0.0,
-        1.0,
-        "Share of the window that must have samples (missing data never counts as fine).",
-    )
+    min_coverage: float = coverage()
 
 
 def host_cpu(

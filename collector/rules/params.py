@@ -101,6 +101,17 @@ def texts(
     return _field(ParamSpec(ParamType.STR_LIST, default, None, None, text_, choices), default)
 
 
+def coverage() -> float:
+    """``min_coverage``: the share of a window that must have samples before it is judged. Above
+    0: a window with no sample at all is unknown, never idle and never fine."""
+    return number(
+        0.8,
+        0.01,
+        1.0,
+        "Share of the window that must have samples (missing data never counts as fine).",
+    )
+
+
 def param_table(params: type[object]) -> Mapping[str, ParamSpec]:
     """The parameter table of a parameters dataclass, in field order.
 
