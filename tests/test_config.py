@@ -137,7 +137,7 @@ def test_collector_model_servers(tmp_path):
             "c.yaml",
         )
     )
-    assert config.model_servers[0]["server"] == "vllm"
+    assert config.model_servers[0].server == "vllm"
     service = build_service(config)
     try:
         assert service.scraper is not None
