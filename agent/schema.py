@@ -17,7 +17,9 @@ it without the agent ever importing the collector.
 
 Checks a type cannot say (one setting needs another) live in each struct's ``__post_init__``,
 which runs when code builds a struct and when msgspec converts one; msgspec reports its
-``ValueError`` with the path of the struct, so those messages name the key too.
+``ValueError`` with the path of the struct, so those messages name the key too; a message that
+starts with one of the struct's fields (``fallback: required with httproute``) is reported at
+that field's key.
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ def redacted_repr(struct: msgspec.Struct, *secrets: str) -> str:
 
 # --- from msgspec's message to ours -----------------------------------------------------------
 
-_AT = re.compile(r"(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?", re.DOTALL)
+_AT = re.compile(r"(?P<message>.*?)(?: - at `(?P<key>key` in `)?\$(?P<path>[^`]*)`)?", re.DOTALL)
 _SEGMENT = re.compile(r"\.(?P<field>[^.\[]+)|\[(?P<index>\d+)\]|\[\.\.\.\]")
 _EXPECTED = re.compile(r"Expected `(?P<type>[^`]+)`(?P<rest>.*)", re.DOTALL)
 _WORDS = {
@@ -173,9 +175,14 @@ def explain(message: str, data: object, cls: object, where: str, section: str = 
     """One line from a ``msgspec.ValidationError`` message, naming ``where`` and the key."""
     match = _AT.fullmatch(message)
     text, path = (match["message"], match["path"] or "") if match else (message, "")
+    if match and match["key"]:  # a mapping key that does not convert: name that entry
+        path += "[...]"
     keys, value, annotation = _walk(path, data, cls)
     if missing := re.fullmatch(r"Object missing required field `(.*)`", text):
         keys, text = [*keys, missing[1]], "required"
+    field, colon, rest = text.partition(": ")
+    if colon and field in _field_names(annotation):  # a check naming one of its struct's fields
+        keys, text, value = [*keys, field], rest, _MISSING
     key = ".".join([section, *keys] if section else keys).replace(".[", "[")
     said = _say(text, value, annotation, keys[-1] if keys else section)
     return ": ".join(part for part in (where, key, said) if part)
@@ -244,23 +251,23 @@ def _walk(path: str, data: object, cls: object) -> tuple[list[str], object, obje
             ok = isinstance(value, list | tuple) and index < len(value)
             value = value[index] if isinstance(value, list | tuple) and ok else _MISSING
         else:
-            key_type, value_type = _entry_types(annotation)
-            name, value = _bad_entry(value, key_type, value_type)
+            name, value, annotation = _bad_entry(value, *_entry_types(annotation))
             keys.append(name)
-            annotation = value_type
     return keys, value, annotation
 
 
-def _bad_entry(value: object, key_type: object, value_type: object) -> tuple[str, object]:
+def _bad_entry(value: object, key_type: object, value_type: object) -> tuple[str, object, object]:
+    """The first entry of the mapping ``value`` whose key or value does not convert: its name,
+    the part that does not, and that part's annotation."""
     if not isinstance(value, Mapping):
-        return "...", _MISSING
+        return "...", _MISSING, value_type
     for key, item in value.items():
         for part, kind in ((key, key_type), (item, value_type)):
             try:
                 msgspec.convert(part, kind, dec_hook=_dec_hook)
             except msgspec.ValidationError:
-                return str(key), (key if part is key else item)
-    return "...", _MISSING
+                return str(key), part, kind
+    return "...", _MISSING, value_type
 
 
 def _strip(annotation: object) -> object:

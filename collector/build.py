@@ -57,7 +57,7 @@ def build_actuators(
     """The actuators the config enables (:mod:`~gpuwarden.collector.remediate.actuators.build`)."""
     from gpuwarden.collector.remediate.actuators.build import build_actuators as build
 
-    return build(config, environ, jobs=jobs, http=http)
+    return build(config.actuators, environ, jobs=jobs, http=http)
 
 
 def build_notifiers(
@@ -97,7 +97,7 @@ def build_notifiers(
         from gpuwarden.collector.notify.webhook_notifier import WebhookNotifier
         from gpuwarden.collector.remediate.actuators.build import load_webhooks
 
-        notifiers["webhook"] = WebhookNotifier(load_webhooks(config, environ), http=http)
+        notifiers["webhook"] = WebhookNotifier(load_webhooks(config.webhooks, environ), http=http)
     if config.alerting.alertmanagers:
         from gpuwarden.collector.notify.alertmanager_notifier import AlertmanagerNotifier
 
@@ -187,10 +187,10 @@ def build_service(
         try:
             targets = [
                 ScrapeTarget(
-                    url=t["url"],
-                    server=t.get("server", "prometheus"),  # type: ignore[arg-type]
-                    model=t.get("model"),
-                    node=t.get("node"),
+                    url=t.url,
+                    server=t.server,  # type: ignore[arg-type]
+                    model=t.model,
+                    node=t.node,
                 )
                 for t in config.model_servers
             ]

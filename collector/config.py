@@ -1,102 +1,112 @@
-"""Collector configuration, parsed once into frozen objects (file, then defaults)."""
+"""Collector configuration, parsed once into frozen objects (file, then CLI overrides, then
+defaults), through the shared schema machinery (:mod:`gpuwarden.agent.schema`).
+
+Errors are one line naming the file and the dotted key, with ``did you mean`` for a misspelt
+key; secrets (the tokens, webhook secrets, keys) are read from files named here and are never
+shown. The actuator keys are declared by
+:class:`~gpuwarden.collector.remediate.actuators.settings.ActuatorSettings`, which this config
+extends, and handed to the actuators as :attr:`CollectorConfig.actuators`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
+import msgspec
 
-from gpuwarden.agent.config import ConfigError
-from gpuwarden.collector.notify.settings import AlertingSettings, AlertingSettingsError
-from gpuwarden.collector.remediate.actuators.http_router import RouteSpec
-from gpuwarden.collector.remediate.actuators.settings import (
-    ACTUATOR_KEYS,
-    TrafficTarget,
-    WebhookEndpoint,
-    actuator_problem,
-)
-from gpuwarden.collector.remediate.policy import PolicyError, RemediationSettings
+from gpuwarden.agent.schema import ONE_OR_MANY, ConfigError, convert, read_yaml, redacted_repr
+from gpuwarden.collector.notify.settings import AlertingSettings
+from gpuwarden.collector.remediate.actuators.settings import ActuatorSettings, traffic_targets
+from gpuwarden.collector.remediate.policy import RemediationSection, RemediationSettings
+
+__all__ = [
+    "CollectorConfig",
+    "ConfigError",
+    "ModelServer",
+    "load_collector_config",
+    "parse_secrets",
+    "parse_tokens",
+]
+
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
 
 
-@dataclass(frozen=True, slots=True)
-class CollectorConfig:
-    """What the collector listens on and whom it lets in.
+class ModelServer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A model server to scrape (checked further by ``ingest.scrape.ScrapeTarget``)."""
 
-    ``tokens`` maps a bearer token to the agent (or API caller) name it authenticates. With no
-    tokens and ``allow_unauthenticated`` false, every request is refused: safe by default.
+    url: str
+    server: str = "prometheus"  # vllm | triton | prometheus
+    model: str | None = None
+    node: str | None = None
+
+
+class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True):
+    """What the collector listens on and whom it lets in, what it keeps, and what it does.
+
+    ``tokens`` maps a bearer token to the agent (or API caller) name it authenticates; the file
+    writes ``tokens_file`` (lines ``<name> <token>``), read by :func:`load_collector_config`.
+    With no tokens and ``allow_unauthenticated`` false, every request is refused: safe by
+    default. The actuator keys (``slurm_cluster``, ``kubernetes_*``, ``router_*``,
+    ``webhooks``) come from :class:`ActuatorSettings`.
     """
 
     host: str = "127.0.0.1"
-    port: int = 4318
-    tokens: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 4318
+    tokens: Mapping[str, str] = msgspec.field(
+        default_factory=lambda: MappingProxyType({}), name="tokens_file"
+    )
     allow_unauthenticated: bool = False
-    max_body_bytes: int = 8 * 1024 * 1024
-    max_decompressed_bytes: int = 64 * 1024 * 1024
+    max_body_bytes: PositiveInt = 8 * 1024 * 1024
+    max_decompressed_bytes: PositiveInt = 64 * 1024 * 1024
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     database: Path = Path("/var/lib/gpuwarden/collector.db")
-    step_seconds: int = 10
-    recent_hours: int = 6
-    max_series: int = 1_000_000
-    accounting_period_seconds: int = 60
-    idle_threshold_ratio: float = 0.05
-    grid_intensity_grams_per_kwh: float = 400.0
-    slurm_cluster: str | None = None
-    #: Kubernetes pods with GPU requests: a kubeconfig file, or the pod's service account
-    kubernetes_kubeconfig: Path | None = None
-    kubernetes_context: str | None = None
-    kubernetes_in_cluster: bool = False
+    step_seconds: PositiveInt = 10
+    recent_hours: PositiveInt = 6
+    max_series: PositiveInt = 1_000_000
+    accounting_period_seconds: PositiveInt = 60
+    idle_threshold_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
+    grid_intensity_grams_per_kwh: Annotated[float, msgspec.Meta(ge=0)] = 400.0
+    #: the Kubernetes job source's namespace (default: all); its client is kubernetes_*
     kubernetes_namespace: str | None = None
-    #: actuators (all off by default): scale_up, requeue (k8s: jobs) and drain/resume (cordon)
-    #: through the kubernetes_* client above; node-name globs each scheduler drains when both act
-    kubernetes_actions: bool = False
-    #: requeue Kueue-managed jobs through their Workload (deactivate, eviction, reactivate)
-    kubernetes_kueue: bool = False
-    slurm_action_nodes: tuple[str, ...] = ()
-    kubernetes_action_nodes: tuple[str, ...] = ()
-    #: degrade/restore: "<namespace>/<deployment>" → HTTPRoute weights or KServe canary percent
-    kubernetes_routes: Mapping[str, TrafficTarget] = field(
-        default_factory=lambda: MappingProxyType({})
-    )
-    #: degrade/restore through an HTTP router (serving_router's contract): deployment → route
-    router_url: str | None = None
-    router_token_file: Path | None = None
-    router_routes: Mapping[str, RouteSpec] = field(default_factory=lambda: MappingProxyType({}))
-    #: the webhook action's endpoints by name; secrets are read from files or env at start-up
-    webhooks: Mapping[str, WebhookEndpoint] = field(default_factory=lambda: MappingProxyType({}))
-    job_poll_seconds: float = 30.0
+    job_poll_seconds: Positive = 30.0
     max_inflight_requests: int = 64
-    #: model servers to scrape: mappings with url, server (vllm|triton|prometheus), model, node
-    model_servers: tuple[Mapping[str, str], ...] = ()
-    scrape_seconds: float = 15.0
+    model_servers: tuple[ModelServer, ...] = ()
+    scrape_seconds: Positive = 15.0
     #: rule files or folders (default: the packaged rules/); runbooks checked against runbooks_dir
-    rules: tuple[Path, ...] = ()
+    rules: Annotated[tuple[Path, ...], ONE_OR_MANY] = ()
     runbooks_dir: Path | None = None
     skip_bad_rules: bool = False
-    detection_seconds: float = 60.0
+    detection_seconds: Positive = 60.0
     #: "<#channel> <incoming-webhook URL>" per line; "<service> <integration key>" per line
     slack_webhooks_file: Path | None = None
     pagerduty_keys_file: Path | None = None
     pagerduty_events_url: str = "https://events.pagerduty.com/v2/enqueue"
     #: remediation policy (dry-run by default), links, approval secret, escalation routes
-    remediation: RemediationSettings = field(default_factory=RemediationSettings)
+    remediation: RemediationSettings = msgspec.field(default_factory=RemediationSettings)
     #: incident alerts: Alertmanager URLs, re-send interval, grouping, routing by severity/team
-    alerting: AlertingSettings = field(default_factory=AlertingSettings)
+    alerting: AlertingSettings = msgspec.field(default_factory=AlertingSettings)
 
     def __post_init__(self) -> None:
+        """The checks across keys, in one place (the actuators' in ``actuator_problem``)."""
         if self.max_body_bytes <= 0 or self.max_decompressed_bytes < self.max_body_bytes:
             raise ConfigError("need 0 < max_body_bytes <= max_decompressed_bytes")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ConfigError("tls_cert_file and tls_key_file go together")
-        if self.kubernetes_in_cluster and self.kubernetes_kubeconfig is not None:
-            raise ConfigError("kubernetes_in_cluster and kubernetes_kubeconfig exclude each other")
-        problem = actuator_problem(self)
-        if problem is not None:
-            raise ConfigError(problem)
+        super().__post_init__()
+
+    def __repr__(self) -> str:
+        return redacted_repr(self, "tokens")
+
+    @property
+    def actuators(self) -> ActuatorSettings:
+        """The actuator keys alone: what ``remediate.actuators.build`` takes."""
+        fields = ActuatorSettings.__struct_fields__
+        return ActuatorSettings(**{name: getattr(self, name) for name in fields})
 
 
 def parse_secrets(path: Path, what: str) -> dict[str, str]:
@@ -139,134 +149,43 @@ def parse_tokens(text: str, where: str) -> dict[str, str]:
     return tokens
 
 
-_KEYS = {
-    "host": str,
-    "port": int,
-    "tokens_file": Path,
-    "allow_unauthenticated": bool,
-    "max_body_bytes": int,
-    "max_decompressed_bytes": int,
-    "tls_cert_file": Path,
-    "tls_key_file": Path,
-    "database": Path,
-    "step_seconds": int,
-    "recent_hours": int,
-    "max_series": int,
-    "accounting_period_seconds": int,
-    "idle_threshold_ratio": float,
-    "grid_intensity_grams_per_kwh": float,
-    "slurm_cluster": str,
-    "kubernetes_kubeconfig": Path,
-    "kubernetes_context": str,
-    "kubernetes_in_cluster": bool,
-    "kubernetes_namespace": str,
-    "kubernetes_actions": bool,
-    "kubernetes_kueue": bool,
-    **dict.fromkeys(ACTUATOR_KEYS, object),  # parsed by _setting (remediate/actuator_settings)
-    "router_url": str,
-    "router_token_file": Path,
-    "job_poll_seconds": float,
-    "max_inflight_requests": int,
-    "model_servers": list,
-    "scrape_seconds": float,
-    "rules": tuple,
-    "runbooks_dir": Path,
-    "skip_bad_rules": bool,
-    "detection_seconds": float,
-    "remediation": dict,
-    "alerting": dict,
-    "slack_webhooks_file": Path,
-    "pagerduty_keys_file": Path,
-    "pagerduty_events_url": str,
-}
+def _tokens(written: object, where: str, key: str) -> dict[str, str]:
+    """``tokens_file``: the file's tokens (token → name)."""
+    path = convert(written, Path, where, section=key)
+    try:
+        return parse_tokens(path.read_text(encoding="utf-8"), str(path))
+    except OSError as exc:
+        raise ConfigError(f"{where}: {key} {path}: {exc.strerror}") from None
 
 
-_SCRAPE_KEYS = frozenset({"url", "server", "model", "node"})
+def _remediation(written: object, where: str, key: str) -> RemediationSettings:
+    """``remediation``: written with the policy's keys beside the links'."""
+    return convert(written, RemediationSection, where, section=key).settings()
 
 
-def _model_servers(value: object, where: str) -> tuple[Mapping[str, str], ...]:
-    """Validate the model-server list: mappings of strings with known keys and a url."""
-    if not isinstance(value, list):
-        raise ConfigError(f"{where}: expected a list of mappings")
-    out = []
-    for i, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise ConfigError(f"{where}[{i}]: expected a mapping")
-        unknown = set(item) - _SCRAPE_KEYS
-        if unknown:
-            raise ConfigError(f"{where}[{i}]: unknown key {sorted(unknown)[0]!r}")
-        if "url" not in item:
-            raise ConfigError(f"{where}[{i}]: url is required")
-        out.append(MappingProxyType({str(k): str(v) for k, v in item.items()}))
-    return tuple(out)
-
-
-def _value(key: str, value: Any, where: str) -> Any:
-    """One config value, checked against the type of its key."""
-    kind = _KEYS.get(key)
-    if kind is None:
-        raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(_KEYS))})")
-    if kind is bool and not isinstance(value, bool):
-        raise ConfigError(f"{where}.{key}: expected true or false, got {value!r}")
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"{where}.{key}: expected an integer, got {value!r}")
-    if kind is float and (isinstance(value, bool) or not isinstance(value, int | float)):
-        raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
-    if kind is list:
-        return _model_servers(value, f"{where}.{key}")
-    if kind is dict:  # the remediation and alerting sections
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}.{key}: expected a mapping")
-        if key == "alerting":
-            try:
-                return AlertingSettings.from_mapping(value, f"{where}: {key}")
-            except AlertingSettingsError as exc:
-                raise ConfigError(str(exc)) from None
-        try:
-            return RemediationSettings.from_mapping(value, f"{where}: {key}")
-        except PolicyError as exc:
-            raise ConfigError(str(exc)) from None
-    if kind is tuple:  # a list of paths
-        items = value if isinstance(value, list) else [value]
-        if not all(isinstance(item, str) for item in items):
-            raise ConfigError(f"{where}.{key}: expected a path or a list of paths")
-        return tuple(Path(item) for item in items)
-    return kind(value)
-
-
-def _setting(key: str, value: Any, where: str) -> Any:
-    """One config value: the actuator keys parsed by their own module, the rest by ``_value``."""
-    parse = ACTUATOR_KEYS.get(key)
-    return parse(value, f"{where}.{key}") if parse is not None else _value(key, value, where)
+#: Keys written in one form and held in another: key → its reader, (written, file, key) → held,
+#: which checks what is written through the schema too. The held value then passes through.
+_READERS: Mapping[str, Callable[[object, str, str], object]] = MappingProxyType(
+    {
+        "tokens_file": _tokens,
+        "kubernetes_routes": traffic_targets,
+        "remediation": _remediation,
+    }
+)
 
 
 def load_collector_config(
     path: Path | None, overrides: Mapping[str, Any] | None = None
 ) -> CollectorConfig:
-    """Load the collector config file (YAML), with explicit CLI overrides on top."""
+    """Load the collector config file (YAML), with explicit CLI overrides on top.
+
+    Raises:
+        ConfigError: one line, ``<file>: <dotted.key>: <what is wrong>``.
+    """
     where = str(path) if path is not None else "<defaults>"
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-        data = dict(loaded)
+    data = read_yaml(path) if path is not None else {}
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    kwargs = {key: _setting(key, value, where) for key, value in data.items()}
-    tokens_file = kwargs.pop("tokens_file", None)
-    if tokens_file is not None:
-        try:
-            kwargs["tokens"] = MappingProxyType(
-                parse_tokens(tokens_file.read_text(encoding="utf-8"), str(tokens_file))
-            )
-        except OSError as exc:
-            raise ConfigError(f"{where}.tokens_file {tokens_file}: {exc.strerror}") from exc
-    try:
-        return CollectorConfig(**kwargs)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+    for key, read in _READERS.items():
+        if key in data:
+            data[key] = read(data[key], where, key)
+    return convert(data, CollectorConfig, where)

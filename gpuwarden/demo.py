@@ -40,10 +40,12 @@ from gpuwarden.agent.config import (
 from gpuwarden.agent.sources.simulated import SimulatedSource
 from gpuwarden.collector.build import build_remediation, build_service, load_configured_rules
 from gpuwarden.collector.config import CollectorConfig as ServerConfig
+from gpuwarden.collector.config import ModelServer
 from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.remediate.actuators.base import Actuator
-from gpuwarden.collector.remediate.actuators.http_router import HttpRouterActuator, RouteSpec
+from gpuwarden.collector.remediate.actuators.http_router import HttpRouterActuator
+from gpuwarden.collector.remediate.actuators.settings import RouteSpec
 from gpuwarden.collector.remediate.policy import SETTLE_SECONDS, PolicyConfig, RemediationSettings
 from gpuwarden.collector.storage.records import Event, EventKind
 from gpuwarden.collector.web.app import create_app
@@ -122,13 +124,11 @@ def _server_config(port: int, token: str, db: Path, model_port: int, speed: floa
         recent_hours=1,
         accounting_period_seconds=10,
         model_servers=(
-            MappingProxyType(
-                {
-                    "url": f"http://127.0.0.1:{model_port}/metrics",
-                    "server": "vllm",
-                    "model": SERVICE_MODEL,
-                    "node": "gpu-node-c",
-                }
+            ModelServer(
+                url=f"http://127.0.0.1:{model_port}/metrics",
+                server="vllm",
+                model=SERVICE_MODEL,
+                node="gpu-node-c",
             ),
         ),
         scrape_seconds=1.0,

@@ -10,7 +10,8 @@ import pytest
 from aiohttp import web
 
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, ActionResult, Outcome
-from gpuwarden.collector.remediate.actuators.http_router import HttpRouterActuator, RouteSpec
+from gpuwarden.collector.remediate.actuators.http_router import HttpRouterActuator
+from gpuwarden.collector.remediate.actuators.settings import RouteSpec
 from gpuwarden.demo_router import (
     RouteError,
     RouterState,

@@ -17,13 +17,14 @@ from gpuwarden.collector.config import CollectorConfig, load_collector_config
 from gpuwarden.collector.jobs.model import Job, JobState
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, Actuator, Outcome
 from gpuwarden.collector.remediate.actuators.build import build_actuators
-from gpuwarden.collector.remediate.actuators.http_router import HttpRouterActuator, RouteSpec
+from gpuwarden.collector.remediate.actuators.http_router import HttpRouterActuator
 from gpuwarden.collector.remediate.actuators.kubernetes import KubernetesActuator
 from gpuwarden.collector.remediate.actuators.ownership import NodeOwnership, OwnedActuator
 from gpuwarden.collector.remediate.actuators.routing import KubernetesRoutingActuator
 from gpuwarden.collector.remediate.actuators.settings import (
     HTTPRouteTarget,
     InferenceServiceTarget,
+    RouteSpec,
     WebhookEndpoint,
 )
 from gpuwarden.collector.remediate.actuators.slurm import SlurmActuator
@@ -116,7 +117,7 @@ def test_the_defaults_enable_no_actuator(tmp_path: Path) -> None:
     assert config.router_url is None
     assert config.router_routes == {}
     assert config.webhooks == {}
-    assert build_actuators(CollectorConfig(database=tmp_path / "c.db"), {}) == []
+    assert build_actuators(CollectorConfig(database=tmp_path / "c.db").actuators, {}) == []
 
 
 def test_every_actuator_key_parses_into_frozen_values(tmp_path: Path) -> None:
@@ -160,7 +161,10 @@ ROUTE = "{httproute: llm, primary: a, fallback: b}"
         (KC + "kubernetes_action_nodes: [k8s-*]\n", "needs kubernetes_actions: true"),
         (KC + "kubernetes_kueue: true\n", "kubernetes_kueue needs kubernetes_actions: true"),
         ("slurm_action_nodes: [dgx-*]\n", "slurm_action_nodes needs slurm_cluster"),
-        ("slurm_cluster: a\nslurm_action_nodes: ['gpu *']\n", "slurm_action_nodes: expected"),
+        (
+            "slurm_cluster: a\nslurm_action_nodes: ['gpu *']\n",
+            "slurm_action_nodes[0]: expected a node-name glob",
+        ),
         (
             "slurm_cluster: a\n" + KC + "kubernetes_actions: true\n",
             "both drain nodes: set slurm_action_nodes and/or kubernetes_action_nodes",
@@ -175,7 +179,7 @@ ROUTE = "{httproute: llm, primary: a, fallback: b}"
         ),
         (
             KC + "kubernetes_routes: {serving/llm: {httproute: llm, primary: a}}\n",
-            "kubernetes_routes.serving/llm.fallback: expected a non-empty string",
+            "kubernetes_routes.serving/llm.fallback: required with httproute",
         ),
         (
             KC + "kubernetes_routes: {serving/llm: {httproute: llm, inferenceservice: x}}\n",
@@ -187,7 +191,7 @@ ROUTE = "{httproute: llm, primary: a, fallback: b}"
         ),
         (
             KC + "kubernetes_routes: {serving/llm: {httproute: Llm_1, primary: a, fallback: b}}\n",
-            "httproute: 'Llm_1' is not a Kubernetes object name",
+            "httproute: expected a Kubernetes object name or '<namespace>/<name>', got 'Llm_1'",
         ),
         (
             KC + "kubernetes_routes: {serving/llm: {httproute: llm, primary: a, fallback: a}}\n",
@@ -205,7 +209,7 @@ ROUTE = "{httproute: llm, primary: a, fallback: b}"
         ),
         (
             "router_url: http://r\nrouter_routes: {m: {primary: a, fallback: b}}\n",
-            "router_routes.m.route: expected a non-empty string",
+            "router_routes.m.route: required",
         ),
         ("router_token_file: /etc/t\n", "router_token_file needs router_url"),
         (
@@ -215,9 +219,15 @@ ROUTE = "{httproute: llm, primary: a, fallback: b}"
             "deployment 'serving/llm' is in both kubernetes_routes and router_routes",
         ),
         ("webhooks: {ticketing: {url: 'https://t/h'}}\n", "webhooks.ticketing: set secret_file"),
-        ("webhooks: {Tick: {url: 'https://t/h', secret_env: S}}\n", "webhooks.Tick: a webhook"),
+        (
+            "webhooks: {Tick: {url: 'https://t/h', secret_env: S}}\n",
+            "webhooks.Tick: expected a webhook name",
+        ),
         ("webhooks: {t: {url: 'ftp://t/h', secret_env: S}}\n", "webhooks.t.url: expected an http"),
-        ("webhooks: {t: {url: 'http://t', secret_env: 1X}}\n", "secret_env: not an environment"),
+        (
+            "webhooks: {t: {url: 'http://t', secret_env: 1X}}\n",
+            "secret_env: expected an environment",
+        ),
         (
             "webhooks: {t: {url: 'http://t', secret_env: S, timeout_seconds: 0}}\n",
             "webhooks.t.timeout_seconds: expected a positive number",
@@ -250,7 +260,7 @@ def test_each_key_builds_its_actuator(tmp_path: Path, kubeconfig: Path) -> None:
     (tmp_path / "s").write_text(SECRET, encoding="utf-8")
     text = EXAMPLE.format(kubeconfig=kubeconfig, token_file=tmp_path / "router-token")
     config = load(tmp_path, text.replace("/etc/s", str(tmp_path / "s")))
-    built = build_actuators(config, {"GPUWARDEN_TICKETING_SECRET": SECRET})
+    built = build_actuators(config.actuators, {"GPUWARDEN_TICKETING_SECRET": SECRET})
     kinds = [type(getattr(a, "inner", a)).__name__ for a in built]
     assert kinds == [
         "SlurmActuator",
@@ -280,13 +290,13 @@ def test_unusable_client_or_secret_settings_fail_at_start_naming_the_key(
         tmp_path, f"kubernetes_kubeconfig: {tmp_path / 'nope'}\nkubernetes_actions: true\n"
     )
     with pytest.raises(ConfigError, match=r"kubernetes_actions: kubeconfig .* does not exist"):
-        build_actuators(missing, {})
+        build_actuators(missing.actuators, {})
     hooks = load(tmp_path, "webhooks: {ticketing: {url: 'https://t/h', secret_env: HOOK}}\n")
     with pytest.raises(ConfigError, match=r"webhooks\.ticketing: .*no secret"):
-        build_actuators(hooks, {})
+        build_actuators(hooks.actuators, {})
     short = "too-short"
     with pytest.raises(ConfigError, match="shorter than 16 bytes") as info:
-        build_actuators(hooks, {"HOOK": short})
+        build_actuators(hooks.actuators, {"HOOK": short})
     assert short not in str(info.value)
     router = load(
         tmp_path,
@@ -294,7 +304,7 @@ def test_unusable_client_or_secret_settings_fail_at_start_naming_the_key(
         "router_routes: {m: {route: r, primary: a, fallback: b}}\n",
     )
     with pytest.raises(ConfigError, match=r"router_token_file .*no-token: cannot read"):
-        build_actuators(router, {})
+        build_actuators(router.actuators, {})
 
 
 # Who owns which target when Slurm and Kubernetes both act -------------------------------------
@@ -310,7 +320,7 @@ def both(tmp_path: Path, kubeconfig: Path, nodes: str) -> list[Actuator]:
         f"k8s:{POD_UID}": Job(f"k8s:{POD_UID}", "kubernetes", "research/train-0", JobState.RUNNING),
         "k8s:bare-uid": Job("k8s:bare-uid", "kubernetes", "bare-uid", JobState.RUNNING),
     }
-    return build_actuators(config, {}, jobs=lookup.get)
+    return build_actuators(config.actuators, {}, jobs=lookup.get)
 
 
 @pytest.mark.parametrize(
@@ -399,7 +409,7 @@ def test_a_configured_kubernetes_actuator_scales_a_deployment_dry_run_then_for_r
 ) -> None:
     stub.objects.put(DEPLOYMENT, _deployment(2))
     config = load(tmp_path, f"kubernetes_kubeconfig: {kubeconfig}\nkubernetes_actions: true\n")
-    kubernetes = _kubernetes(build_actuators(config, {}))
+    kubernetes = _kubernetes(build_actuators(config.actuators, {}))
     scale = ActionRequest("scale_up", "serving/llm-small", "k", True, {"step_replicas": 2})
 
     dry = kubernetes.execute(scale)
@@ -485,7 +495,7 @@ def test_kubernetes_routes_degrade_an_httproute_built_from_config(
         "kubernetes_routes:\n"
         "  serving/llm-large: {httproute: llm, primary: llm-large, fallback: llm-small}\n",
     )
-    (routing,) = build_actuators(config, {})
+    (routing,) = build_actuators(config.actuators, {})
     degrade = ActionRequest("degrade", "serving/llm-large", "k", False, {"traffic_ratio": 0.25})
     assert routing.execute(degrade).outcome is Outcome.DONE
     refs = stub.objects.get(HTTPROUTE)["spec"]["rules"][0]["backendRefs"]  # type: ignore[index]
@@ -506,7 +516,9 @@ def test_router_and_webhook_built_from_config_use_their_secrets(tmp_path: Path) 
             f"webhooks: {{ticketing: {{url: '{receiver.url}/hook', secret_env: HOOK}}}}\n",
         )
         assert SECRET not in repr(config)
-        routed, hooks = build_actuators(config, {"HOOK": SECRET}, clock=lambda: 1_800_000_000.0)
+        routed, hooks = build_actuators(
+            config.actuators, {"HOOK": SECRET}, clock=lambda: 1_800_000_000.0
+        )
         degrade = ActionRequest("degrade", "llama-70b", "k", False, {"traffic_ratio": 0.5})
         assert routed.execute(degrade).outcome is Outcome.DONE
         assert state.share("llama", "llama-8b") == pytest.approx(0.5)

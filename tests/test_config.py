@@ -137,7 +137,7 @@ def test_collector_model_servers(tmp_path):
             "c.yaml",
         )
     )
-    assert config.model_servers[0]["server"] == "vllm"
+    assert config.model_servers[0].server == "vllm"
     service = build_service(config)
     try:
         assert service.scraper is not None
@@ -154,3 +154,99 @@ def test_collector_model_servers(tmp_path):
     )
     with pytest.raises(ConfigError, match="model_servers: scrape target"):
         build_service(bad)
+
+
+# The collector config's error messages: one line, the file first, then the dotted key -------
+
+COLLECTOR_ERRORS = [
+    # unknown keys, with did-you-mean at every level
+    ("prot: 1\n", "unknown key 'prot'; did you mean 'port'?"),
+    ("tokens_fil: /t\n", "unknown key 'tokens_fil'; did you mean 'tokens_file'?"),
+    ("tokens: {s3cr3t-token-0123456: a}\n", "unknown key 'tokens'; did you mean 'tokens_file'?"),
+    (
+        "remediation: {dry_runn: false}\n",
+        "remediation: unknown key 'dry_runn'; did you mean 'dry_run'?",
+    ),
+    (
+        "webhooks: {t: {url: 'http://t', secret_file: /s, secrett: s3cr3t}}\n",
+        "webhooks.t: unknown key 'secrett'; did you mean 'secret_env'?",
+    ),
+    ("model_servers: [{uri: x}]\n", "model_servers[0]: unknown key 'uri'; did you mean 'url'?"),
+    # wrong types
+    ("port: '80'\n", "port: expected an integer, got '80'"),
+    (
+        "allow_unauthenticated: yes please\n",
+        "allow_unauthenticated: expected true or false, got 'yes please'",
+    ),
+    ("tokens_file: 3\n", "tokens_file: expected a path, got 3"),
+    ("rules: [1]\n", "rules[0]: expected a path, got 1"),
+    ("remediation: 3\n", "remediation: expected a mapping, got 3"),
+    (
+        "kubernetes_routes: [serving/llm]\n",
+        "kubernetes_routes: expected a mapping, got ['serving/llm']",
+    ),
+    # out of range
+    ("port: 70000\n", "port: expected an integer <= 65535, got 70000"),
+    ("max_body_bytes: 0\n", "max_body_bytes: expected an integer >= 1, got 0"),
+    ("step_seconds: 0\n", "step_seconds: expected an integer >= 1, got 0"),
+    ("alerting: {resend_seconds: 0}\n", "alerting.resend_seconds: expected a number >= 1, got 0"),
+    (
+        "remediation: {breaker_max_fleet_ratio: 2}\n",
+        "remediation.breaker_max_fleet_ratio: expected a number <= 1, got 2",
+    ),
+    # nested key paths: mapping entries by name, list items by index, a mapping key itself
+    ("model_servers: [{server: vllm}]\n", "model_servers[0].url: required"),
+    (
+        "alerting: {routing: [{routes: [nope]}]}\n",
+        "alerting.routing[0].routes[0]: expected <slack|pagerduty|alertmanager|webhook>:<target>,"
+        " got 'nope'",
+    ),
+    (
+        "kubernetes_kubeconfig: /k\n"
+        "kubernetes_routes: {serving/llm: {httproute: llm, primary: a}}\n",
+        "kubernetes_routes.serving/llm.fallback: required with httproute",
+    ),
+    (
+        "kubernetes_kubeconfig: /k\nkubernetes_routes: {llm: {inferenceservice: x}}\n",
+        "kubernetes_routes.llm: expected '<namespace>/<name>', got 'llm'",
+    ),
+    # checks across keys: at the top, in one place
+    ("tls_cert_file: /c\n", "tls_cert_file and tls_key_file go together"),
+    (
+        "max_body_bytes: 10\nmax_decompressed_bytes: 5\n",
+        "need 0 < max_body_bytes <= max_decompressed_bytes",
+    ),
+    (
+        "kubernetes_in_cluster: true\nkubernetes_kubeconfig: /k\n",
+        "kubernetes_in_cluster and kubernetes_kubeconfig exclude each other",
+    ),
+    # secret values never shown
+    (
+        "webhooks: {t: {url: 'http://t', secret_env: s3cr3t-value}}\n",
+        "webhooks.t.secret_env: expected an environment variable name, got a str (not shown)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), COLLECTOR_ERRORS)
+def test_collector_config_error_messages(tmp_path, text, message):
+    path = write(tmp_path, text, "collector.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_collector_config(path)
+    assert str(info.value) == f"{path}: {message}"
+    assert "s3cr3t" not in str(info.value)
+
+
+def test_collector_tokens_file_that_cannot_be_read(tmp_path):
+    path = write(tmp_path, f"tokens_file: {tmp_path / 'nope'}\n", "collector.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_collector_config(path)
+    assert str(info.value) == f"{path}: tokens_file {tmp_path / 'nope'}: No such file or directory"
+
+
+def test_collector_cli_overrides_win_over_the_file(tmp_path):
+    path = write(tmp_path, "port: 9999\nhost: 0.0.0.0\n", "collector.yaml")
+    config = load_collector_config(path, {"port": 7000, "host": None})
+    assert (config.host, config.port) == ("0.0.0.0", 7000)
+    with pytest.raises(ConfigError, match=r"^<defaults>: port: expected an integer"):
+        load_collector_config(None, {"port": "x"})

@@ -1,4 +1,4 @@
-"""The actuators the collector config enables (the remediation half of the composition root).
+"""The actuators their settings enable (the remediation half of the composition root).
 
 Everything is off by default. ``slurm_cluster`` enables the Slurm actuator (requeue, drain,
 resume); ``kubernetes_actions`` the Kubernetes one (scale_up, requeue of ``k8s:`` jobs by deleting
@@ -21,9 +21,13 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from gpuwarden.agent.config import ConfigError
-from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.extras import needs_extra
 from gpuwarden.collector.remediate.actuators.ownership import NodeOwnership, OwnedActuator
+from gpuwarden.collector.remediate.actuators.settings import (
+    ActuatorSettings,
+    HTTPRouteTarget,
+    WebhookEndpoint,
+)
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -38,7 +42,7 @@ JobLookup = Callable[[str], "Job | None"]
 
 
 def build_actuators(
-    config: CollectorConfig,
+    config: ActuatorSettings,
     environ: Mapping[str, str],
     *,
     jobs: JobLookup | None = None,
@@ -49,7 +53,7 @@ def build_actuators(
     HTTP router, webhooks.
 
     Args:
-        config: the collector configuration.
+        config: the actuator settings (``CollectorConfig.actuators``).
         environ: the environment (``scontrol``'s environment, webhook secrets by variable name).
         jobs: job lookup that turns a ``k8s:<uid>`` key into the pod to requeue; without it
             Kubernetes jobs are not requeued (the action is proposed instead).
@@ -83,12 +87,12 @@ def build_actuators(
     if config.router_url is not None:
         actuators.append(_router(config, config.router_url, http))
     if config.webhooks:
-        actuators.append(_webhooks(config, environ, clock, http))
+        actuators.append(_webhooks(config.webhooks, environ, clock, http))
     return actuators
 
 
 def _slurm(
-    cluster: str, config: CollectorConfig, environ: Mapping[str, str], nodes: NodeOwnership
+    cluster: str, config: ActuatorSettings, environ: Mapping[str, str], nodes: NodeOwnership
 ) -> Actuator:
     from gpuwarden.collector.remediate.actuators.slurm import SlurmActuator
 
@@ -106,7 +110,7 @@ def _slurm(
     return OwnedActuator(slurm, owns, system="Slurm")
 
 
-def _kube_client(config: CollectorConfig) -> ApiClient:
+def _kube_client(config: ActuatorSettings) -> ApiClient:
     from gpuwarden.collector.jobs import JobSourceError
     from gpuwarden.collector.jobs.kube_client import load_client
 
@@ -121,7 +125,7 @@ def _kube_client(config: CollectorConfig) -> ApiClient:
         raise ConfigError(f"kubernetes_actions: {exc}") from None
 
 
-def _kube_setting(config: CollectorConfig) -> str:
+def _kube_setting(config: ActuatorSettings) -> str:
     """The key that made the actuators need a Kubernetes client."""
     return "kubernetes_actions" if config.kubernetes_actions else "kubernetes_routes"
 
@@ -164,7 +168,7 @@ def _kubernetes(
     return OwnedActuator(kubernetes, owns, system="Kubernetes")
 
 
-def _kubernetes_routes(client: ApiClient, config: CollectorConfig) -> Actuator:
+def _kubernetes_routes(client: ApiClient, config: ActuatorSettings) -> Actuator:
     with needs_extra("kubernetes", "kubernetes_routes"):
         from gpuwarden.collector.remediate.actuators.kube_api import CustomObjects
         from gpuwarden.collector.remediate.actuators.routing import (
@@ -173,8 +177,6 @@ def _kubernetes_routes(client: ApiClient, config: CollectorConfig) -> Actuator:
             InferenceServiceBinding,
             KubernetesRoutingActuator,
         )
-    from gpuwarden.collector.remediate.actuators.settings import HTTPRouteTarget
-
     bindings: dict[str, Binding] = {
         deployment: (
             HTTPRouteBinding(target.namespace, target.route, target.primary, target.fallback)
@@ -186,7 +188,7 @@ def _kubernetes_routes(client: ApiClient, config: CollectorConfig) -> Actuator:
     return KubernetesRoutingActuator(CustomObjects(client), bindings)
 
 
-def _router(config: CollectorConfig, url: str, http: HttpClient | None) -> Actuator:
+def _router(config: ActuatorSettings, url: str, http: HttpClient | None) -> Actuator:
     from gpuwarden.collector.remediate.actuators.http_router import HttpRouterActuator
 
     token = ""
@@ -199,13 +201,15 @@ def _router(config: CollectorConfig, url: str, http: HttpClient | None) -> Actua
     return HttpRouterActuator(url, config.router_routes, token=token, http=http)
 
 
-def load_webhooks(config: CollectorConfig, environ: Mapping[str, str]) -> list[Webhook]:
+def load_webhooks(
+    webhooks: Mapping[str, WebhookEndpoint], environ: Mapping[str, str]
+) -> list[Webhook]:
     """The configured ``webhooks`` with their secrets (for the action and the ``webhook:``
     alert route). Raises ``ConfigError`` naming the webhook, never the secret."""
     from gpuwarden.collector.alerts.signing import Webhook, WebhookConfigError, load_secret
 
     endpoints = []
-    for name, endpoint in config.webhooks.items():
+    for name, endpoint in webhooks.items():
         try:
             secret = load_secret(
                 name,
@@ -220,11 +224,11 @@ def load_webhooks(config: CollectorConfig, environ: Mapping[str, str]) -> list[W
 
 
 def _webhooks(
-    config: CollectorConfig,
+    webhooks: Mapping[str, WebhookEndpoint],
     environ: Mapping[str, str],
     clock: Callable[[], float],
     http: HttpClient | None,
 ) -> Actuator:
     from gpuwarden.collector.remediate.actuators.webhook import WebhookActuator
 
-    return WebhookActuator(load_webhooks(config, environ), clock=clock, http=http)
+    return WebhookActuator(load_webhooks(webhooks, environ), clock=clock, http=http)

@@ -12,22 +12,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.collector.clients.http import HttpClient
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, ActionResult, Outcome
+from gpuwarden.collector.remediate.actuators.settings import RouteSpec
 
 DEFAULT_RATIO = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class RouteSpec:
-    """Which route serves a deployment, and its primary and fallback backends."""
-
-    route: str
-    primary: str
-    fallback: str
 
 
 class HttpRouterActuator:

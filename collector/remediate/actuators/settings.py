@@ -1,46 +1,74 @@
-"""The collector config's actuator keys, parsed into frozen values (no client imported here).
+"""The actuators' settings (the actuator keys of the collector config), as frozen structs.
+
+:class:`ActuatorSettings` is what ``build.build_actuators`` takes; the collector config declares
+these keys by extending it (they stay top-level keys of the file) and hands the actuators
+``CollectorConfig.actuators``, so nothing here knows the collector config. No client is imported.
 
 Each value mirrors an actuator's constructor: :class:`HTTPRouteTarget` and
 :class:`InferenceServiceTarget` the bindings of ``routing.KubernetesRoutingActuator``,
-``RouteSpec`` the routes of ``routing_actuator.HttpRouterActuator``, :class:`WebhookEndpoint` a
+:class:`RouteSpec` the routes of ``http_router.HttpRouterActuator``, :class:`WebhookEndpoint` a
 ``webhook.Webhook`` whose secret is read at start-up (from ``secret_file``, else the environment
 variable ``secret_env``), so no secret is ever part of the configuration object.
 
-Every parser raises :class:`ActuatorSettingsError` naming ``<file>.<key>[.<entry>]``.
+``kubernetes_routes`` is written as :class:`KubernetesRoute` entries and held as targets:
+:func:`traffic_targets` turns the one into the other when the file is loaded.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Annotated
 
-from gpuwarden.agent.config import ConfigError
-from gpuwarden.collector.remediate.actuators.http_router import RouteSpec
+import msgspec
 
-if TYPE_CHECKING:
-    from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.agent.schema import ONE_OR_MANY, ConfigError, convert
 
 #: As the API server validates: a namespace is a DNS label, an object name a DNS subdomain.
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(
-    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_DNS_SUBDOMAIN = (
+    r"(?=[^/]{1,253}(/|$))[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 )
+
+ObjectName = Annotated[
+    str, msgspec.Meta(pattern=f"^{_DNS_SUBDOMAIN}$", description="a Kubernetes object name")
+]
+Namespaced = Annotated[
+    str,
+    msgspec.Meta(pattern=f"^{_DNS_LABEL}/{_DNS_SUBDOMAIN}$", description="'<namespace>/<name>'"),
+]
+ObjectRef = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=f"^({_DNS_LABEL}/)?{_DNS_SUBDOMAIN}$",
+        description="a Kubernetes object name or '<namespace>/<name>'",
+    ),
+]
 #: A node-name glob: hostname characters and ``*``, ``?``, ``[...]``.
-_NODE_GLOB = re.compile(r"[A-Za-z0-9.*?\[\]!_-]{1,253}")
-_WEBHOOK_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+NodeGlob = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[A-Za-z0-9.*?\[\]!_-]{1,253}$",
+        description="a node-name glob such as 'gpu-a-*'",
+    ),
+]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+HttpUrl = Annotated[str, msgspec.Meta(pattern="^https?://", description="an http(s) URL")]
+WebhookName = Annotated[
+    str,
+    msgspec.Meta(
+        pattern="^[a-z0-9][a-z0-9_-]{0,62}$",
+        description="a webhook name (lowercase letters, digits, -, _)",
+    ),
+]
+EnvName = Annotated[
+    str,
+    msgspec.Meta(pattern="^[A-Za-z_][A-Za-z0-9_]*$", description="an environment variable name"),
+]
 
 
-class ActuatorSettingsError(ConfigError):
-    """An actuator key is unusable; the message names the file and key, never a secret."""
-
-
-@dataclass(frozen=True, slots=True)
-class HTTPRouteTarget:
+class HTTPRouteTarget(msgspec.Struct, frozen=True, tag="httproute"):
     """A deployment's traffic split in a Gateway API HTTPRoute (backends by Service name)."""
 
     namespace: str
@@ -49,171 +77,149 @@ class HTTPRouteTarget:
     fallback: str
 
 
-@dataclass(frozen=True, slots=True)
-class InferenceServiceTarget:
+class InferenceServiceTarget(msgspec.Struct, frozen=True, tag="inferenceservice"):
     """A deployment served by a KServe InferenceService whose canary is the smaller model."""
 
     namespace: str
     name: str
 
 
+#: (Tagged only so that msgspec takes either in one mapping; the file never writes the tag.)
 TrafficTarget = HTTPRouteTarget | InferenceServiceTarget
 
 
-@dataclass(frozen=True, slots=True)
-class WebhookEndpoint:
+class KubernetesRoute(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One ``kubernetes_routes`` entry as written: ``httproute`` (with ``primary`` and
+    ``fallback`` backend Service names) or ``inferenceservice``, in the deployment's namespace
+    unless written ``<namespace>/<name>``."""
+
+    httproute: ObjectRef | None = None
+    inferenceservice: ObjectRef | None = None
+    primary: ObjectName | None = None
+    fallback: ObjectName | None = None
+
+    def __post_init__(self) -> None:
+        if (self.httproute is None) == (self.inferenceservice is None):
+            raise ConfigError("set exactly one of httproute, inferenceservice")
+        if self.inferenceservice is not None:
+            if self.primary is not None or self.fallback is not None:
+                raise ConfigError("primary/fallback go with httproute only")
+            return
+        for side in ("primary", "fallback"):
+            if getattr(self, side) is None:
+                raise ConfigError(f"{side}: required with httproute")
+        if self.primary == self.fallback:
+            raise ConfigError("primary and fallback are the same backend")
+
+    def target(self, deployment: str) -> TrafficTarget:
+        """The target of ``deployment`` (``<namespace>/<name>``)."""
+        namespace = deployment.partition("/")[0]
+        if self.inferenceservice is not None:
+            return InferenceServiceTarget(*_in(namespace, self.inferenceservice))
+        if self.httproute is None or self.primary is None or self.fallback is None:
+            raise ConfigError("httproute needs primary and fallback")  # as __post_init__ says
+        return HTTPRouteTarget(*_in(namespace, self.httproute), self.primary, self.fallback)
+
+
+def _in(namespace: str, ref: str) -> tuple[str, str]:
+    """``(namespace, name)`` of ``ref``, in ``namespace`` unless it names its own."""
+    own, slash, name = ref.partition("/")
+    return (own, name) if slash else (namespace, ref)
+
+
+def traffic_targets(written: object, where: str, section: str) -> dict[str, TrafficTarget]:
+    """``kubernetes_routes`` as written (``<namespace>/<deployment>`` → :class:`KubernetesRoute`)
+    into targets.
+
+    Raises:
+        ConfigError: ``<where>: <section>.<deployment>[.<key>]: <what is wrong>``.
+    """
+    routes = convert(written, dict[Namespaced, KubernetesRoute], where, section=section)
+    return {name: route.target(name) for name, route in routes.items()}
+
+
+class RouteSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Which route of an HTTP router serves a deployment, and its primary and fallback
+    backends (a ``router_routes`` entry)."""
+
+    route: NonEmpty
+    primary: NonEmpty
+    fallback: NonEmpty
+
+    def __post_init__(self) -> None:
+        if self.primary == self.fallback:
+            raise ConfigError("primary and fallback are the same backend")
+
+
+class WebhookEndpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Where the ``webhook`` action posts, and where its HMAC secret comes from."""
 
-    url: str
+    url: HttpUrl
     secret_file: Path | None = None
-    secret_env: str | None = None
-    timeout_seconds: float = 10.0
+    secret_env: EnvName | None = None
+    timeout_seconds: Annotated[float, msgspec.Meta(gt=0, description="a positive number")] = 10.0
+
+    def __post_init__(self) -> None:
+        if self.secret_file is None and self.secret_env is None:
+            raise ConfigError("set secret_file or secret_env (the HMAC secret)")
 
 
-def _mapping(value: object, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, dict):
-        raise ActuatorSettingsError(f"{where}: expected a mapping")
-    return value
+class ActuatorSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The actuators the collector may use (all off by default) and their client settings.
 
-
-def _entry(value: object, where: str, allowed: frozenset[str]) -> dict[str, Any]:
-    """A mapping of known keys with string values (numbers only where the caller converts)."""
-    item = dict(_mapping(value, where))
-    unknown = sorted(str(key) for key in set(item) - allowed)
-    if unknown:
-        known = ", ".join(sorted(allowed))
-        raise ActuatorSettingsError(f"{where}: unknown key {unknown[0]!r} (known: {known})")
-    return item
-
-
-def _text(item: Mapping[str, Any], key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise ActuatorSettingsError(f"{where}.{key}: expected a non-empty string, got {value!r}")
-    return value.strip()
-
-
-def _object_name(value: str, where: str) -> str:
-    if not _DNS_SUBDOMAIN.fullmatch(value):
-        raise ActuatorSettingsError(f"{where}: {value!r} is not a Kubernetes object name")
-    return value
-
-
-def _namespaced(value: str, where: str) -> tuple[str, str]:
-    namespace, slash, name = value.partition("/")
-    if not slash or not _DNS_LABEL.fullmatch(namespace) or not _DNS_SUBDOMAIN.fullmatch(name):
-        raise ActuatorSettingsError(f"{where}: expected '<namespace>/<name>', got {value!r}")
-    return namespace, name
-
-
-def node_globs(value: object, where: str) -> tuple[str, ...]:
-    """``slurm_action_nodes`` / ``kubernetes_action_nodes``: node-name globs (``gpu-a-*``)."""
-    items = value if isinstance(value, list) else [value]
-    for item in items:
-        if not isinstance(item, str) or not _NODE_GLOB.fullmatch(item):
-            raise ActuatorSettingsError(
-                f"{where}: expected node-name globs such as 'gpu-a-*', got {item!r}"
-            )
-    return tuple(items)
-
-
-_ROUTE_KEYS = frozenset({"httproute", "inferenceservice", "primary", "fallback"})
-
-
-def kubernetes_routes(value: object, where: str) -> Mapping[str, TrafficTarget]:
-    """``kubernetes_routes``: ``<namespace>/<deployment>`` → an HTTPRoute or InferenceService.
-
-    ``httproute`` (with ``primary`` and ``fallback`` backend Service names) or
-    ``inferenceservice`` names the object, in the deployment's namespace unless written
-    ``<namespace>/<name>``.
+    Attributes:
+        slurm_cluster: the Slurm actuator (requeue, drain, resume), and the Slurm job source.
+        slurm_action_nodes: node-name globs Slurm drains when Kubernetes acts too.
+        kubernetes_kubeconfig: the Kubernetes client: a kubeconfig file (also the job source's).
+        kubernetes_context: the kubeconfig context.
+        kubernetes_in_cluster: the Kubernetes client: the pod's service account.
+        kubernetes_actions: scale_up, requeue (``k8s:`` jobs) and drain/resume (cordon).
+        kubernetes_kueue: requeue Kueue-managed jobs through their Workload.
+        kubernetes_action_nodes: node-name globs Kubernetes drains when Slurm acts too.
+        kubernetes_routes: degrade/restore: ``<namespace>/<deployment>`` → HTTPRoute weights
+            or KServe canary percent.
+        router_url: degrade/restore through an HTTP router (serving_router's contract).
+        router_token_file: the router's bearer token.
+        router_routes: deployment (the incident's model) → route.
+        webhooks: the ``webhook`` action's endpoints by name (secrets read at start-up).
     """
-    out: dict[str, TrafficTarget] = {}
-    for deployment, raw in _mapping(value, where).items():
-        at = f"{where}.{deployment}"
-        namespace, _ = _namespaced(str(deployment), at)
-        item = _entry(raw, at, _ROUTE_KEYS)
-        kinds = [key for key in ("httproute", "inferenceservice") if key in item]
-        if len(kinds) != 1:
-            raise ActuatorSettingsError(f"{at}: set exactly one of httproute, inferenceservice")
-        ref = _text(item, kinds[0], at)
-        if "/" in ref:
-            namespace, name = _namespaced(ref, f"{at}.{kinds[0]}")
-        else:
-            name = _object_name(ref, f"{at}.{kinds[0]}")
-        if kinds[0] == "inferenceservice":
-            if {"primary", "fallback"} & set(item):
-                raise ActuatorSettingsError(f"{at}: primary/fallback go with httproute only")
-            out[str(deployment)] = InferenceServiceTarget(namespace, name)
-            continue
-        primary = _object_name(_text(item, "primary", at), f"{at}.primary")
-        fallback = _object_name(_text(item, "fallback", at), f"{at}.fallback")
-        if primary == fallback:
-            raise ActuatorSettingsError(f"{at}: primary and fallback are the same backend")
-        out[str(deployment)] = HTTPRouteTarget(namespace, name, primary, fallback)
-    return MappingProxyType(out)
+
+    slurm_cluster: NonEmpty | None = None
+    slurm_action_nodes: Annotated[tuple[NodeGlob, ...], ONE_OR_MANY] = ()
+    kubernetes_kubeconfig: Path | None = None
+    kubernetes_context: str | None = None
+    kubernetes_in_cluster: bool = False
+    kubernetes_actions: bool = False
+    kubernetes_kueue: bool = False
+    kubernetes_action_nodes: Annotated[tuple[NodeGlob, ...], ONE_OR_MANY] = ()
+    kubernetes_routes: Mapping[str, TrafficTarget] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    router_url: str | None = None
+    router_token_file: Path | None = None
+    router_routes: Mapping[str, RouteSpec] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    webhooks: Mapping[WebhookName, WebhookEndpoint] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+
+    def __post_init__(self) -> None:
+        problem = actuator_problem(self)
+        if problem is not None:
+            raise ConfigError(problem)
 
 
-_ROUTER_KEYS = frozenset({"route", "primary", "fallback"})
-
-
-def router_routes(value: object, where: str) -> Mapping[str, RouteSpec]:
-    """``router_routes``: deployment (the incident's model) → ``{route, primary, fallback}``."""
-    out: dict[str, RouteSpec] = {}
-    for deployment, raw in _mapping(value, where).items():
-        at = f"{where}.{deployment}"
-        item = _entry(raw, at, _ROUTER_KEYS)
-        spec = RouteSpec(*(_text(item, key, at) for key in ("route", "primary", "fallback")))
-        if spec.primary == spec.fallback:
-            raise ActuatorSettingsError(f"{at}: primary and fallback are the same backend")
-        out[str(deployment)] = spec
-    return MappingProxyType(out)
-
-
-_WEBHOOK_KEYS = frozenset({"url", "secret_file", "secret_env", "timeout_seconds"})
-
-
-def webhooks(value: object, where: str) -> Mapping[str, WebhookEndpoint]:
-    """``webhooks``: name (as rules write ``parameters: {name: ...}``) → endpoint."""
-    out: dict[str, WebhookEndpoint] = {}
-    for name, raw in _mapping(value, where).items():
-        at = f"{where}.{name}"
-        if not isinstance(name, str) or not _WEBHOOK_NAME.fullmatch(name):
-            raise ActuatorSettingsError(f"{at}: a webhook name is lowercase letters, digits, -, _")
-        item = _entry(raw, at, _WEBHOOK_KEYS)
-        url = _text(item, "url", at)
-        if not url.startswith(("https://", "http://")):
-            raise ActuatorSettingsError(f"{at}.url: expected an http(s) URL")
-        secret_file = Path(_text(item, "secret_file", at)) if "secret_file" in item else None
-        secret_env = _text(item, "secret_env", at) if "secret_env" in item else None
-        if secret_env is not None and not _ENV_NAME.fullmatch(secret_env):
-            raise ActuatorSettingsError(f"{at}.secret_env: not an environment variable name")
-        if secret_file is None and secret_env is None:
-            raise ActuatorSettingsError(f"{at}: set secret_file or secret_env (the HMAC secret)")
-        timeout = item.get("timeout_seconds", 10.0)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            raise ActuatorSettingsError(f"{at}.timeout_seconds: expected a positive number")
-        out[name] = WebhookEndpoint(url, secret_file, secret_env, float(timeout))
-    return MappingProxyType(out)
-
-
-#: The keys parsed here, for ``collector.config``'s key table.
-ACTUATOR_KEYS: Mapping[str, Callable[[object, str], object]] = MappingProxyType(
-    {
-        "slurm_action_nodes": node_globs,
-        "kubernetes_action_nodes": node_globs,
-        "kubernetes_routes": kubernetes_routes,
-        "router_routes": router_routes,
-        "webhooks": webhooks,
-    }
-)
-
-
-def actuator_problem(config: CollectorConfig) -> str | None:
+def actuator_problem(config: ActuatorSettings) -> str | None:
     """What contradicts itself among the actuator keys (``None``: nothing)."""
     kube_client = config.kubernetes_kubeconfig is not None or config.kubernetes_in_cluster
     url = config.router_url
     both = sorted(set(config.kubernetes_routes) & set(config.router_routes))
     checks = (
+        (
+            config.kubernetes_in_cluster and config.kubernetes_kubeconfig is not None,
+            "kubernetes_in_cluster and kubernetes_kubeconfig exclude each other",
+        ),
         (
             (config.kubernetes_actions or bool(config.kubernetes_routes)) and not kube_client,
             "kubernetes_actions and kubernetes_routes need kubernetes_kubeconfig or "
