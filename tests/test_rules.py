@@ -70,7 +70,7 @@ def _write(folder: Path, name: str, rules: list[Any]) -> Path:
 # (rule, key, words in the message): every kind of error names the file, the rule and the key.
 RULE_ERRORS: list[tuple[dict[str, Any], str, str]] = [
     (_base(detector="idle_gpuu"), "detector", "did you mean 'idle_gpu'"),
-    (_base(detector=["idle_gpu"]), "detector", "unknown detector"),
+    (_base(detector=["idle_gpu"]), "detector", "expected a string, got ['idle_gpu']"),
     (_base(parameters={"windw_seconds": "30m"}), "parameters.windw_seconds", "did you mean"),
     (_base(parameters={"utilization_below": "low"}), "parameters.utilization_below", "a number"),
     (_base(parameters={"utilization_below": True}), "parameters.utilization_below", "a number"),
@@ -91,7 +91,8 @@ RULE_ERRORS: list[tuple[dict[str, Any], str, str]] = [
     (_base(runbook="r1.txt"), "runbook", ".md"),
     (_base(actions=[{"kind": "reboot"}]), "actions[0].kind", "unknown action kind"),
     (_base(actions=[{"mode": "auto"}]), "actions[0].kind", "required"),
-    (_base(actions=[{"kind": "requeue", "mode": "yolo"}]), "actions[0].mode", "unknown mode"),
+    (_base(actions=[{"kind": "requeue", "mode": "yolo"}]), "actions[0].mode",
+     "expected one of auto, approve, notify, got 'yolo'"),
     (_base(actions=[{"kind": "scale_up", "mode": "auto"}]), "actions[0].kind",
      "acts on a deployment"),
     (_base(actions=[{"kind": "requeue", "parameters": {"retries": 3}}]),
@@ -113,7 +114,8 @@ RULE_ERRORS: list[tuple[dict[str, Any], str, str]] = [
     (_base(selector={"teams": ["ml-*", ""]}), "selector.teams[1]", "non-empty string"),
     (_base(selector={"metrics": ["hw gpu"]}), "selector.metrics[0]", "expected a metric name"),
     (_base(selector={"labels": {"gpus": 8}}), "selector.labels.gpus", "non-empty string"),
-    (_base(severity="urgent"), "severity", "unknown severity"),
+    (_base(severity="urgent"), "severity",
+     "expected one of info, warning, critical, page, got 'urgent'"),
     (_base(owner=None), "owner", "required"),
     (_base(owner=""), "owner", "non-empty string"),
     (_base(id="Idle GPU"), "id", "expected lowercase letters"),
@@ -174,12 +176,39 @@ def test_a_rule_that_is_not_a_mapping_is_named_by_position(tmp_path, runbooks):
         load_rules([path], runbooks_dir=runbooks)
 
 
+def test_unknown_key_error_reads_as_one_line(tmp_path, runbooks):
+    path = _write(tmp_path, "team.yaml", [_base(id="idle-gpu", selector={"team": ["ml-*"]})])
+    with pytest.raises(RuleError) as caught:
+        load_rules([path], runbooks_dir=runbooks)
+    assert str(caught.value) == (
+        f"{path}: rules[0] (idle-gpu).selector.team: unknown key 'team'; did you mean 'teams'?"
+    )
+
+
+def test_null_lists_and_mappings_mean_empty(tmp_path, runbooks):
+    rule = _base(selector=None, parameters=None, actions=None, routes=None)
+    path = tmp_path / "nulls.yaml"
+    text = yaml.safe_dump({"rules": [rule]}).replace(
+        "- detector", "- selector:\n  parameters:\n  actions:\n  routes:\n  detector"
+    )
+    path.write_text(text, encoding="utf-8")
+    loaded = load_rules([path], runbooks_dir=runbooks).rules[0]
+    assert (loaded.selector, loaded.actions, loaded.routes) == (Selector(), (), ())
+    assert loaded.parameters["window_seconds"] == 1800.0
+
+
 def test_rule_errors_name_missing_required_keys(tmp_path, runbooks):
     for required in ("id", "detector", "severity", "owner", "runbook"):
         path = _write(tmp_path, f"{required}.yaml", [_base(**{required: None})])
         with pytest.raises(RuleError, match=re.escape(f".{required}: required")):
             load_rules([path], runbooks_dir=runbooks)
 
+
+# A few kB that stand for 64**4 values through aliases (the "billion laughs").
+_ALIAS_BOMB = "a: &a [" + ", ".join(["1"] * 64) + "]\n"
+for _prev, _name in (("a", "b"), ("b", "c"), ("c", "d")):
+    _ALIAS_BOMB += f"{_name}: &{_name} [" + ", ".join([f"*{_prev}"] * 64) + "]\n"
+_ALIAS_BOMB += "rules: []\n"
 
 # (file text, key or "", words in the message): problems of the file as a whole.
 FILE_ERRORS: list[tuple[str | bytes, str, str]] = [
@@ -188,7 +217,7 @@ FILE_ERRORS: list[tuple[str | bytes, str, str]] = [
     ("- id: r1\n", "", "expected a mapping"),
     ("rulez: []\n", "rulez", "did you mean 'rules'"),
     ("version: 2\nrules: []\n", "version", "unsupported version 2"),
-    ("version: true\nrules: []\n", "version", "unsupported version"),
+    ("version: true\nrules: []\n", "version", "expected an integer, got True"),
     ("version: 1\n", "rules", "required"),
     ("rules: {id: r1}\n", "rules", "expected a list"),
     ("", "", "empty file"),
@@ -198,6 +227,8 @@ FILE_ERRORS: list[tuple[str | bytes, str, str]] = [
     ("---\nrules: []\n---\nrules: []\n", "", "not valid YAML"),
     (b"rules: []\n# \xff\xfe\n", "", "not UTF-8"),
     ("[" * 20_000 + "]" * 20_000, "", "not valid YAML"),
+    ("rules:\n  - id: r1\n    1: x\n", "", "line 3, column 5: keys must be strings"),
+    (_ALIAS_BOMB, "", "aliases expand it beyond"),
 ]
 
 

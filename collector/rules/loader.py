@@ -28,8 +28,9 @@ File format::
         routes: ["slack:#gpu-waste"]
 
 Durations (parameters ending in ``_seconds``) take a number of seconds or ``90s``, ``30m``,
-``1h30m``, ``7d``, ``2w``. Files are read with a ``yaml.SafeLoader`` subclass that also refuses
-duplicate keys (plain YAML keeps the last one silently), and are capped at ``MAX_FILE_BYTES``.
+``1h30m``, ``7d``, ``2w``. The file's keys and types are read by ``rulefile`` (safe YAML,
+``msgspec`` structs); what depends on the detector or action is checked here, against the two
+vocabularies.
 """
 
 from __future__ import annotations
@@ -38,20 +39,16 @@ import difflib
 import importlib.resources
 import math
 import re
-import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
-from typing import Any, cast
+from typing import cast
 
-import yaml
+import msgspec
 
 from gpuwarden.collector.rules.durations import format_duration, format_number, parse_duration
 from gpuwarden.collector.rules.model import (
-    FILE_VERSION,
-    MAX_FILE_BYTES,
     RULE_FILE_SUFFIXES,
-    ActionMode,
     ActionSpec,
     DetectorSpec,
     ParamSpec,
@@ -62,44 +59,19 @@ from gpuwarden.collector.rules.model import (
     RuleSet,
     RuleSource,
     Selector,
-    Severity,
 )
+from gpuwarden.collector.rules.rulefile import (
+    ActionKeys,
+    InvalidError,
+    RuleKeys,
+    SelectorKeys,
+    read_rules,
+    structure,
+)
+from gpuwarden.collector.rules.rulefile import show as _show
 from gpuwarden.collector.rules.vocabulary import ACTIONS, ROUTE_SCHEMES
 
-# --- loading -------------------------------------------------------------------------------------
-
-_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
-_ID_TEXT = "lowercase letters, digits, '-' and '_' (at most 63, starting with a letter or digit)"
-_METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_.:]*")
-_METRIC_TEXT = "a metric name: letters, digits, '_', '.' and ':'"
 _ROUTE = re.compile(r"([a-z]+):(\S+)")
-_FILE_KEYS = ("rules", "version")
-_RULE_KEYS = (
-    "id",
-    "detector",
-    "selector",
-    "parameters",
-    "severity",
-    "owner",
-    "runbook",
-    "actions",
-    "routes",
-    "description",
-    "enabled",
-)
-_SELECTOR_KEYS = ("metrics", "teams", "jobs", "models", "nodes", "labels")
-_ACTION_KEYS = ("kind", "mode", "parameters")
-_repr = reprlib.Repr()  # Python 3.11's Repr takes no arguments
-_repr.maxstring = _repr.maxother = 60
-_show = _repr.repr  # bounded: an aliased YAML structure cannot blow up an error message
-
-
-class _InvalidError(Exception):
-    """One thing wrong at ``key`` (a dotted path, relative to the rule or file)."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(message)
-        self.key, self.message = key, message
 
 
 def _join(prefix: str, key: str) -> str:
@@ -110,34 +82,6 @@ def _unknown(what: str, value: object, known: Sequence[str]) -> str:
     close = difflib.get_close_matches(str(value), known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"unknown {what} {_show(value)}{hint} (known: {', '.join(known)})"
-
-
-def _mapping(value: object, key: str, known: Sequence[str] | None) -> Mapping[str, Any]:
-    if not isinstance(value, dict):
-        raise _InvalidError(key, f"expected a mapping, got {_show(value)}")
-    for name in value:
-        if not isinstance(name, str):
-            raise _InvalidError(key, f"keys must be strings, got {_show(name)}")
-        if known is not None and name not in known:
-            raise _InvalidError(_join(key, name), _unknown("key", name, known))
-    return value
-
-
-def _string(value: object, key: str, pattern: tuple[re.Pattern[str], str] | None = None) -> str:
-    """A non-empty string; ``pattern`` is a regex and what it means in words."""
-    if not isinstance(value, str) or not value.strip():
-        raise _InvalidError(key, f"expected a non-empty string, got {_show(value)}")
-    if pattern is not None and not pattern[0].fullmatch(value):
-        raise _InvalidError(key, f"{_show(value)}: expected {pattern[1]}")
-    return value
-
-
-def _strings(
-    value: object, key: str, pattern: tuple[re.Pattern[str], str] | None = None
-) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise _InvalidError(key, f"expected a list of strings, got {_show(value)}")
-    return tuple(_string(item, f"{key}[{i}]", pattern) for i, item in enumerate(value))
 
 
 def _bounds(spec: ParamSpec, show: Callable[[float], str]) -> str:
@@ -152,47 +96,47 @@ def _scalar(spec: ParamSpec, value: object, key: str) -> bool | int | float | st
     base = spec.type.removeprefix("list[").removesuffix("]")
     if base == "bool":
         if not isinstance(value, bool):
-            raise _InvalidError(key, f"expected true or false, got {_show(value)}")
+            raise InvalidError(key, f"expected true or false, got {_show(value)}")
         return value
     if base == "str":
-        text = _string(value, key)
-        if spec.choices and text not in spec.choices:
-            raise _InvalidError(key, _unknown("value", text, spec.choices))
-        return text
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidError(key, f"expected a non-empty string, got {_show(value)}")
+        if spec.choices and value not in spec.choices:
+            raise InvalidError(key, _unknown("value", value, spec.choices))
+        return value
     number: float
     if base == "duration":
         try:
             number = parse_duration(value)
         except ValueError as exc:
-            raise _InvalidError(key, str(exc)) from None
+            raise InvalidError(key, str(exc)) from None
     elif base == "int" and (isinstance(value, bool) or not isinstance(value, int)):
-        raise _InvalidError(key, f"expected an integer, got {_show(value)}")
+        raise InvalidError(key, f"expected an integer, got {_show(value)}")
     elif isinstance(value, bool) or not isinstance(value, int | float):
-        raise _InvalidError(key, f"expected a number, got {_show(value)}")
+        raise InvalidError(key, f"expected a number, got {_show(value)}")
     else:
         number = value
     if not math.isfinite(number):
-        raise _InvalidError(key, f"expected a finite number, got {_show(value)}")
+        raise InvalidError(key, f"expected a finite number, got {_show(value)}")
     low, high = spec.minimum, spec.maximum
     if (low is not None and number < low) or (high is not None and number > high):
         show = format_duration if base == "duration" else format_number
-        raise _InvalidError(key, f"must be {_bounds(spec, show)} (got {_show(value)})")
+        raise InvalidError(key, f"must be {_bounds(spec, show)} (got {_show(value)})")
     return float(number) if base in ("float", "duration") else number
 
 
 def _params(
-    raw: object, key: str, table: Mapping[str, ParamSpec], owner: str
+    given: Mapping[str, object] | None, key: str, table: Mapping[str, ParamSpec], owner: str
 ) -> Mapping[str, ParamValue]:
-    given = _mapping(raw if raw is not None else {}, key, None)
     out: dict[str, ParamValue] = {}
-    for name, value in given.items():
+    for name, value in (given or {}).items():
         spec = table.get(name)
         if spec is None:
             known = tuple(table) or ("(none)",)
-            raise _InvalidError(_join(key, name), _unknown(f"parameter of {owner}", name, known))
+            raise InvalidError(_join(key, name), _unknown(f"parameter of {owner}", name, known))
         if spec.type.startswith("list["):
             if not isinstance(value, list):
-                raise _InvalidError(_join(key, name), f"expected a list, got {_show(value)}")
+                raise InvalidError(_join(key, name), f"expected a list, got {_show(value)}")
             items = [_scalar(spec, v, f"{_join(key, name)}[{i}]") for i, v in enumerate(value)]
             out[name] = cast("ParamValue", tuple(items))
         else:
@@ -200,86 +144,63 @@ def _params(
     for name, spec in table.items():
         if name not in out:
             if spec.default is None:
-                raise _InvalidError(_join(key, name), f"required by {owner}")
+                raise InvalidError(_join(key, name), f"required by {owner}")
             out[name] = spec.default
     return MappingProxyType(out)
 
 
-def _selector(raw: object, detector: DetectorSpec) -> Selector:
-    data = _mapping(raw if raw is not None else {}, "selector", _SELECTOR_KEYS)
-    fields: dict[str, Any] = {}
-    for name in _SELECTOR_KEYS[:-1]:
-        if name in data:
-            pattern = (_METRIC, _METRIC_TEXT) if name == "metrics" else None
-            fields[name] = _strings(data[name], f"selector.{name}", pattern)
-    labels = _mapping(data.get("labels", {}), "selector.labels", None)
-    fields["labels"] = MappingProxyType(
-        {k: _string(v, f"selector.labels.{k}") for k, v in labels.items()}
-    )
-    for name in _SELECTOR_KEYS:
-        if fields.get(name) and name not in detector.selector:
-            honoured = ", ".join(k for k in _SELECTOR_KEYS if k in detector.selector) or "none"
-            raise _InvalidError(
+def _selector(keys: SelectorKeys, detector: DetectorSpec) -> Selector:
+    fields = msgspec.structs.asdict(keys)
+    for name, value in fields.items():
+        if value and name not in detector.selector:
+            honoured = ", ".join(k for k in fields if k in detector.selector) or "none"
+            raise InvalidError(
                 f"selector.{name}",
                 f"detector {detector.name} does not honour this field (it honours: {honoured})",
             )
     for name in detector.requires:
-        if not fields.get(name):
-            raise _InvalidError(
+        if not fields[name]:
+            raise InvalidError(
                 f"selector.{name}", f"detector {detector.name} needs at least one entry"
             )
-    return Selector(**fields)
+    return Selector(**{**fields, "labels": MappingProxyType(keys.labels)})
 
 
-def _runbook(raw: object, runbooks_dir: Path | None) -> str:
-    name = _string(raw, "runbook")
+def _runbook(name: str, runbooks_dir: Path | None) -> str:
     path = PurePosixPath(name)
     if path.is_absolute() or ".." in path.parts or "\\" in name or path.suffix != ".md":
-        raise _InvalidError(
+        raise InvalidError(
             "runbook", f"{_show(name)}: expected a .md path inside the runbooks folder"
         )
     if runbooks_dir is not None and not (runbooks_dir / path).is_file():
-        raise _InvalidError("runbook", f"no such runbook: {runbooks_dir / path}")
+        raise InvalidError("runbook", f"no such runbook: {runbooks_dir / path}")
     return name
 
 
-def _actions(raw: object, detector: DetectorSpec) -> tuple[ActionSpec, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise _InvalidError("actions", f"expected a list of actions, got {_show(raw)}")
+def _actions(given: Sequence[ActionKeys], detector: DetectorSpec) -> tuple[ActionSpec, ...]:
     actions = []
-    for i, item in enumerate(raw):
+    for i, action in enumerate(given):
         key = f"actions[{i}]"
-        data = _mapping(item, key, _ACTION_KEYS)
-        if "kind" not in data:
-            raise _InvalidError(f"{key}.kind", "required")
-        spec = ACTIONS.get(data["kind"]) if isinstance(data["kind"], str) else None
+        spec = ACTIONS.get(action.kind)
         if spec is None:
-            raise _InvalidError(
-                f"{key}.kind", _unknown("action kind", data["kind"], tuple(ACTIONS))
-            )
+            raise InvalidError(f"{key}.kind", _unknown("action kind", action.kind, tuple(ACTIONS)))
         if spec.target is not None and spec.target not in detector.subjects:
             finds = " or ".join(detector.subjects)
             message = f"{spec.kind} acts on a {spec.target}; {detector.name} finds {finds} problems"
-            raise _InvalidError(f"{key}.kind", message)
-        mode = data.get("mode", ActionMode.NOTIFY)
-        if mode not in tuple(ActionMode):
-            raise _InvalidError(f"{key}.mode", _unknown("mode", mode, tuple(ActionMode)))
-        params = _params(data.get("parameters"), f"{key}.parameters", spec.parameters, spec.kind)
-        actions.append(ActionSpec(spec.kind, ActionMode(mode), params))
+            raise InvalidError(f"{key}.kind", message)
+        params = _params(action.parameters, f"{key}.parameters", spec.parameters, spec.kind)
+        actions.append(ActionSpec(spec.kind, action.mode, params))
     return tuple(actions)
 
 
-def _routes(raw: object) -> tuple[str, ...]:
-    routes = _strings(raw if raw is not None else [], "routes")
+def _routes(routes: tuple[str, ...]) -> tuple[str, ...]:
     for i, route in enumerate(routes):
         match = _ROUTE.fullmatch(route)
         if match is None:
-            raise _InvalidError(f"routes[{i}]", f"{_show(route)}: expected <scheme>:<target>")
+            raise InvalidError(f"routes[{i}]", f"{_show(route)}: expected <scheme>:<target>")
         if match.group(1) not in ROUTE_SCHEMES:
             message = _unknown("route scheme", match.group(1), tuple(ROUTE_SCHEMES))
-            raise _InvalidError(f"routes[{i}]", message)
+            raise InvalidError(f"routes[{i}]", message)
     return routes
 
 
@@ -289,101 +210,28 @@ def _rule(
     runbooks_dir: Path | None,
     detectors: Mapping[str, DetectorSpec],
 ) -> Rule:
-    data = _mapping(raw, "", _RULE_KEYS)
-    for name in ("id", "detector", "severity", "owner", "runbook"):
-        if name not in data:
-            raise _InvalidError(name, "required")
-    rule_id = _string(data["id"], "id", (_ID, _ID_TEXT))
-    detector = detectors.get(data["detector"]) if isinstance(data["detector"], str) else None
+    keys = structure(raw, RuleKeys)
+    detector = detectors.get(keys.detector)
     if detector is None:
-        raise _InvalidError("detector", _unknown("detector", data["detector"], tuple(detectors)))
-    severity = data["severity"]
-    if severity not in tuple(Severity):
-        raise _InvalidError("severity", _unknown("severity", severity, tuple(Severity)))
-    enabled = data.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise _InvalidError("enabled", f"expected true or false, got {_show(enabled)}")
-    description = data.get("description", "")
-    if not isinstance(description, str):
-        raise _InvalidError("description", f"expected a string, got {_show(description)}")
-    selector = _selector(data.get("selector"), detector)
-    parameters = _params(data.get("parameters"), "parameters", detector.parameters, detector.name)
+        raise InvalidError("detector", _unknown("detector", keys.detector, tuple(detectors)))
+    selector = _selector(keys.selector or SelectorKeys(), detector)
+    parameters = _params(keys.parameters, "parameters", detector.parameters, detector.name)
     if detector.check is not None and (wrong := detector.check(parameters)) is not None:
-        raise _InvalidError(f"parameters.{wrong[0]}", wrong[1])
+        raise InvalidError(f"parameters.{wrong[0]}", wrong[1])
     return Rule(
-        id=rule_id,
+        id=keys.id,
         detector=detector.name,
         selector=selector,
         parameters=parameters,
-        severity=Severity(severity),
-        owner=_string(data["owner"], "owner"),
-        runbook=_runbook(data["runbook"], runbooks_dir),
-        actions=_actions(data.get("actions"), detector),
-        routes=_routes(data.get("routes")),
-        description=description.strip(),
-        enabled=enabled,
+        severity=keys.severity,
+        owner=keys.owner,
+        runbook=_runbook(keys.runbook, runbooks_dir),
+        actions=_actions(keys.actions or (), detector),
+        routes=_routes(keys.routes or ()),
+        description=keys.description.strip(),
+        enabled=keys.enabled,
         source=source,
     )
-
-
-class _Loader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses duplicate keys, which YAML would silently overwrite."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[str] = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
-                if key_node.value in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
-                    )
-                seen.add(key_node.value)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _read(path: Path) -> list[object]:
-    """The ``rules`` list of one file; ``_InvalidError`` keys are file-level."""
-    try:
-        with path.open("rb") as stream:
-            data = stream.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise _InvalidError("", f"cannot read: {exc.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise _InvalidError("", f"larger than {MAX_FILE_BYTES} bytes; split the rule set")
-    try:
-        loader = _Loader(data.decode("utf-8"))
-        try:
-            top = loader.get_single_data()
-        finally:
-            loader.dispose()
-    except UnicodeDecodeError:
-        raise _InvalidError("", "not UTF-8 text") from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise _InvalidError("", f"not valid YAML{where}: {exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:
-        raise _InvalidError("", f"not valid YAML: {exc}") from None
-    except RecursionError:
-        raise _InvalidError("", "not valid YAML: nested too deeply") from None
-    if isinstance(top, dict) and "groups" in top and "rules" not in top:
-        raise _InvalidError(
-            "groups",
-            "this looks like a Prometheus rules file; keep those out of the detection rules "
-            "folder (e.g. in a prometheus/ subfolder)",
-        )
-    data_map = _mapping(top, "", _FILE_KEYS) if top is not None else None
-    if data_map is None:
-        raise _InvalidError("", "empty file: expected a mapping with a 'rules' list")
-    version = data_map.get("version", FILE_VERSION)
-    if version != FILE_VERSION or isinstance(version, bool):
-        raise _InvalidError("version", f"unsupported version {_show(version)} (supported: 1)")
-    if "rules" not in data_map:
-        raise _InvalidError("rules", "required")
-    rules = data_map["rules"]
-    if not isinstance(rules, list):
-        raise _InvalidError("rules", f"expected a list of rules, got {_show(rules)}")
-    return rules
 
 
 def rule_files(paths: Sequence[Path]) -> tuple[list[Path], list[RuleProblem]]:
@@ -435,8 +283,8 @@ def load_rule_files(
     for path in files:
         name = str(path)
         try:
-            raws = _read(path)
-        except _InvalidError as exc:
+            raws = read_rules(path)
+        except InvalidError as exc:
             bad(RuleProblem(name, exc.key, exc.message))
             continue
         for index, raw in enumerate(raws):
@@ -445,10 +293,8 @@ def load_rule_files(
             try:
                 rule = _rule(raw, RuleSource(name, index), runbooks_dir, detectors)
                 if rule.id in seen:
-                    raise _InvalidError(
-                        "id", f"duplicate rule id, first defined in {seen[rule.id]}"
-                    )
-            except _InvalidError as exc:
+                    raise InvalidError("id", f"duplicate rule id, first defined in {seen[rule.id]}")
+            except InvalidError as exc:
                 bad(RuleProblem(name, exc.key, exc.message, index, rule_id))
                 continue
             seen[rule.id] = rule.source
