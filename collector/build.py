@@ -188,7 +188,7 @@ def build_service(
             targets = [
                 ScrapeTarget(
                     url=t.url,
-                    server=t.server,  # type: ignore[arg-type]
+                    server=t.server,
                     model=t.model,
                     node=t.node,
                 )

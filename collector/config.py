@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -39,7 +39,7 @@ class ModelServer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A model server to scrape (checked further by ``ingest.scrape.ScrapeTarget``)."""
 
     url: str
-    server: str = "prometheus"  # vllm | triton | prometheus
+    server: Literal["vllm", "triton", "prometheus"] = "prometheus"  # ingest.scrape.Server
     model: str | None = None
     node: str | None = None
 
