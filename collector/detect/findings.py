@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gpuwarden.collector.jobs.model import Job
 from gpuwarden.collector.rules.model import Rule
 
 JsonScalar = str | int | float | bool | None
@@ -36,6 +37,16 @@ class Facts:
     job: str | None = None
     model: str | None = None
     nodes: tuple[str, ...] = ()
+
+    @classmethod
+    def of_job(cls, key: str | None, job: Job | None, nodes: Iterable[str]) -> Facts:
+        """The facts of a finding about a job (its record may be gone: team and model unknown)."""
+        return cls(
+            team=job.team if job else None,
+            job=key or None,
+            model=job.model if job else None,
+            nodes=tuple(sorted(set(nodes))),
+        )
 
 
 NO_FACTS = Facts()

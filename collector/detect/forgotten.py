@@ -80,10 +80,7 @@ def run_forgotten_gpu(
                     "wasted_usd": usd if fire else 0.0,
                     "price_tier": gpu_price(ctx, win.gpus[rows[0]], job)[1],
                 },
-                Facts(
-                    team=job.team if job else None, job=key,
-                    model=job.model if job else None, nodes=tuple(nodes),
-                ),
+                Facts.of_job(key, job, nodes),
             )
         )  # fmt: skip
     return findings

@@ -106,12 +106,7 @@ def run_idle_gpu(ctx: DetectionContext, rule: Rule, p: IdleGpuParams, now: float
                 subject=f"{gpu.node}/{gpu.uuid}",
                 verdict=verdict,
                 window=(start, end),
-                facts=Facts(
-                    team=job.team if job else None,
-                    job=owner[i] or None,
-                    model=job.model if job else None,
-                    nodes=(gpu.node,),
-                ),
+                facts=Facts.of_job(owner[i], job, (gpu.node,)),
                 summary=(
                     f"GPU {gpu.uuid} on {gpu.node} held by {owner[i] or 'no job'} "
                     f"idle for {p.window_seconds / 60:.0f} min"

@@ -17,6 +17,7 @@ from gpuwarden.collector.detect.waste import (
     IOWAIT_ABOVE,
     OSCILLATION_ABOVE,
     FloatMatrix,
+    InputBound,
     finite,
     gpu_price,
     held_by_job,
@@ -117,21 +118,10 @@ def run_input_bound(
     for j, key in enumerate(keys):
         job = ctx.job(key)
         gpus = [win.gpus[i] for i in groups[key]]
-        verdict = Verdict(int(result.verdict[j]))
         mean = float(result.gpu_mean[j])
-        reasons = []
-        if result.cpu_mean[j] > cpu_above:
-            reasons.append(f"host CPU {100 * result.cpu_mean[j]:.0f} %")
-        if result.iowait_mean[j] > IOWAIT_ABOVE:
-            reasons.append(f"iowait {100 * result.iowait_mean[j]:.0f} %")
-        regime: dict[str, JsonScalar] = {}
-        if result.oscillation[j] > OSCILLATION_ABOVE:
-            reasons.append("oscillating utilisation")
-            if verdict is Verdict.FIRING and not reasons[:-1]:
-                # fired on oscillation alone: confirm a stalled regime apart from the busy one
-                verdict, regime = _confirm_stalls(g[index[key]], win.step)
-                if verdict is Verdict.CLEAR:
-                    reasons[-1] = "utilisation varies, with no distinct stalled state"
+        verdict, reasons, regime = _explain(
+            result, j, Verdict(int(result.verdict[j])), cpu_above, g[index[key]], win.step
+        )
         starved = len(gpus) * hours * (1 - mean) if verdict is Verdict.FIRING else 0.0
         price = sum(gpu_price(ctx, gpu, job)[0] for gpu in gpus) / len(gpus)
         nodes = sorted({gpu.node for gpu in gpus})
@@ -155,13 +145,36 @@ def run_input_bound(
                     "wasted_usd": starved * price,
                     **regime,
                 },
-                Facts(
-                    team=job.team if job else None, job=key,
-                    model=job.model if job else None, nodes=tuple(nodes),
-                ),
+                Facts.of_job(key, job, nodes),
             )
         )  # fmt: skip
     return findings
+
+
+def _explain(
+    result: InputBound,
+    j: int,
+    verdict: Verdict,
+    cpu_above: float,
+    util: FloatMatrix,
+    step: float,
+) -> tuple[Verdict, list[str], dict[str, JsonScalar]]:
+    """Job ``j``'s reasons; a job that fires on oscillation alone is confirmed (or cleared) by
+    the regime model, whose figures join the evidence."""
+    reasons = []
+    if result.cpu_mean[j] > cpu_above:
+        reasons.append(f"host CPU {100 * result.cpu_mean[j]:.0f} %")
+    if result.iowait_mean[j] > IOWAIT_ABOVE:
+        reasons.append(f"iowait {100 * result.iowait_mean[j]:.0f} %")
+    regime: dict[str, JsonScalar] = {}
+    if result.oscillation[j] > OSCILLATION_ABOVE:
+        reasons.append("oscillating utilisation")
+        if verdict is Verdict.FIRING and not reasons[:-1]:
+            # fired on oscillation alone: confirm a stalled regime apart from the busy one
+            verdict, regime = _confirm_stalls(util, step)
+            if verdict is Verdict.CLEAR:
+                reasons[-1] = "utilisation varies, with no distinct stalled state"
+    return verdict, reasons, regime
 
 
 def _confirm_stalls(util: FloatMatrix, step: float) -> tuple[Verdict, dict[str, JsonScalar]]:

@@ -196,7 +196,7 @@ def detect_preemptions(
                     "work_lost_gpu_hours": lost_h,
                     "work_lost_usd": lost_h * price if lost_h is not None else None,
                 },
-                facts=Facts(team=job.team, job=job.key, model=job.model, nodes=tuple(nodes)),
+                facts=Facts.of_job(job.key, job, nodes),
             )
         )
     return findings

@@ -25,9 +25,10 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, ownership
+from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, GpuTimeline, ownership
 from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
 from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
+from gpuwarden.collector.jobs.model import Job
 from gpuwarden.collector.rules.model import Rule, Subject
 from gpuwarden.collector.rules.params import duration, integer, number
 
@@ -146,17 +147,7 @@ def detect_stragglers(
     if not gpus or len(times) == 0:
         return []
     current = times >= start
-    jobs = ctx.jobs()
-    groups: dict[str, list[int]] = {}
-    for i, gpu in enumerate(gpus):
-        shares = ownership(gpu, jobs, times, step, end)
-        main = max(
-            (k for k in shares if k != UNALLOCATED),
-            key=lambda k: shares[k][current].sum(),
-            default="",
-        )
-        if main and (shares[main][current] > 0.999).all():
-            groups.setdefault(main, []).append(i)
+    groups = _held_throughout(gpus, ctx.jobs(), times, current, step, end)
     findings = []
     for key in sorted(groups):
         rows = groups[key]
@@ -201,15 +192,32 @@ def detect_stragglers(
                         "median_robust_z": _num(float(result.median_z[j])),
                         "relative_to_peers": _num(rel),
                     },
-                    facts=Facts(
-                        team=job.team if job else None,
-                        job=key,
-                        model=job.model if job else None,
-                        nodes=(gpu.node,),
-                    ),
+                    facts=Facts.of_job(key, job, (gpu.node,)),
                 )
             )
     return findings
+
+
+def _held_throughout(
+    gpus: list[GpuTimeline],
+    jobs: list[Job],
+    times: npt.NDArray[np.float64],
+    current: npt.NDArray[np.bool_],
+    step: float,
+    end: float,
+) -> dict[str, list[int]]:
+    """Job key → its GPUs (row numbers): those the job held for all of the current window."""
+    groups: dict[str, list[int]] = {}
+    for i, gpu in enumerate(gpus):
+        shares = ownership(gpu, jobs, times, step, end)
+        main = max(
+            (k for k in shares if k != UNALLOCATED),
+            key=lambda k: shares[k][current].sum(),
+            default="",
+        )
+        if main and (shares[main][current] > 0.999).all():
+            groups.setdefault(main, []).append(i)
+    return groups
 
 
 def _num(value: float) -> float | None:
