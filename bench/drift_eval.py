@@ -29,9 +29,10 @@ per week is ``alerts / series-hours × 168``; with no alert the 95 % upper bound
 ``3 / series-hours × 168`` is printed too. GenTD26 A/A repeats the resampling with ``--seeds``
 seeds: they share the one real day, so they are not independent weeks of real traffic.
 
-Every cycle runs the detector's own code (``drift.window_statistic`` and ``drift.evaluate``: the
-vectorised screen over all cycles at once, statsmodels confirmation of the candidates) on arrays,
-without going through the store (``tests/test_detect_drift.py`` checks that path end to end).
+Every cycle runs the detector's own code (``drift.window_statistic`` and
+``numerics.drift.evaluate``: the vectorised screen over all cycles at once, statsmodels
+confirmation of the candidates) on arrays, without going through the store
+(``tests/test_detect_drift.py`` checks that path end to end).
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ import numpy as np
 import pandas as pd
 
 from gpuwarden.agent.traces import GENTD26_LATENCY_FILE, gentd26_cells
-from gpuwarden.collector.detect.drift import DriftParams, bin_values, evaluate, window_statistic
+from gpuwarden.collector.detect.drift import bin_values, window_statistic
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.detect.model_series import Binned
+from gpuwarden.collector.detect.numerics.drift import DriftParams, evaluate
 from gpuwarden.collector.detect.numerics.drift_noise import quantile_noise
 from gpuwarden.collector.store.types import Kind
 

@@ -11,9 +11,10 @@ import pytest
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.catalog import load_rules
-from gpuwarden.collector.detect.drift import DriftParams, detect_drift
+from gpuwarden.collector.detect.drift import detect_drift
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.detect.model_series import Binned, quantiles
+from gpuwarden.collector.detect.numerics.drift import DriftParams
 from gpuwarden.collector.detect.numerics.drift_noise import min_requests, quantile_noise
 from gpuwarden.collector.ingest.otlp import HistogramPoint
 from gpuwarden.collector.rules.loader import default_rules_dir
@@ -294,7 +295,7 @@ def test_runner_reads_histograms_from_the_store(tmp_path: Path, rule, size, expe
 def test_confirm_fits_are_reused_then_refitted():
     """Consecutive cycles filter the new history with the kept AR(1) parameters; every
     ``refit_every`` cycles the model is fitted again; verdicts match fresh fits."""
-    from gpuwarden.collector.detect.drift import DriftFits
+    from gpuwarden.collector.detect.numerics.drift import DriftFits
 
     fits = DriftFits(refit_every=3)
     parts = histogram_bins(step(30, 1.3))
@@ -332,7 +333,7 @@ SKEW_CASES = [
     ("name", "history", "direction", "expected"), SKEW_CASES, ids=[c[0] for c in SKEW_CASES]
 )
 def test_skew_threshold(name, history, direction, expected):
-    from gpuwarden.collector.detect.drift import skew_threshold
+    from gpuwarden.collector.detect.numerics.drift import skew_threshold
 
     (got,) = skew_threshold(history[np.newaxis, :], 4.0, direction, 20)
     assert expected[0] - 1e-9 <= got <= expected[1] + 1e-9, name
@@ -341,7 +342,7 @@ def test_skew_threshold(name, history, direction, expected):
 def test_a_dip_a_skewed_worker_makes_by_chance_is_not_a_change():
     """The same window statistics: a 4.5-sigma dip is a candidate when the bins are symmetric,
     and not when they show the heavy slow tail that makes such dips routine."""
-    from gpuwarden.collector.detect.drift import evaluate
+    from gpuwarden.collector.detect.numerics.drift import evaluate
 
     rng = np.random.default_rng(4)
     bins, window = 600, 20

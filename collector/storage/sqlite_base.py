@@ -1,0 +1,126 @@
+"""The SQLite connection of :class:`~.sqlite.SqliteStorage`: opening, one lock, transactions.
+
+See :mod:`~gpuwarden.collector.storage.sqlite` for the threading, transaction and durability
+choices.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self
+
+from gpuwarden.collector.storage.base import (
+    StorageError,
+)
+from gpuwarden.collector.storage.migrations import migrate
+from gpuwarden.collector.storage.sqlite_codec import Codec, R
+
+Synchronous = Literal["NORMAL", "FULL"]
+MEMORY = ":memory:"
+MIN_SQLITE_VERSION = (3, 24, 0)
+_SYNCHRONOUS_PRAGMA: dict[str, str] = {
+    "NORMAL": "PRAGMA synchronous = NORMAL",
+    "FULL": "PRAGMA synchronous = FULL",
+}
+
+
+class SqliteBase:
+    """One connection guarded by one lock; ``_write`` is one ``BEGIN IMMEDIATE`` transaction."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        clock: Callable[[], float] = time.time,
+        synchronous: Synchronous = "NORMAL",
+        busy_timeout_seconds: float = 5.0,
+    ) -> None:
+        if sqlite3.sqlite_version_info < MIN_SQLITE_VERSION:
+            raise StorageError(
+                f"SQLite {sqlite3.sqlite_version} is too old; gpuwarden needs 3.24 or later"
+            )
+        if synchronous not in _SYNCHRONOUS_PRAGMA:
+            raise ValueError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
+        self.location = str(path)
+        self._clock = clock
+        self._lock = threading.Lock()
+        try:
+            conn = sqlite3.connect(
+                self.location,
+                timeout=busy_timeout_seconds,  # sets SQLite's busy_timeout
+                isolation_level=None,  # autocommit: we issue BEGIN/COMMIT ourselves
+                check_same_thread=False,  # shared by threads, guarded by self._lock
+            )
+        except sqlite3.Error as exc:
+            raise StorageError(f"{self.location}: cannot open the database: {exc}") from exc
+        try:
+            self._configure(conn, synchronous)
+            self.applied_migrations = migrate(conn, now=clock(), location=self.location)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise StorageError(f"{self.location}: cannot open the database: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        self._conn: sqlite3.Connection | None = conn
+
+    def _configure(self, conn: sqlite3.Connection, synchronous: str) -> None:
+        conn.row_factory = sqlite3.Row
+        (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        if self.location != MEMORY and str(mode).lower() != "wal":
+            raise StorageError(
+                f"{self.location}: SQLite refused WAL mode (journal_mode={mode}); put the "
+                "database on a local filesystem (WAL needs shared memory, not NFS)"
+            )
+        conn.execute(_SYNCHRONOUS_PRAGMA[synchronous])
+        conn.execute("PRAGMA foreign_keys = ON")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection; later calls raise :class:`StorageError`. Idempotent."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StorageError(f"{self.location}: the store is closed")
+        return self._conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._connection().execute(sql, params).fetchall()
+
+    def _one(self, codec: Codec[R], sql: str, key: object) -> R | None:
+        rows = self._read(sql, (key,))
+        return codec.load(rows[0]) if rows else None

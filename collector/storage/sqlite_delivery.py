@@ -1,0 +1,97 @@
+"""Delivery's records in SQLite: notifications, pages and the dispatcher's cursors."""
+
+from __future__ import annotations
+
+from gpuwarden.collector.storage.base import (
+    NotificationRecord,
+    PageRecord,
+    StorageError,
+)
+from gpuwarden.collector.storage.records import (
+    dump_json,
+    load_json,
+)
+from gpuwarden.collector.storage.sqlite_base import SqliteBase
+from gpuwarden.collector.storage.sqlite_codec import Codec, field_names
+
+_NOTIFICATIONS = Codec(
+    "notifications",
+    NotificationRecord,
+    field_names(NotificationRecord),
+    to_sql={"delivered": int},
+    from_sql={"delivered": bool},
+)
+_SAVE_NOTIFICATION = _NOTIFICATIONS.insert_sql(verb="INSERT OR REPLACE")
+_PAGES = Codec(
+    "pages",
+    PageRecord,
+    field_names(PageRecord, without="page_id"),
+    row_id="page_id",
+    to_sql={"alert": dump_json},
+    from_sql={"alert": load_json},
+)
+_PAGE_MUTABLE = ("status", "attempts", "next_attempt_at", "sent_at", "last_error", "alert")
+
+
+class DeliveryRecords(SqliteBase):
+    """The ``Storage`` methods of notifications, pages and cursors."""
+
+    # Notifications ---------------------------------------------------------------------------
+
+    def save_notification(self, record: NotificationRecord) -> None:
+        with self._write() as conn:
+            conn.execute(_SAVE_NOTIFICATION, _NOTIFICATIONS.params(record))
+
+    def notifications(
+        self,
+        *,
+        incident_id: int | None = None,
+        status: str | None = None,
+        delivered: bool | None = None,
+    ) -> list[NotificationRecord]:
+        sql = (
+            "SELECT * FROM notifications WHERE (? IS NULL OR incident_id = ?)"
+            " AND (? IS NULL OR status = ?) AND (? IS NULL OR delivered = ?)"
+            " ORDER BY incident_id, route"
+        )
+        flag = None if delivered is None else int(delivered)
+        rows = self._read(sql, (incident_id, incident_id, status, status, flag, flag))
+        return [_NOTIFICATIONS.load(row) for row in rows]
+
+    def add_page(self, record: PageRecord) -> int:
+        if record.page_id is not None:
+            raise ValueError("add_page takes a new page (page_id=None)")
+        with self._write() as conn:
+            page_id = conn.execute(_PAGES.insert_sql(), _PAGES.params(record)).lastrowid
+        if page_id is None:  # pragma: no cover - a successful INSERT always sets it
+            raise StorageError("pages insert returned no id")
+        return page_id
+
+    def save_page(self, record: PageRecord) -> None:
+        if record.page_id is None:
+            raise ValueError("save_page takes a stored page")
+        sets = ", ".join(f"{c} = ?" for c in _PAGE_MUTABLE)
+        values = [
+            dump_json(record.alert) if c == "alert" else getattr(record, c) for c in _PAGE_MUTABLE
+        ]
+        with self._write() as conn:
+            conn.execute(f"UPDATE pages SET {sets} WHERE page_id = ?", (*values, record.page_id))  # noqa: S608 - column names are constants
+
+    def pages(self, *, status: str | None = None) -> list[PageRecord]:
+        rows = self._read(
+            "SELECT * FROM pages WHERE (? IS NULL OR status = ?) ORDER BY page_id", (status, status)
+        )
+        return [_PAGES.load(row) for row in rows]
+
+    def cursor(self, name: str) -> int:
+        rows = self._read("SELECT position FROM cursors WHERE name = ?", (name,))
+        return int(rows[0][0]) if rows else 0
+
+    def set_cursor(self, name: str, position: int) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO cursors (name, position, updated_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET (position, updated_at)"
+                " = (excluded.position, excluded.updated_at)",
+                (name, position, self._clock()),
+            )

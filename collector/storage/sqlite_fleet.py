@@ -1,0 +1,167 @@
+"""What the fleet did, in SQLite: jobs, model deployments, events and accounting rollups."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from gpuwarden.collector.jobs.model import Job, JobState
+from gpuwarden.collector.storage.records import (
+    ROLLUP_DIMENSIONS,
+    AccountingRow,
+    Event,
+    EventKind,
+    ModelDeployment,
+    RollupDimension,
+    RollupTotal,
+    dump_allocations,
+    dump_json,
+    load_allocations,
+    load_json,
+    load_labels,
+)
+from gpuwarden.collector.storage.sqlite_base import SqliteBase
+from gpuwarden.collector.storage.sqlite_codec import ALL, Codec, field_names, marks
+
+_JOBS = Codec(
+    "jobs",
+    Job,
+    field_names(Job),
+    to_sql={"state": JobState, "allocations": dump_allocations, "labels": dump_json},
+    from_sql={"state": JobState, "allocations": load_allocations, "labels": load_labels},
+)
+_MODELS = Codec(
+    "models",
+    ModelDeployment,
+    field_names(ModelDeployment),
+    to_sql={"labels": dump_json},
+    from_sql={"labels": load_labels},
+)
+_EVENTS = Codec(
+    "events",
+    Event,
+    field_names(Event),
+    to_sql={"kind": EventKind, "attributes": dump_json},
+    from_sql={"kind": EventKind, "attributes": load_json},
+)
+_ACCOUNTING = Codec(
+    "accounting",
+    AccountingRow,
+    field_names(AccountingRow),
+    to_sql={"job_key": lambda key: key or ""},  # '' in the key column: no job
+    from_sql={"job_key": lambda key: key or None},
+)
+_UPSERT_JOB = _JOBS.upsert_sql(("first_seen", "updated_at"))
+_UPSERT_MODEL = _MODELS.upsert_sql(("updated_at",))
+_INSERT_EVENT = _EVENTS.insert_sql(("recorded_at",), "ON CONFLICT DO NOTHING")
+_REPLACE_ACCOUNTING = _ACCOUNTING.insert_sql(("written_at",), verb="INSERT OR REPLACE")
+_ROLLUP_GROUP: dict[str, str] = {d: d for d in ROLLUP_DIMENSIONS} | {
+    "job_key": "NULLIF(job_key, '')"
+}
+_ROLLUP_SUMS = (
+    "COUNT(*), SUM(energy_joules IS NULL OR cost_usd IS NULL OR carbon_grams IS NULL),"
+    " SUM(gpu_seconds_allocated), SUM(gpu_seconds_busy), SUM(gpu_seconds_idle),"
+    " SUM(gpu_seconds_unknown), SUM(energy_joules), SUM(cost_usd), SUM(carbon_grams)"
+)
+
+
+class FleetRecords(SqliteBase):
+    """The ``Storage`` methods of jobs, models, events and accounting."""
+
+    # Jobs ------------------------------------------------------------------------------------
+
+    def upsert_jobs(self, jobs: Sequence[Job]) -> int:
+        now = self._clock()
+        params = [_JOBS.params(job, now, now) for job in jobs]
+        with self._write() as conn:
+            return conn.executemany(_UPSERT_JOB, params).rowcount
+
+    def jobs(
+        self, *, since: float | None = None, states: Collection[JobState] | None = None
+    ) -> list[Job]:
+        sql = "SELECT * FROM jobs WHERE (end_time IS NULL OR end_time >= ?)"
+        params: list[Any] = [ALL if since is None else since]
+        if states is not None:
+            sql += f" AND state IN ({marks(len(states))})"
+            params += [JobState(s) for s in states]
+        return [_JOBS.load(row) for row in self._read(sql + " ORDER BY key", params)]
+
+    def job(self, key: str) -> Job | None:
+        return self._one(_JOBS, "SELECT * FROM jobs WHERE key = ?", key)
+
+    # Models and events -----------------------------------------------------------------------
+
+    def upsert_model(self, model: ModelDeployment) -> bool:
+        params = _MODELS.params(model, self._clock())
+        with self._write() as conn:
+            return conn.execute(_UPSERT_MODEL, params).rowcount > 0
+
+    def models(self) -> list[ModelDeployment]:
+        return [_MODELS.load(row) for row in self._read("SELECT * FROM models ORDER BY name")]
+
+    def model(self, name: str) -> ModelDeployment | None:
+        return self._one(_MODELS, "SELECT * FROM models WHERE name = ?", name)
+
+    def record_event(self, event: Event) -> bool:
+        params = _EVENTS.params(event, self._clock())
+        with self._write() as conn:
+            return conn.execute(_INSERT_EVENT, params).rowcount > 0
+
+    def events(
+        self,
+        *,
+        since: float | None = None,
+        kinds: Collection[EventKind] | None = None,
+        subject: str | None = None,
+    ) -> list[Event]:
+        sql = "SELECT * FROM events WHERE time >= ?"
+        params: list[Any] = [ALL if since is None else since]
+        if kinds is not None:
+            sql += f" AND kind IN ({marks(len(kinds))})"
+            params += [EventKind(k) for k in kinds]
+        if subject is not None:
+            sql += " AND subject = ?"
+            params.append(subject)
+        return [_EVENTS.load(row) for row in self._read(sql + " ORDER BY time, event_id", params)]
+
+    # Accounting ------------------------------------------------------------------------------
+
+    def write_rollups(self, rows: Sequence[AccountingRow]) -> int:
+        now = self._clock()
+        scopes = sorted({(row.period_start, row.gpu_uuid) for row in rows})
+        params = [_ACCOUNTING.params(row, now) for row in rows]
+        with self._write() as conn:
+            conn.executemany(
+                "DELETE FROM accounting WHERE period_start = ? AND gpu_uuid = ?", scopes
+            )
+            # The DELETE made room; OR REPLACE lets a duplicate key within the batch win last.
+            conn.executemany(_REPLACE_ACCOUNTING, params)
+        return len(rows)
+
+    def accounting_rows(self, *, since: float, until: float) -> list[AccountingRow]:
+        rows = self._read(
+            "SELECT * FROM accounting WHERE period_start >= ? AND period_start < ?"
+            " ORDER BY period_start, gpu_uuid, job_key",
+            (since, until),
+        )
+        return [_ACCOUNTING.load(row) for row in rows]
+
+    def rollups(
+        self, *, since: float, until: float, by: Sequence[RollupDimension] = ()
+    ) -> list[RollupTotal]:
+        if any(d not in _ROLLUP_GROUP for d in by) or len(set(by)) != len(by):
+            raise ValueError(f"by must name distinct dimensions of {ROLLUP_DIMENSIONS}: {by!r}")
+        # Only whitelisted column expressions are spliced in; the values are bound.
+        groups = ", ".join(_ROLLUP_GROUP[d] for d in by)
+        sql = f"SELECT {groups}{', ' if by else ''}{_ROLLUP_SUMS} FROM accounting"  # noqa: S608
+        sql += " WHERE period_start >= ? AND period_start < ?"
+        if by:
+            sql += f" GROUP BY {groups} ORDER BY {groups}"
+        n = len(by)
+        return [
+            # The sums are selected in the order of RollupTotal's fields.
+            RollupTotal(MappingProxyType(dict(zip(by, row[:n], strict=True))), *row[n:])
+            for row in self._read(sql, (since, until))
+            if row[n] > 0  # without GROUP BY, an empty range still gives one all-NULL row
+        ]

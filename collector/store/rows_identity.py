@@ -1,0 +1,161 @@
+"""The series table's state and series identity: key -> row, row creation and growth.
+
+:class:`~gpuwarden.collector.store.rows.SeriesTable` is this plus its writes (``rows_write``) and
+reads; its module docstring describes the layout. Here: the arrays and dicts every part shares,
+``resolve`` (the hot path's lookup of a series not in ``aliases`` yet), and the growth of the
+per-row and per-counter arrays.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import cast
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuwarden.collector.store.counters import NO_TIME
+from gpuwarden.collector.store.ring import Ring, zeros
+from gpuwarden.collector.store.types import HOST_NAME, AttrValue, Kind, SeriesInfo, SeriesKey
+
+AliasKey = tuple[str, AttrValue | None, tuple[tuple[str, AttrValue | None], ...]]
+"""(metric, resource ``host.name``, point attribute items as sent: any order, may repeat keys)."""
+FREE = np.iinfo(np.int64).max
+"""``last_seen_ns`` of a free row: never stale."""
+
+
+class RowIdentity:
+    """The table's state, and the rows of series: found, created, grown (see ``SeriesTable``)."""
+
+    def __init__(self, *, n_slots: int, n_long_slots: int, capacity: int, max_rows: int) -> None:
+        self.recent = Ring(n_slots=n_slots, rows=capacity)
+        self.long = Ring(n_slots=n_long_slots, rows=capacity)
+        counter_capacity = max(16, capacity // 8)
+        self.dts = cast("npt.NDArray[np.uint16]", zeros((counter_capacity, n_slots), np.uint16))
+        self.debt = np.zeros(counter_capacity, dtype=np.float64)
+        self.max_rows = max_rows
+        self.aliases: dict[AliasKey, int] = {}
+        # Attribute values repeat across series (a GPU's UUID in each of its 40 series): keep one.
+        self.strings: dict[str, str] = {}
+        self.rows_by_key: dict[SeriesKey, int] = {}
+        self.infos: list[SeriesInfo | None] = [None] * capacity
+        self.metric_ids: dict[str, int] = {}
+        self.metric_of_row = np.full(capacity, -1, dtype=np.int32)
+        self.counter_row = np.full(capacity, -1, dtype=np.int64)
+        self.last_seen_ns = np.full(capacity, FREE, dtype=np.int64)
+        self.raw_time_ns = np.full(capacity, NO_TIME, dtype=np.int64)
+        self.raw_value = np.full(capacity, np.nan, dtype=np.float64)
+        self.object_bytes = np.zeros(capacity, dtype=np.int32)
+        self.free_rows: list[int] = []
+        self.next_row = 0
+        self.free_counter_rows: list[int] = []
+        self.next_counter_row = 0
+        self.created = 0
+        self.evictions = 0
+        """Bumped whenever rows are freed: row numbers cached outside the table go stale."""
+        self._pending: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []
+        self._pending_size = 0
+
+    # --- identity -----------------------------------------------------------------------------
+
+    def resolve(
+        self,
+        alias: AliasKey,
+        *,
+        unit: str,
+        counter: bool,
+        time_ns: int,
+        total: int,
+        create: bool = True,
+    ) -> int:
+        """The row of the series ``alias`` names, created if new; -1 beyond the limit.
+
+        Attribute items without a value are dropped and a repeated key keeps its last value, as
+        ``otlp.attributes`` does. ``unit``, ``counter`` and ``time_ns`` describe the point that
+        creates the series. ``total`` counts series held elsewhere (histograms) against
+        ``max_rows``; with ``create`` false an unknown series is not created (-1: the sender's
+        budget is spent).
+        """
+        metric, host, raw = alias
+        strings = self.strings
+        items = tuple(
+            (sys.intern(k), strings.setdefault(v, v) if isinstance(v, str) else v) for k, v in raw
+        )
+        if isinstance(host, str):
+            host = strings.setdefault(host, host)
+        # The key shares the alias' item tuples: one (name, value) pair per series attribute.
+        pairs: dict[str, tuple[str, AttrValue]] = {}
+        for item in items:
+            if item[1] is not None:
+                pairs[item[0]] = cast("tuple[str, AttrValue]", item)
+        if host is not None and HOST_NAME not in pairs:
+            pairs[HOST_NAME] = (HOST_NAME, host)
+        key: SeriesKey = (sys.intern(metric), tuple(sorted(pairs.values())))
+        row = self.rows_by_key.get(key)
+        if row is None:
+            if not create or len(self.rows_by_key) + total >= self.max_rows:
+                return -1
+            row = self._create(key, unit, counter, time_ns)
+            self.object_bytes[row] = _object_bytes(key, alias)
+        if len(self.aliases) >= 4 * len(self.rows_by_key) + 1024:
+            self.aliases.clear()  # senders with ever-changing attribute orders: it is a cache
+        self.aliases[(key[0], host, items)] = row
+        return row
+
+    def info(self, key: SeriesKey, unit: str, kind: Kind) -> SeriesInfo:
+        """A ``SeriesInfo`` sharing interned strings with the table."""
+        return SeriesInfo(key=key, unit=sys.intern(unit), kind=kind)
+
+    def _create(self, key: SeriesKey, unit: str, counter: bool, time_ns: int) -> int:
+        row = self.free_rows.pop() if self.free_rows else self._next_row()
+        kind = Kind.COUNTER if counter else Kind.GAUGE
+        self.infos[row] = self.info(key, unit, kind)
+        self.rows_by_key[key] = row
+        self.metric_of_row[row] = self.metric_ids.setdefault(key[0], len(self.metric_ids))
+        self.last_seen_ns[row] = time_ns
+        if counter:
+            crow = self._next_counter_row()
+            self.counter_row[row] = crow
+            self.debt[crow] = 0.0
+        self.created += 1
+        return row
+
+    def _next_row(self) -> int:
+        row = self.next_row
+        if row == self.recent.rows:
+            self._grow(min(2 * row, self.max_rows))
+        self.next_row += 1
+        return row
+
+    def _grow(self, capacity: int) -> None:
+        self.recent.grow(capacity)
+        self.long.grow(capacity)
+        extra = capacity - len(self.infos)
+        self.infos.extend([None] * extra)
+        self.metric_of_row = np.concatenate([self.metric_of_row, np.full(extra, -1, np.int32)])
+        self.counter_row = np.concatenate([self.counter_row, np.full(extra, -1, np.int64)])
+        self.last_seen_ns = np.concatenate([self.last_seen_ns, np.full(extra, FREE, np.int64)])
+        self.raw_time_ns = np.concatenate([self.raw_time_ns, np.full(extra, NO_TIME, np.int64)])
+        self.raw_value = np.concatenate([self.raw_value, np.full(extra, np.nan)])
+        self.object_bytes = np.concatenate([self.object_bytes, np.zeros(extra, np.int32)])
+
+    def _next_counter_row(self) -> int:
+        if self.free_counter_rows:
+            return self.free_counter_rows.pop()
+        row = self.next_counter_row
+        if row == self.dts.shape[0]:
+            rows = row + max(16, row // 2)
+            dts = cast("npt.NDArray[np.uint16]", zeros((rows, self.dts.shape[1]), np.uint16))
+            dts[:row] = self.dts
+            self.dts = dts
+            self.debt = np.concatenate([self.debt, np.zeros(rows - row)])
+        self.next_counter_row += 1
+        return row
+
+
+def _object_bytes(key: SeriesKey, alias: AliasKey) -> int:
+    """Bytes of one series' own Python objects; strings are shared and counted apart."""
+    numbers = [v for _, v in key[1] if not isinstance(v, str)]
+    own = [key, key[1], alias, alias[2], *key[1], *numbers]
+    info = 56  # SeriesInfo with three slots
+    return info + sum(sys.getsizeof(o) for o in own)

@@ -1,0 +1,185 @@
+"""The window store's reads: series x time matrices, increases, latest values, quantiles."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from gpuwarden.collector.store.histograms import histogram_quantile
+from gpuwarden.collector.store.types import (
+    BucketCounts,
+    LatestValues,
+    Resolution,
+    SeriesInfo,
+    SeriesKey,
+    SeriesMatrix,
+    label_text,
+)
+from gpuwarden.collector.store.window_state import NS, WindowState
+
+
+class WindowReads(WindowState):
+    """The queries of ``WindowStore``: each one takes the lock once."""
+
+    def matrix(
+        self,
+        metric: str,
+        *,
+        selector: Mapping[str, str] | None = None,
+        start: float,
+        end: float,
+        resolution: Resolution = "recent",
+    ) -> SeriesMatrix:
+        """Every matching series over ``[start, end)`` (Unix seconds) in one array.
+
+        Slot ``k`` is included when ``start <= k*step < end``, so consecutive ranges partition the
+        slots. At most one ring length is returned (the most recent part of the range); slots
+        outside the window, gaps, and counters' first points are NaN. Counters read as rates:
+        a slot's increase over the time it covers (one point: its delta over the time since the
+        previous point; NaN across a gap over ~55 min). Long slots are means of recent slots.
+        """
+        if resolution not in ("recent", "long"):
+            raise ValueError(f"resolution must be 'recent' or 'long', not {resolution!r}")
+        with self._lock:
+            table = self._table
+            ring = table.recent if resolution == "recent" else table.long
+            step = self.step_seconds if resolution == "recent" else self.long_step_seconds
+            rows, infos = table.select(metric, selector)
+            first, count = _slots(start, end, step, ring.n_slots)
+            if resolution == "recent":
+                values = table.read_rates(rows, first, count)
+            else:
+                table.flush_long(self._ratio)
+                values = ring.read(rows, first, count)
+            return SeriesMatrix(
+                times=(np.arange(first, first + count, dtype=np.float64) * step),
+                values=values,
+                series=infos,
+                step_seconds=step,
+                resolution=resolution,
+            )
+
+    def increase_matrix(
+        self, metric: str, *, selector: Mapping[str, str] | None = None, start: float, end: float
+    ) -> SeriesMatrix:
+        """Per-slot increases (float64) of the matching counter series, recent window.
+
+        Each slot is within ~1e-6 of its exact increase (float32 storage, rounding carried to
+        the next slot); a row's sum is exact when the range covers the series' first and newest
+        slots, and otherwise off by at most one slot's rounding (see ``store_rows``).
+        """
+        with self._lock:
+            table = self._table
+            rows, infos = table.select(metric, selector)
+            mine = table.counter_row[rows] >= 0
+            first, count = _slots(start, end, self.step_seconds, table.recent.n_slots)
+            return SeriesMatrix(
+                times=(np.arange(first, first + count, dtype=np.float64) * self.step_seconds),
+                values=table.read_increases(rows[mine], first, count, self._step_ns),
+                series=tuple(info for info, ok in zip(infos, mine, strict=True) if ok),
+                step_seconds=self.step_seconds,
+                resolution="recent",
+            )
+
+    def increase(self, key: SeriesKey, start: float, end: float) -> float | None:
+        """The increase of a counter over the slots in ``[start, end)``; None without data.
+
+        The sum of each raw point's delta (its value after a reset) over the points whose slot
+        starts in the range: exact (float64) from the series' first slot to its newest, else
+        within one slot's float32 rounding whatever the range's length, so consecutive ranges
+        add up exactly. Raises KeyError for an unknown series, ValueError for a non-counter
+        or a range starting before the recent window (that part is gone: accumulate as you go).
+        """
+        with self._lock:
+            table = self._table
+            row = table.rows_by_key.get(key)
+            if row is None:
+                raise KeyError(key)
+            if table.counter_row[row] < 0:
+                raise ValueError(f"{key[0]} is not a counter")
+            ring = table.recent
+            first, stop = math.ceil(start / self.step_seconds), math.ceil(end / self.step_seconds)
+            if ring.head is None or first >= stop:
+                return None
+            if first <= ring.head - ring.n_slots:
+                raise ValueError("range starts before the recent window")
+            lo, hi = ring.span(first, stop)
+            rows = np.array([row], dtype=np.int64)
+            window = table.read_increases(rows, lo, max(0, hi - lo), self._step_ns)
+            if np.isnan(window).all():
+                return None
+            return float(np.nansum(window))
+
+    def latest(self, metric: str, selector: Mapping[str, str] | None = None) -> LatestValues:
+        """Each matching series' newest point (for counters, the rate of its newest slot)."""
+        with self._lock:
+            table = self._table
+            rows, infos = table.select(metric, selector)
+            seen_ns = table.last_seen_ns[rows]
+            slots = seen_ns // self._step_ns
+            held = table.recent.held(slots)
+            values = table.rates(rows, slots)
+            return LatestValues(
+                series=infos,
+                times=np.where(held, seen_ns / NS, np.nan),
+                values=np.where(held, values, np.nan).astype(np.float32),
+            )
+
+    def histogram_keys(
+        self, metric: str, selector: Mapping[str, str] | None = None
+    ) -> list[SeriesKey]:
+        """Keys of ``metric``'s histogram series whose attributes match ``selector``, sorted."""
+        with self._lock:
+            keys = [key for key in self._histograms if key[0] == metric]
+        if selector:
+            keys = [
+                key
+                for key in keys
+                if all(
+                    (value := dict(key[1]).get(name)) is not None and label_text(value) == wanted
+                    for name, wanted in selector.items()
+                )
+            ]
+        return sorted(keys, key=repr)
+
+    def histogram_series(
+        self, metric: str, selector: Mapping[str, str] | None = None
+    ) -> tuple[SeriesInfo, ...]:
+        """Infos of ``metric``'s histogram series matching ``selector``, sorted by key."""
+        with self._lock:
+            found = [(k, h.info) for k, h in self._histograms.items() if k[0] == metric]
+        found.sort(key=lambda item: repr(item[0]))
+        return tuple(info for _, info in found if info.matches(selector))
+
+    def bucket_counts(self, key: SeriesKey, start: float, end: float) -> BucketCounts | None:
+        """Observations per bucket of a histogram over the slots in ``[start, end)``."""
+        with self._lock:
+            series = self._histograms[key]
+            first, stop = math.ceil(start / self.step_seconds), math.ceil(end / self.step_seconds)
+            head = self._table.recent.head
+            if head is not None:
+                series.ring.advance(head)
+            totals = series.totals(first, stop)
+            if totals is None:
+                return None
+            return BucketCounts(bounds=series.bounds, counts=totals[0], sum_value=totals[1])
+
+    def quantile(self, key: SeriesKey, q: float, start: float, end: float) -> float:
+        """The ``q``-quantile (0..1) of a histogram over ``[start, end)``; NaN without data."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile {q} is outside [0, 1]")
+        counts = self.bucket_counts(key, start, end)
+        if counts is None:
+            return math.nan
+        return histogram_quantile(q, counts.bounds, counts.counts)
+
+
+def _slots(start: float, end: float, step: int, n_slots: int) -> tuple[int, int]:
+    """First absolute slot and count of ``[start, end)``, at most ``n_slots`` (the latest)."""
+    first, stop = math.ceil(start / step), math.ceil(end / step)
+    count = max(0, stop - first)
+    if count > n_slots:
+        first, count = stop - n_slots, n_slots
+    return (first, count)
