@@ -1,0 +1,220 @@
+"""OTLP intake: points into the WindowStore, per-sender series budgets, node facts, announcements.
+
+The receiver's work behind ``CollectorService.accept``, ``accept_payload`` and
+``accept_histograms``: each request's points go to the store under the sender's hourly budget of
+new series, the resources they came with leave their node's facts and announce the workload's job
+and model, and the running totals say what the store did with them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint, histogram_points
+from gpuwarden.collector.ingest.workloads import announcement
+from gpuwarden.collector.jobs.registry import JobRegistry
+from gpuwarden.collector.storage.base import Storage
+from gpuwarden.collector.storage.records import Event, EventKind
+from gpuwarden.collector.store.types import IngestCounts
+from gpuwarden.collector.store.window import WindowStore
+
+log = logging.getLogger(__name__)
+
+#: Resource attributes of an agent that the collector keeps per node.
+NODE_FACTS = (
+    "host.id",
+    "host.type",
+    "cloud.region",
+    "gpuwarden.cluster",
+    "gpuwarden.price_tier",
+    "gpuwarden.agent.version",
+)
+
+
+@dataclass
+class IngestTotals:
+    """Running totals of what the store did with incoming points."""
+
+    accepted: int = 0
+    rejected: int = 0
+    new_series: int = 0
+    counter_resets: int = 0
+    last_point_unix: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """What became of one OTLP request: the receiver's answer and counters."""
+
+    points: int
+    """Gauge and sum points decoded (the length of ``number_points``' list)."""
+    rejected: int
+    """Points to report to the sender as rejected (OTLP partial success), histograms included."""
+    stored_rejected: int
+    """Of ``points``, those the store refused."""
+
+
+@dataclass
+class Intake:
+    """Takes what senders push into the store (an ``ingest.sink.MetricsSink``)."""
+
+    store: WindowStore
+    storage: Storage
+    registry: JobRegistry
+    clock: Callable[[], float] = time.time
+    nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    totals: IngestTotals = field(default_factory=IngestTotals)
+    #: new series one sender (token) may create per hour: a runaway label cannot flood the store
+    max_new_series_per_source_hour: int = 100_000
+    _new_series: dict[str, tuple[float, int]] = field(default_factory=dict)
+    _announced: set[tuple[tuple[str, str | int | float | bool], ...]] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def accept(self, points: Iterable[NumberPoint], source: str) -> int:
+        """Store one request's points; remember node facts; return the rejected count."""
+        points = list(points)
+        seen: set[int] = set()
+        resources = []
+        for point in points:
+            if id(point.resource) not in seen:
+                seen.add(id(point.resource))
+                resources.append(point.resource)
+        self._remember_resources(resources, source)
+        now = self.clock()
+        window_start, created, budget = self._budget(source, now)
+        counts = self.store.ingest(points, new_series_budget=budget)
+        newest = max((p.time_unix_nano for p in points), default=None)
+        self._count(source, window_start, created, counts, newest)
+        return counts.rejected
+
+    def accept_payload(self, payload: bytes, kind: str, source: str) -> Accepted:
+        """Decode and store one OTLP/HTTP body: the receiver's fast path.
+
+        The same series, counts, budget, node facts and announcements as ``number_points`` +
+        ``accept`` + ``accept_histograms``, without a ``NumberPoint`` per point (and, for an
+        agent's steady state, without parsing: ``WindowStore.ingest_payload``). Raises
+        ``OtlpError`` (400) for a body that does not parse.
+        """
+        now = self.clock()
+        window_start, created, budget = self._budget(source, now)
+        result = self.store.ingest_payload(payload, kind, new_series_budget=budget)
+        self._remember_resources(result.resources, source)
+        self._count(source, window_start, created, result.counts, result.newest_ns)
+        rejected = result.rejected + result.counts.rejected
+        if result.histogram_request is not None:
+            histograms = histogram_points(result.histogram_request)
+            # counted as rejected by the decoder; the store says which it kept
+            rejected -= len(histograms) - self.accept_histograms(histograms, source)
+        return Accepted(
+            points=result.points, rejected=rejected, stored_rejected=result.counts.rejected
+        )
+
+    def accept_histograms(self, points: Sequence[HistogramPoint], source: str) -> int:
+        """Store cumulative histogram points (bucket counts); return the rejected count."""
+        rejected = 0
+        for point in points:
+            attrs = dict(point.attributes)
+            host = point.resource.get("host.name")
+            if host is not None and "host.name" not in attrs:
+                attrs["host.name"] = host
+            try:
+                counts = self.store.ingest_histogram(
+                    point.metric,
+                    attrs,
+                    time_unix_nano=point.time_unix_nano,
+                    bounds=point.bounds,
+                    bucket_counts=point.bucket_counts,
+                    sum_value=point.sum_value,
+                    unit=point.unit,
+                )
+            except ValueError as exc:  # e.g. bounds changed for an existing series
+                log.warning("source %s: histogram %s refused: %s", source, point.metric, exc)
+                rejected += 1
+                continue
+            rejected += counts.rejected
+        return rejected
+
+    def _remember_resources(
+        self, resources: Iterable[Mapping[str, str | int | float | bool]], source: str
+    ) -> None:
+        """Announce each resource's workload and keep its node's facts."""
+        for resource in resources:
+            self._announce(resource)
+            host = resource.get("host.name")
+            if isinstance(host, str) and host:
+                facts = {k: str(v) for k, v in resource.items() if k in NODE_FACTS}
+                with self._lock:  # merge: other senders (scrapes) must not erase agent facts
+                    self.nodes[host] = {**self.nodes.get(host, {}), **facts, "source": source}
+
+    def _budget(self, source: str, now: float) -> tuple[float, int, int]:
+        """The source's hourly window start, series created in it, and what it may still create."""
+        with self._lock:
+            window_start, created = self._new_series.get(source, (now, 0))
+            if now - window_start >= 3600:
+                window_start, created = now, 0
+            return window_start, created, max(0, self.max_new_series_per_source_hour - created)
+
+    def _count(
+        self,
+        source: str,
+        window_start: float,
+        created: int,
+        counts: IngestCounts,
+        newest_ns: int | None,
+    ) -> None:
+        with self._lock:
+            self._new_series[source] = (window_start, created + counts.new_series)
+            if counts.rejected_limit:
+                log.warning(
+                    "source %s: %d point(s) of new series refused (series limit)",
+                    source,
+                    counts.rejected_limit,
+                )
+            self.totals.accepted += counts.accepted
+            self.totals.rejected += counts.rejected
+            self.totals.new_series += counts.new_series
+            self.totals.counter_resets += counts.counter_resets
+            if newest_ns is not None:
+                self.totals.last_point_unix = max(self.totals.last_point_unix, newest_ns / 1e9)
+
+    def _announce(self, resource: Mapping[str, str | int | float | bool]) -> None:
+        """Register the job and model a workload's resource declares, once per resource."""
+        items = tuple(sorted(resource.items()))
+        with self._lock:
+            if items in self._announced:
+                return
+            if len(self._announced) >= 100_000:
+                self._announced.clear()  # a cache, not a record
+            self._announced.add(items)
+        found = announcement(resource, self.clock())
+        if found is None:
+            return
+        if found.job is not None:
+            known = self.registry.get(found.job.key)
+            job = found.job
+            if known is not None:  # keep what the scheduler or API said; fill in the rest
+                job = replace(
+                    known,
+                    model=known.model or job.model,
+                    team=known.team or job.team,
+                    name=known.name or job.name,
+                )
+            self.registry.put([job])
+        if found.model is not None:
+            current = self.storage.model(found.model.name)
+            if current is None:
+                self.storage.upsert_model(found.model)
+            elif current.version != found.model.version:
+                self.storage.upsert_model(replace(current, version=found.model.version))
+                self.storage.record_event(
+                    Event(
+                        time=self.clock(),
+                        kind=EventKind.DEPLOY,
+                        subject=found.model.name,
+                        attributes={"from": current.version, "to": found.model.version},
+                    )
+                )

@@ -1,0 +1,80 @@
+"""The read view detectors get: the fleet seen as ``detect.contract.DetectionContext``."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection
+from typing import TypeVar, cast
+
+import numpy as np
+
+from gpuwarden.collector.accounting.fleet import Fleet
+from gpuwarden.collector.accounting.gpu_time import GpuRef, GpuTimeline
+from gpuwarden.collector.jobs.model import Job
+from gpuwarden.collector.storage.records import Event, EventKind, ModelDeployment
+from gpuwarden.collector.store.window import WindowStore
+
+C = TypeVar("C")
+
+
+class DetectionView:
+    """The collector as a detector sees it (``detect.contract.DetectionContext``): read-only
+    data, the clock and the detectors' caches; no ingest, no storage writes."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
+        self._caches: dict[object, object] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> WindowStore:
+        """The time series."""
+        return self._fleet.store
+
+    def now(self) -> float:
+        """The collector's clock."""
+        return self._fleet.clock()
+
+    def gpus(self) -> list[GpuRef]:
+        """Every GPU the agents described."""
+        return self._fleet.gpus()
+
+    def timelines(self, start: float, end: float) -> tuple[np.ndarray, list[GpuTimeline]]:
+        """Each physical GPU's timeline over ``[start, end)``."""
+        return self._fleet.timelines(start, end)
+
+    def jobs(self) -> list[Job]:
+        """Every job known."""
+        return self._fleet.registry.known()
+
+    def job(self, key: str) -> Job | None:
+        """One job by key."""
+        return self._fleet.registry.get(key)
+
+    def resolve_job(self, scheduler: str, ident: str, node: str) -> str:
+        """The job key for a process's scheduler attributes."""
+        return self._fleet.registry.resolve(scheduler, ident, node)
+
+    def deployments(self) -> list[ModelDeployment]:
+        """The model deployments known."""
+        return self._fleet.storage.models()
+
+    def events(self, *, since: float, kinds: Collection[EventKind]) -> list[Event]:
+        """Events of some kinds at or after ``since``."""
+        return self._fleet.storage.events(since=since, kinds=kinds)
+
+    def price(self, gpu_model: str, tier: str) -> float:
+        """Dollars per GPU-hour."""
+        return self._fleet.accounting.prices.price(gpu_model, tier)
+
+    @property
+    def default_price_tier(self) -> str:
+        """The tier of GPUs and jobs that name none."""
+        return self._fleet.accounting.default_price_tier
+
+    def cache(self, kind: Callable[[], C]) -> C:
+        """The detector state of this kind, made on first use."""
+        with self._lock:
+            if kind not in self._caches:
+                self._caches[kind] = kind()
+            return cast("C", self._caches[kind])
