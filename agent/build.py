@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -86,15 +88,44 @@ def build_source(
     if config.source == "simulated":
         from gpuwarden.agent.sources.simulated import SimulatedSource, load_scenario
 
-        scenario = load_scenario(config.scenario, node_name=config.node_name)
+        try:
+            scenario = load_scenario(config.scenario, node_name=config.node_name)
+        except ValueError as exc:
+            raise ConfigError(
+                f"{exc}; give --scenario (or scenario:) a preset name or a scenario YAML file"
+            ) from None
         sim = SimulatedSource(scenario, clock=clock)
         return sim, job_hints(sim.jobs), sim.events
     from gpuwarden.agent.sources.replay import ReplaySource
 
     if config.replay_path is None:  # AgentConfig checks this; keep mypy and -O honest
         raise ConfigError("source 'replay' needs replay_path")
-    replay = ReplaySource(config.replay_path, clock=clock)
+    try:
+        replay = ReplaySource(config.replay_path, clock=clock)
+        replay.duration_seconds  # noqa: B018 - loads and checks every row now, not mid-run
+    except OSError as exc:
+        raise ConfigError(
+            f"replay_path: cannot read {config.replay_path}: {exc.strerror or exc}; "
+            "give --replay (or replay_path:) an existing trace file"
+        ) from None
+    except ValueError as exc:
+        raise ConfigError(f"replay_path: {exc}") from None
     return replay, None, _no_events
+
+
+def _open_spool(config: AgentConfig) -> Spool:
+    """The spool, or a ConfigError naming ``spool.directory`` when it cannot be written."""
+    directory = config.spool.directory
+    try:
+        spool = Spool(directory, max_bytes=config.spool.max_bytes, fsync=config.spool.fsync)
+        if not os.access(directory, os.W_OK | os.X_OK):  # root passes; a read-only mount not
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except OSError as exc:
+        raise ConfigError(
+            f"spool.directory: cannot write {directory}: {exc.strerror or exc}; set "
+            "spool.directory (--spool-dir, GPUWARDEN_SPOOL_DIR) to a writable directory"
+        ) from None
+    return spool
 
 
 def _no_events() -> list[GpuEvent]:
@@ -133,9 +164,7 @@ def build_agent(
         host_probe = HostReader(config.proc_root, config.sys_root).sample
     spool = sender = None
     if config.collector.endpoint:
-        spool = Spool(
-            config.spool.directory, max_bytes=config.spool.max_bytes, fsync=config.spool.fsync
-        )
+        spool = _open_spool(config)
         headers = {}
         token = config.token()
         if token:

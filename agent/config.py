@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
-from gpuwarden.agent.schema import ConfigError, convert, read_yaml, redacted_repr
+from gpuwarden.agent.schema import ConfigError, check_value, convert, read_yaml, redacted_repr
 
 __all__ = [
     "ENV",
@@ -44,11 +44,20 @@ PriceTier = Literal["on-demand", "spot", "reserved"]
 SOURCES: tuple[str, ...] = get_args(Source)
 PRICE_TIERS: tuple[str, ...] = get_args(PriceTier)
 
+#: An OTLP/HTTP endpoint: a scheme is required (``host:4318`` alone would be read as a scheme).
+Endpoint = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^https?://[^\s/@]+(/\S*)?$",
+        description="an http:// or https:// URL such as http://collector:4318/v1/metrics",
+    ),
+]
+
 
 class CollectorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Where and how the agent pushes OTLP."""
 
-    endpoint: str | None = "http://127.0.0.1:4318/v1/metrics"
+    endpoint: Endpoint | None = "http://127.0.0.1:4318/v1/metrics"
     token: str | None = None
     token_file: Path | None = None
     timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0
@@ -133,15 +142,32 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def load_agent_config(
-    path: Path | None, env: Mapping[str, str], overrides: Mapping[str, Any] | None = None
+    path: Path | None,
+    env: Mapping[str, str],
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    flags: Mapping[str, str] | None = None,
 ) -> AgentConfig:
-    """Load the agent config from ``path`` (optional), ``env`` and explicit CLI ``overrides``."""
+    """Load the agent config from ``path`` (optional), ``env`` and explicit CLI ``overrides``.
+
+    Args:
+        path: the YAML file, if any.
+        env: the environment; the variables of :data:`ENV` override the file.
+        overrides: dotted config key → value given on the command line (``None``: not given).
+        flags: dotted config key → the CLI flag that set it, so that an error names the flag.
+
+    Raises:
+        ConfigError: one line naming the file, variable or flag, and the key.
+    """
     where = str(path) if path is not None else "<defaults>"
     data = read_yaml(path) if path is not None else {}
-    for var, dotted in ENV.items():
-        if env.get(var):
-            _set_dotted(data, dotted, env[var])
-    for dotted, value in (overrides or {}).items():
-        if value is not None:
-            _set_dotted(data, dotted, value)
+    given = [(var, dotted, env[var]) for var, dotted in ENV.items() if env.get(var)]
+    given += [
+        ((flags or {}).get(dotted, dotted), dotted, value)
+        for dotted, value in (overrides or {}).items()
+        if value is not None
+    ]
+    for origin, dotted, value in given:
+        check_value(value, AgentConfig, dotted, origin)
+        _set_dotted(data, dotted, value)
     return convert(data, AgentConfig, where)

@@ -10,6 +10,8 @@ import sys
 import threading
 from types import FrameType
 
+import msgspec
+
 from gpuwarden.agent.config import AgentConfig, ConfigError
 from gpuwarden.agent.model import Snapshot
 
@@ -39,8 +41,19 @@ def snapshot_summary(snapshot: Snapshot) -> dict[str, object]:
     }
 
 
-def run_agent(config: AgentConfig, *, once: bool = False) -> int:
-    """Run the agent until SIGTERM/SIGINT; return the process exit code."""
+def run_agent(config: AgentConfig, *, once: bool = False, push: bool = False) -> int:
+    """Run the agent until SIGTERM/SIGINT; return the process exit code.
+
+    Args:
+        config: the loaded configuration.
+        once: take one round, print it and return instead of running.
+        push: with ``once``, also push the round (spooling it if the collector is away);
+            without it a single round touches neither the collector nor the spool.
+    """
+    if once and not push:
+        config = msgspec.structs.replace(
+            config, collector=msgspec.structs.replace(config.collector, endpoint=None)
+        )
     from gpuwarden.agent.build import build_agent
     from gpuwarden.agent.sources.nvml import NvmlUnavailableError
 
@@ -59,13 +72,6 @@ def run_agent(config: AgentConfig, *, once: bool = False) -> int:
             print(
                 f"gpuwarden agent: port {config.http.port} on {config.http.host} is in use; "
                 "set http.port in the config or stop the other process",
-                file=sys.stderr,
-            )
-            return 1
-        if exc.errno in (errno.EACCES, errno.EROFS):
-            print(
-                f"gpuwarden agent: cannot write the spool at {config.spool.directory}: "
-                f"{exc.strerror}; set spool.directory to a writable path",
                 file=sys.stderr,
             )
             return 1

@@ -101,6 +101,24 @@ def convert(
     return value
 
 
+def check_value(
+    value: object, cls: type, dotted: str, where: str, error: type[Exception] = ConfigError
+) -> None:
+    """Check one setting given outside the file (an environment variable, a CLI flag) against
+    the type of the field ``dotted`` of ``cls``, so that its error names where it came from.
+
+    Raises:
+        error: one line, ``<where>: <dotted>: <what is wrong>``.
+    """
+    annotation: object = cls
+    for name in dotted.split("."):
+        annotation = _field_type(annotation, name)
+    try:
+        msgspec.convert(value, annotation, dec_hook=_dec_hook)
+    except msgspec.ValidationError as exc:
+        raise error(explain(str(exc), value, annotation, where, dotted)) from None
+
+
 def _dec_hook(cls: type, obj: object) -> object:
     """Paths are written as strings (the CLI may pass ``Path`` objects)."""
     if cls is Path:

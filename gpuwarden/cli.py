@@ -34,7 +34,9 @@ def _parser() -> argparse.ArgumentParser:
         help="run the node agent (or 'agent install' to install it as a systemd service)",
         description="Run the node agent: sample GPUs and the host, attribute processes to jobs, "
         "push OTLP to the collector (spooling to disk while it is away), serve /healthz and "
-        "/metrics. 'gpuwarden agent install' writes a systemd unit and a commented config.",
+        "/metrics. 'gpuwarden agent install' writes a systemd unit and a commented config. "
+        "Without a GPU: 'gpuwarden agent --source simulated --once' prints one round and "
+        "touches neither the collector nor the spool.",
     )
     agent.add_argument("action", nargs="?", default="run", choices=["run", "install"])
     agent.add_argument("--config", type=Path, help="agent config file (YAML)")
@@ -42,12 +44,28 @@ def _parser() -> argparse.ArgumentParser:
         "--source", choices=["nvml", "simulated", "replay"], help="GPU source (default: nvml)"
     )
     agent.add_argument("--scenario", help="simulated scenario: a preset name or a YAML file")
-    agent.add_argument("--replay", type=Path, help="trace to replay (CSV or GenTD26 file)")
+    agent.add_argument(
+        "--replay",
+        type=Path,
+        help="trace to replay: CSV with time_seconds,gpu_uuid,[name,]<GPU fields> "
+        "(no node/job columns), or a GenTD26 duty-cycle file",
+    )
     agent.add_argument("--interval", type=float, help="seconds between sample rounds")
     agent.add_argument("--collector", help="OTLP/HTTP endpoint, e.g. http://host:4318/v1/metrics")
     agent.add_argument("--nvml-library", type=Path, help="absolute path of libnvidia-ml.so.1")
     agent.add_argument("--spool-dir", type=Path, help="directory of the unsent-request spool")
-    agent.add_argument("--once", action="store_true", help="take one round, print it, exit")
+    agent.add_argument(
+        "--once",
+        action="store_true",
+        help="take one round, print it as JSON and exit; nothing is pushed or spooled "
+        "unless --push is given too",
+    )
+    agent.add_argument(
+        "--push",
+        action="store_true",
+        help="with --once: also push the round to the configured collector (spooling it in "
+        "spool.directory if the collector is away)",
+    )
     install = agent.add_argument_group("install options")
     install.add_argument("--unit-dir", type=Path, default=Path("/etc/systemd/system"))
     install.add_argument("--config-path", type=Path, default=Path("/etc/gpuwarden/agent.yaml"))
@@ -102,23 +120,32 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _agent_overrides(args: argparse.Namespace) -> dict[str, object]:
-    return {
-        "source": args.source,
-        "scenario": args.scenario,
-        "replay_path": args.replay,
-        "interval_seconds": args.interval,
-        "collector.endpoint": args.collector,
-        "nvml_library_path": args.nvml_library,
-        "spool.directory": args.spool_dir,
-    }
+#: The ``gpuwarden agent`` flags that override a config key: dotted key → (flag, its dest).
+_AGENT_FLAGS: dict[str, tuple[str, str]] = {
+    "source": ("--source", "source"),
+    "scenario": ("--scenario", "scenario"),
+    "replay_path": ("--replay", "replay"),
+    "interval_seconds": ("--interval", "interval"),
+    "collector.endpoint": ("--collector", "collector"),
+    "nvml_library_path": ("--nvml-library", "nvml_library"),
+    "spool.directory": ("--spool-dir", "spool_dir"),
+}
 
 
 def _run_agent(args: argparse.Namespace) -> int:
     from gpuwarden.agent.config import ConfigError, load_agent_config
 
+    if args.push and not args.once:
+        print(
+            "gpuwarden agent: --push only applies to --once (the agent always pushes); "
+            "drop --push or add --once",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    overrides = {key: getattr(args, dest) for key, (_, dest) in _AGENT_FLAGS.items()}
+    flags = {key: flag for key, (flag, _) in _AGENT_FLAGS.items()}
     try:
-        config = load_agent_config(args.config, os.environ, _agent_overrides(args))
+        config = load_agent_config(args.config, os.environ, overrides, flags=flags)
     except ConfigError as exc:
         print(f"gpuwarden agent: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -128,7 +155,7 @@ def _run_agent(args: argparse.Namespace) -> int:
         return install(args, config_source=args.config)
     from gpuwarden.agent.main import run_agent
 
-    return run_agent(config, once=args.once)
+    return run_agent(config, once=args.once, push=args.push)
 
 
 def _run_collector(args: argparse.Namespace) -> int:

@@ -123,7 +123,8 @@ def test_round_trip_of_simulated_samples_is_exact(tmp_path: Path) -> None:
         ("", ":1: unknown header ''"),
         ("time,gpu_uuid,power_watts\n", ":1: unknown header 'time,gpu_uuid,power_watts'"),
         ("time_seconds,gpu_uuid,power\n", ":1: unknown column 'power'"),
-        ("time_seconds,gpu_uuid,index\n", ":1: unknown column 'index'"),
+        ("time_seconds,gpu_uuid,index\n", ":1: column 'index' belongs to backtest traces"),
+        ("time_seconds,gpu_uuid,node,job\n", ":1: column 'node' belongs to backtest traces"),
         ("time_seconds,gpu_uuid,power_watts,power_watts\n", ":1: a column appears twice"),
     ],
 )

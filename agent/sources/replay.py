@@ -61,6 +61,8 @@ REPLAY_FIELDS: Mapping[str, type[int] | type[float]] = {
     if hint in (float | None, int | None)
 }
 ALIBABA_MEMORY_FILE = GENTD26_MEMORY_FILE
+#: Columns of the backtest's CSV (docs/backtest.md) that describe the fleet, not one node's GPUs.
+BACKTEST_COLUMNS: tuple[str, ...] = ("node", "job", "index")
 _INT_MISSING = -(2**63)
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 
@@ -254,6 +256,13 @@ def _trace_fields(header: Sequence[str], path: Path) -> tuple[str, ...]:
             f"'time_seconds,gpu_uuid,<GpuSample field>,...' or {','.join(GENTD26_COLUMNS)!r}"
         )
     fields = tuple(header[2:])
+    backtest_only = [name for name in fields if name in BACKTEST_COLUMNS]
+    if backtest_only:
+        raise ValueError(
+            f"{path}:1: column {backtest_only[0]!r} belongs to backtest traces "
+            "(docs/backtest.md); the agent replays one node's GPUs: drop the "
+            f"{', '.join(BACKTEST_COLUMNS)} columns, or run 'gpuwarden backtest --data {path}'"
+        )
     for name in fields:
         if name != "name" and name not in REPLAY_FIELDS:
             raise ValueError(
