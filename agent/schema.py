@@ -187,6 +187,8 @@ _WORDS = {
     "array": "a list",
 }
 _SECRET = re.compile(r"token|secret|password", re.IGNORECASE)
+_USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*://)?)[^/@\s]+@")
+"""``user:password@`` at the start of a URL (with or without its scheme)."""
 
 
 def explain(message: str, data: object, cls: object, where: str, section: str = "") -> str:
@@ -239,6 +241,8 @@ def _unknown(key: str, annotation: object) -> str:
 def _shown(value: object, *, secret: bool = False) -> str:
     if secret and isinstance(value, str | list | dict):
         return f"a {type(value).__name__} (not shown)"
+    if isinstance(value, str):
+        value = _USERINFO.sub(r"\1***@", value)  # a password in a URL is never echoed
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 

@@ -63,6 +63,13 @@ def test_an_endpoint_without_a_scheme_in_the_file_or_environment_names_them(tmp_
     assert ": GPUWARDEN_COLLECTOR_ENDPOINT: collector.endpoint: expected an http://" in line
 
 
+def test_a_refused_endpoint_never_echoes_its_password(tmp_path):
+    for endpoint in ("alice:s3cret@collector:4318", "ftp://alice:s3cret@collector/v1"):
+        line = one_line(agent(tmp_path, "--source", "simulated", "--collector", endpoint))
+        assert "s3cret" not in line
+        assert "***@collector" in line
+
+
 def test_an_unknown_scenario_lists_the_presets(tmp_path):
     line = one_line(agent(tmp_path, "--source", "simulated", "--scenario", "nosuch", "--once"))
     assert line == (
