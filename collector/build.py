@@ -210,6 +210,7 @@ def build_service(
         accounting=AccountingConfig(
             idle_threshold_ratio=config.idle_threshold_ratio,
             grid_intensity_grams_per_kwh=config.grid_intensity_grams_per_kwh,
+            prices=config.prices,
         ),
         period_seconds=config.accounting_period_seconds,
         clock=clock,

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from gpuwarden.agent.schema import ONE_OR_MANY, ConfigError, convert, read_yaml, redacted_repr
+from gpuwarden.collector.accounting.prices import PricesSection, PriceTable
 from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.remediate.actuators.settings import ActuatorSettings, traffic_targets
 from gpuwarden.collector.remediate.policy import RemediationSection, RemediationSettings
@@ -71,6 +72,9 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     accounting_period_seconds: PositiveInt = 60
     idle_threshold_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
     grid_intensity_grams_per_kwh: Annotated[float, msgspec.Meta(ge=0)] = 400.0
+    #: prices per GPU-hour by GPU model, tier and cluster (``accounting.prices``); written as
+    #: a ``PricesSection``, held as the effective table (default: the built-in table)
+    prices: PriceTable = msgspec.field(default_factory=PriceTable)
     #: the Kubernetes job source's namespace (default: all); its client is kubernetes_*
     kubernetes_namespace: str | None = None
     job_poll_seconds: Positive = 30.0
@@ -163,6 +167,11 @@ def _remediation(written: object, where: str, key: str) -> RemediationSettings:
     return convert(written, RemediationSection, where, section=key).settings()
 
 
+def _prices(written: object, where: str, key: str) -> PriceTable:
+    """``prices``: the section as written, held as the effective table naming its file."""
+    return convert(written, PricesSection, where, section=key).table(source=where)
+
+
 #: Keys written in one form and held in another: key → its reader, (written, file, key) → held,
 #: which checks what is written through the schema too. The held value then passes through.
 _READERS: Mapping[str, Callable[[object, str, str], object]] = MappingProxyType(
@@ -170,6 +179,7 @@ _READERS: Mapping[str, Callable[[object, str, str], object]] = MappingProxyType(
         "tokens_file": _tokens,
         "kubernetes_routes": traffic_targets,
         "remediation": _remediation,
+        "prices": _prices,
     }
 )
 

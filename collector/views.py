@@ -63,9 +63,9 @@ class DetectionView:
         """Events of some kinds at or after ``since``."""
         return self._fleet.storage.events(since=since, kinds=kinds)
 
-    def price(self, gpu_model: str, tier: str) -> float:
-        """Dollars per GPU-hour."""
-        return self._fleet.accounting.prices.price(gpu_model, tier)
+    def price(self, gpu_model: str, tier: str, cluster: str | None = None) -> float:
+        """Price per GPU-hour (in the price table's currency)."""
+        return self._fleet.accounting.prices.price(gpu_model, tier, cluster)
 
     @property
     def default_price_tier(self) -> str:

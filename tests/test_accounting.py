@@ -9,12 +9,12 @@ from gpuwarden.collector.accounting.gpu_time import (
     UNALLOCATED,
     AccountingConfig,
     GpuTimeline,
-    PriceTable,
     account,
     ownership,
     slot_overlap,
     totals,
 )
+from gpuwarden.collector.accounting.prices import PriceTable
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 
 STEP = 10.0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,15 +15,18 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwarden.collector.accounting.prices import TIERS
+from gpuwarden.collector.config import load_collector_config
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.base import ActionRecord, BreakerRecord
 from gpuwarden.collector.storage.records import Event, EventKind, Incident, ModelDeployment
-from gpuwarden.collector.web.exposition import FleetMetrics
+from gpuwarden.collector.web.exposition import PRICE_FAMILY, PRICE_LABELS, FleetMetrics
 from tests.test_collector_api import AUTH, GIB, H100, NOW, collector_app, fleet
 
 A0 = {"node": "node-a", "gpu": "GPU-A0", "gpu_model": H100, "job_key": "api:train-1",
       "team": "vision", "model": "resnet"}  # fmt: skip
+PRICE_H100_SPOT = {"gpu_model": "h100", "tier": "spot", "currency": "USD", "cluster": ""}
 A1 = {**A0, "gpu": "GPU-A1", "job_key": "slurm:77", "team": "", "model": ""}
 B0 = {"node": "node-b", "gpu": "GPU-B0", "gpu_model": "NVIDIA L4", "job_key": "", "team": "",
       "model": ""}  # fmt: skip
@@ -176,6 +181,7 @@ async def test_collector_health(aiohttp_client, service):
         ("gpuwarden_collector_accounting_jobs_omitted", {}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "gpus"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "accounting"}, 1.0),
+        ("gpuwarden_collector_scrape_success", {"section": "prices"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "models"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "incidents"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "remediation"}, 1.0),
@@ -192,6 +198,7 @@ async def test_a_failing_section_is_reported_and_the_others_still_served(
     assert samples(text, "gpuwarden_collector_scrape_success") == expect(
         ("gpuwarden_collector_scrape_success", {"section": "gpus"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "accounting"}, 0.0),
+        ("gpuwarden_collector_scrape_success", {"section": "prices"}, 1.0),  # no storage read
         ("gpuwarden_collector_scrape_success", {"section": "models"}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "incidents"}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "remediation"}, 0.0),
@@ -404,3 +411,54 @@ async def test_pending_notifications_by_scheme_and_status(aiohttp_client, servic
         ("gpuwarden_notifications_pending", {"scheme": "alertmanager", "status": "lost"}, 1.0),
         ("gpuwarden_notifications_pending", {"scheme": "pagerduty", "status": "firing"}, 2.0),
     )
+
+
+async def test_the_effective_price_table(aiohttp_client, service):
+    text = await scrape(aiohttp_client, service)
+    got = samples(text, PRICE_FAMILY)
+    assert len(got) == 4 * len(TIERS)  # three built-in models and the default
+    assert got[PRICE_FAMILY, frozenset(PRICE_H100_SPOT.items())] == 1.60
+    assert got[PRICE_FAMILY, frozenset({**PRICE_H100_SPOT, "gpu_model": "(default)"}.items())] == (
+        0.80
+    )
+
+
+async def test_a_configured_price_table_with_a_cluster_override(aiohttp_client, tmp_path):
+    path = tmp_path / "collector.yaml"
+    path.write_text(
+        "prices:\n  currency: EUR\n  models: {H100: {on-demand: 3.7, spot: 1.5}}\n"
+        "  default: {on-demand: 1.8}\n  clusters: {onprem: {default: {on-demand: 0.9}}}\n",
+        encoding="utf-8",
+    )
+    prices = load_collector_config(path).prices
+    service = fleet()
+    service.fleet.accounting = replace(service.fleet.accounting, prices=prices)
+    try:
+        text = await scrape(aiohttp_client, service)
+    finally:
+        service.storage.close()
+    labels = {"currency": "EUR", "cluster": ""}
+    assert samples(text, PRICE_FAMILY) == expect(
+        *(
+            (PRICE_FAMILY, {**labels, "gpu_model": "H100", "tier": tier}, price)
+            for tier, price in (("on-demand", 3.7), ("spot", 1.5), ("reserved", 3.7))
+        ),
+        *(
+            (PRICE_FAMILY, {**labels, "gpu_model": "(default)", "tier": tier}, 1.8)
+            for tier in TIERS
+        ),
+        *(
+            (
+                PRICE_FAMILY,
+                {"currency": "EUR", "cluster": "onprem", "gpu_model": "(default)", "tier": tier},
+                0.9,
+            )
+            for tier in TIERS
+        ),
+    )
+
+
+def test_the_price_family_is_documented_with_its_labels():
+    docs = (Path(__file__).parent.parent / "docs" / "metrics.md").read_text(encoding="utf-8")
+    row = f"| `{PRICE_FAMILY}` | gauge | {', '.join(f'`{label}`' for label in PRICE_LABELS)} |"
+    assert row in docs

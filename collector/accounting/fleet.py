@@ -35,7 +35,7 @@ class Fleet:
     period_seconds: int = 60
     recompute_periods: int = 10
     clock: Callable[[], float] = time.time
-    #: node facts by host name (the price tier), as the intake keeps them
+    #: node facts by host name (price tier, cluster), as the intake keeps them
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def gpus(self) -> list[GpuRef]:
@@ -55,9 +55,14 @@ class Fleet:
                     index=index if isinstance(index, int) else None,
                     model=str(attrs.get("hw.model", "unknown")),
                     parent_uuid=str(parent) if parent is not None else None,
+                    cluster=self.cluster_of(str(attrs.get("host.name", ""))),
                 )
             )
         return refs
+
+    def cluster_of(self, node: str) -> str | None:
+        """The node's cluster, as its agent names it (``gpuwarden.cluster``), if it does."""
+        return self.nodes.get(node, {}).get("gpuwarden.cluster") or None
 
     def timelines(self, start: float, end: float) -> tuple[np.ndarray, list[GpuTimeline]]:
         """Each physical GPU's utilisation, energy and seen jobs on the store's slot grid."""
@@ -88,6 +93,7 @@ class Fleet:
                     utilization_ratio=by_gpu_util.get(key, np.full(n, np.nan)).astype(np.float64),
                     energy_joules=by_gpu_energy.get(key, np.full(n, np.nan)).astype(np.float64),
                     process_jobs=tuple(frozenset(s) for s in seen.get(key, [])),
+                    cluster=ref.cluster,
                 )
             )
         return times, timelines

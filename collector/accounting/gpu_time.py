@@ -10,56 +10,24 @@ start or end mid-slot are charged exactly.
   is neither busy nor idle (``unknown``): missing data never counts as idle.
 - energy comes from the energy-counter deltas, never power × time.
 - cost is allocated GPU-hours × the price of that GPU model at the job's price tier (on-demand,
-  spot, reserved); carbon is kWh × the grid's intensity.
+  spot, reserved) on the node's cluster (:mod:`.prices`), in the table's currency; carbon is
+  kWh × the grid's intensity.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from gpuwarden.collector.accounting.prices import PriceTable
 from gpuwarden.collector.jobs.model import Job, JobState
 
 FloatArray = npt.NDArray[np.floating[Any]]
 UNALLOCATED = ""
-TIERS = ("on-demand", "spot", "reserved")
-
-
-@dataclass(frozen=True, slots=True)
-class PriceTable:
-    """US dollars per GPU-hour by GPU model and price tier.
-
-    ``models`` maps a case-insensitive substring of the NVML model name (``"h100"``) to a
-    tier → price mapping; the first match in insertion order wins, then ``default``.
-    """
-
-    models: Mapping[str, Mapping[str, float]] = field(
-        default_factory=lambda: MappingProxyType(
-            {
-                "h100": MappingProxyType({"on-demand": 4.00, "spot": 1.60, "reserved": 2.60}),
-                "a100": MappingProxyType({"on-demand": 2.50, "spot": 1.00, "reserved": 1.60}),
-                "l4": MappingProxyType({"on-demand": 0.80, "spot": 0.30, "reserved": 0.50}),
-            }
-        )
-    )
-    default: Mapping[str, float] = field(
-        default_factory=lambda: MappingProxyType(
-            {"on-demand": 2.00, "spot": 0.80, "reserved": 1.30}
-        )
-    )
-
-    def price(self, model: str, tier: str) -> float:
-        """$ per GPU-hour for this model at this tier (unknown tiers cost on-demand)."""
-        lowered = model.lower()
-        for pattern, tiers in self.models.items():
-            if pattern.lower() in lowered:
-                return tiers.get(tier, tiers.get("on-demand", 0.0))
-        return self.default.get(tier, self.default.get("on-demand", 0.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +49,8 @@ class GpuRef:
     index: int | None
     model: str
     parent_uuid: str | None = None
+    #: the node's cluster (its agent's ``gpuwarden.cluster``), for per-cluster prices
+    cluster: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +66,8 @@ class GpuTimeline:
     energy_joules: FloatArray
     #: slot → job key from per-process attribution (the agent saw a job's process on this GPU)
     process_jobs: Sequence[frozenset[str]] = ()
+    #: the node's cluster (its agent's ``gpuwarden.cluster``), for per-cluster prices
+    cluster: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +195,7 @@ def account(
             cost = (
                 0.0
                 if key == UNALLOCATED
-                else allocated / 3600 * config.prices.price(gpu.model, tier)
+                else allocated / 3600 * config.prices.price(gpu.model, tier, gpu.cluster)
             )
             rows.append(
                 Usage(

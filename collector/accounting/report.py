@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
+    from gpuwarden.collector.accounting.prices import PriceTable
     from gpuwarden.collector.storage.base import Storage
     from gpuwarden.collector.storage.records import RollupDimension, RollupTotal
 
@@ -184,16 +185,68 @@ def line_record(line: CostLine) -> dict[str, object]:
     return {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(line).items()}
 
 
+PRICE_MATCHING = (
+    "a GPU model matches every hw.model containing it, ignoring case, first match in this order; "
+    "a cluster's rows override the fleet's; a tier not written costs on-demand"
+)
+
+
+def explain_prices(prices: PriceTable, out: TextIO) -> None:
+    """The price table as a text block: currency, source, how models match, the rows."""
+    from gpuwarden.collector.accounting.prices import TIERS
+
+    out.write(f"prices per GPU-hour in {prices.currency}, from {prices.source}\n")
+    out.write(f"({PRICE_MATCHING})\n")
+    cells: dict[tuple[str, str], dict[str, float]] = {}
+    for price in prices.rows():
+        cells.setdefault((price.cluster or "(fleet)", price.gpu_model), {})[price.tier] = (
+            price.price_per_hour
+        )
+    rows = [["cluster", "gpu model", *TIERS]]
+    rows += [[c, m, *(f"{tiers[t]:.2f}" for t in TIERS)] for (c, m), tiers in cells.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        left = [c.ljust(w) for c, w in zip(row[:2], widths, strict=False)]
+        right = [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]
+        out.write("  ".join([*left, *right]).rstrip() + "\n")
+    out.write("\n")
+
+
+def prices_record(prices: PriceTable) -> dict[str, object]:
+    """The price table as a JSON-ready dict."""
+    return {
+        "currency": prices.currency,
+        "source": prices.source,
+        "matching": PRICE_MATCHING,
+        "rows": [asdict(row) for row in prices.rows()],
+    }
+
+
 def report_costs(
-    storage: Storage, *, since_seconds: float, until: float, by: str, fmt: str, out: TextIO
+    storage: Storage,
+    *,
+    since_seconds: float,
+    until: float,
+    by: str,
+    fmt: str,
+    out: TextIO,
+    prices: PriceTable | None = None,
 ) -> int:
-    """Print the cost report of ``[until - since_seconds, until)`` per group; return 0."""
+    """Print the cost report of ``[until - since_seconds, until)`` per group; return 0.
+
+    With ``prices``, the price table comes first (``--explain``): a text block before the table,
+    a ``prices`` key in JSON (CSV has no room for it).
+    """
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if prices is not None and fmt == "csv":
+        raise ValueError("the price table (--explain) goes with --format table or json")
     since = until - since_seconds
     lines = cost_lines(storage, since=since, until=until, by=by)
     total = sum_lines("TOTAL", lines)
     if fmt == "table":
+        if prices is not None:
+            explain_prices(prices, out)
         _table([*lines, total], by, out)
     elif fmt == "csv":
         writer = csv.writer(out, lineterminator="\n")
@@ -210,6 +263,8 @@ def report_costs(
             "groups": [line_record(line) for line in lines],
             "total": line_record(total),
         }
+        if prices is not None:
+            doc["prices"] = prices_record(prices)
         out.write(json.dumps(doc, indent=2) + "\n")
     return EXIT_OK
 
@@ -237,6 +292,17 @@ def add_report_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     costs.add_argument("--until", default="now", help="window end: now, Unix seconds, or 2h (ago)")
     costs.add_argument("--by", choices=BY_CHOICES, default="team")
     costs.add_argument("--format", choices=FORMATS, default="table", dest="fmt")
+    costs.add_argument(
+        "--explain",
+        action="store_true",
+        help="print the price table used (currency, source, rows) before the report",
+    )
+    costs.add_argument(
+        "--config",
+        type=Path,
+        help="the collector's config file, whose prices: --explain shows "
+        "(default: the built-in table)",
+    )
 
 
 def run_report(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
@@ -257,6 +323,19 @@ def run_report(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     except ValueError as exc:
         print(f"gpuwarden report: --until: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    prices = None
+    if args.explain:
+        from gpuwarden.collector.accounting.prices import PriceTable
+        from gpuwarden.collector.config import ConfigError, load_collector_config
+
+        if args.fmt == "csv":
+            print("gpuwarden report: --explain goes with --format table or json", file=sys.stderr)
+            return EXIT_ERROR
+        try:
+            prices = load_collector_config(args.config).prices if args.config else PriceTable()
+        except ConfigError as exc:
+            print(f"gpuwarden report: {exc}", file=sys.stderr)
+            return EXIT_ERROR
     try:
         with SqliteStorage(path) as storage:
             return report_costs(
@@ -266,6 +345,7 @@ def run_report(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
                 by=args.by,
                 fmt=args.fmt,
                 out=out if out is not None else sys.stdout,
+                prices=prices,
             )
     except StorageError as exc:
         print(f"gpuwarden report: {exc}", file=sys.stderr)

@@ -82,8 +82,9 @@ class DetectionContext(Protocol):
         """Events of some kinds at or after ``since``, oldest first."""
         ...
 
-    def price(self, gpu_model: str, tier: str) -> float:
-        """Dollars per GPU-hour of a GPU model at a price tier."""
+    def price(self, gpu_model: str, tier: str, cluster: str | None = None) -> float:
+        """Price per GPU-hour of a GPU model at a price tier, on a node of ``cluster`` when
+        known (``GpuRef.cluster``, ``GpuTimeline.cluster``), in the price table's currency."""
         ...
 
     @property

@@ -98,7 +98,7 @@ def run_idle_gpu(ctx: DetectionContext, rule: Rule, p: IdleGpuParams, now: float
         known = ~np.isnan(util[i])
         mean = float(util[i][known].mean()) if known.any() else None
         tier = (job.price_tier if job and job.price_tier else gpu.price_tier) or "on-demand"
-        price = ctx.price(gpu.model, tier)
+        price = ctx.price(gpu.model, tier, gpu.cluster)
         verdict = Verdict(int(verdicts[i]))
         findings.append(
             new_finding(

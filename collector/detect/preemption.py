@@ -143,7 +143,7 @@ def detect_preemptions(
     start = end - window_seconds
     events = ctx.events(since=start, kinds=[EventKind.PREEMPTION_NOTICE])
     gone = gone_nodes(ctx, start, end)
-    models = {(g.node, g.index): g.model for g in ctx.gpus()}
+    refs = {(g.node, g.index): g for g in ctx.gpus()}
     default_tier = ctx.default_price_tier
     findings = []
     for job in sorted(ctx.jobs(), key=lambda j: j.key):
@@ -155,19 +155,15 @@ def detect_preemptions(
         lost = [work_lost_seconds(job, p.time) for p in found]
         known_lost = [s for s in lost if s is not None]
         gpus = job.gpus or sum(max(len(a.indices), len(a.uuids)) for a in job.allocations)
-        model = next(
-            (
-                models[a.node, i]
-                for a in job.allocations
-                for i in a.indices
-                if (a.node, i) in models
-            ),
-            "unknown",
+        ref = next(
+            (refs[a.node, i] for a in job.allocations for i in a.indices if (a.node, i) in refs),
+            None,
         )
+        model = ref.model if ref is not None else "unknown"
         lost_h = (
             gpus * sum(known_lost) / 3600 if known_lost and len(known_lost) == len(lost) else None
         )
-        price = ctx.price(model, tier)
+        price = ctx.price(model, tier, ref.cluster if ref is not None else None)
         nodes = sorted({a.node for a in job.allocations})
         findings.append(
             new_finding(

@@ -204,6 +204,7 @@ def read_window(ctx: DetectionContext, now: float, window_seconds: float) -> Win
                     np.float64
                 ),
                 energy_joules=np.full(len(times), np.nan),
+                cluster=g.cluster,
             )
             for g in gpus
         ]
@@ -215,7 +216,7 @@ def read_window(ctx: DetectionContext, now: float, window_seconds: float) -> Win
 
 def gpu_price(ctx: DetectionContext, gpu: GpuTimeline, job: Job | None) -> tuple[float, str]:
     tier = (job.price_tier if job and job.price_tier else gpu.price_tier) or "on-demand"
-    return ctx.price(gpu.model, tier), tier
+    return ctx.price(gpu.model, tier, gpu.cluster), tier
 
 
 def held_by_job(win: Window) -> dict[str, list[int]]:

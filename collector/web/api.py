@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from gpuwarden.collector.accounting.gpu_time import TIERS
+from gpuwarden.collector.accounting.prices import TIERS
 from gpuwarden.collector.accounting.report import (
     CostLine,
     cost_line,

@@ -13,7 +13,9 @@ Label cardinality is bounded:
   ``max_jobs`` jobs (default 500), the largest by allocated GPU-hours; ``gpuwarden_team_gpu_hours``
   sums every job, so team totals stay complete when jobs are left out, and
   ``gpuwarden_collector_accounting_jobs_omitted`` says how many were. Time allocated to no job is
-  in neither family.
+  in neither family;
+* the effective price table (``gpuwarden_price_per_gpu_hour``): one series per model, tier and
+  cluster the config writes (the built-in table without a ``prices:`` section).
 
 A missing reading is a missing sample, never 0. Each section (GPUs, accounting, health) is
 isolated: a failing one is logged and reported as ``gpuwarden_collector_scrape_success{section}
@@ -31,6 +33,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpuwarden.collector.accounting.prices import DEFAULT_MODEL
 from gpuwarden.collector.remediate.states import BREAKER_SCOPE
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import IncidentState, RollupTotal
@@ -52,6 +55,8 @@ DEFAULT_MAX_JOBS = 500
 GPU_LABELS = ("node", "gpu", "gpu_model", "job_key", "team", "model")
 """``job_key``, not ``job``: Prometheus owns ``job`` (the scrape job) and would rename ours."""
 KINDS = ("allocated", "busy", "idle")
+PRICE_FAMILY = "gpuwarden_price_per_gpu_hour"
+PRICE_LABELS = ("gpu_model", "tier", "currency", "cluster")
 _JOB_MEASURES = (  # RollupTotal field, family, what it is, divisor to the family's unit
     ("energy_joules", "gpuwarden_job_energy_kwh", "Energy in kWh", 3.6e6),
     ("cost_usd", "gpuwarden_job_cost_usd", "Cost in US dollars", 1.0),
@@ -98,6 +103,7 @@ class FleetMetrics:
         sections: tuple[tuple[str, Callable[[float], list[Metric]]], ...] = (
             ("gpus", self._gpus),
             ("accounting", self._accounting),
+            ("prices", self._prices),
             ("models", self._models),
             ("incidents", self._incidents),
             ("remediation", self._remediation),
@@ -188,6 +194,21 @@ class FleetMetrics:
             value=float(max(0, len(jobs) - self._max_jobs)),
         )
         return [gpu_hours, *(family for _, _, family in measures), team_hours, omitted]
+
+    def _prices(self, _now: float) -> list[Metric]:
+        table = self._service.accounting.prices
+        family = GaugeMetricFamily(
+            PRICE_FAMILY,
+            "Price per GPU-hour the accounting charges, by GPU model (a "
+            f"case-insensitive substring of hw.model; {DEFAULT_MODEL} for models not listed), "
+            "tier and cluster (empty: the whole fleet; a cluster's rows override it).",
+            labels=list(PRICE_LABELS),
+        )
+        for row in table.rows():
+            family.add_metric(
+                [row.gpu_model, row.tier, table.currency, row.cluster], row.price_per_hour
+            )
+        return [family]
 
     def _models(self, now: float) -> list[Metric]:
         return model_families(self._service, now)
