@@ -10,6 +10,11 @@ Remediation is live on the simulated targets (requeue frees the idle notebook's 
 moves traffic to the smaller model) and a dry run elsewhere (draining a node). The demo plays
 the operator too: it approves what waits for approval through the signed links the alerts
 carry. At the end it prints the waste found, the incidents, the actions and the URLs.
+
+SIGINT (Ctrl-C) or SIGTERM ends the run early, with the report; the collector's loops finish their
+running step before the database closes. Without ``--db`` the database lives in a temporary
+directory removed at exit, unless ``--linger`` keeps the status page up (then it is kept and its
+path printed).
 """
 
 from __future__ import annotations
@@ -17,8 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import secrets
+import shutil
+import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -82,11 +91,25 @@ def _compressed_clock(speed: float, start: float) -> Callable[[], float]:
     return lambda: start + (time.time() - start) * speed
 
 
-async def _serve(app: web.Application, port: int) -> web.AppRunner:
+class _PortInUseError(Exception):
+    """A port the demo serves on is taken."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(f"127.0.0.1:{port} is in use")
+        self.port = port
+
+
+async def _serve(runners: list[web.AppRunner], app: web.Application, port: int) -> None:
+    """Serve ``app`` on loopback; its runner joins ``runners`` (cleaned up even if this fails)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner
+    runners.append(runner)
+    try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise _PortInUseError(port) from None
+        raise
 
 
 def _agent_config(node: str, port: int, token: str, spool: Path, interval: float) -> AgentConfig:
@@ -197,6 +220,7 @@ class _Demo:
             scheme: ConsoleNotifier(scheme, _say) for scheme in ("slack", "pagerduty")
         }
         self.stop = threading.Event()
+        self.interrupted = asyncio.Event()  # set by SIGINT or SIGTERM
         self.runtimes: list[AgentRuntime] = []
         self.threads: list[threading.Thread] = []
         self.runners: list[web.AppRunner] = []
@@ -227,9 +251,9 @@ class _Demo:
             ),
             remediation=remediation,
         )
-        self.runners.append(await _serve(app, self.port))
-        self.runners.append(await _serve(self.serving.app(), self.model_port))
-        self.runners.append(await _serve(create_router_app(self.router), self.router_port))
+        await _serve(self.runners, app, self.port)
+        await _serve(self.runners, self.serving.app(), self.model_port)
+        await _serve(self.runners, create_router_app(self.router), self.router_port)
         _say(
             f"collector on {self.base}  ·  status page {self.base}/status  ·  "
             f"metrics {self.base}/metrics"
@@ -292,7 +316,9 @@ class _Demo:
             began = last_status = time.monotonic()
             while (elapsed := time.monotonic() - began) < self.duration:
                 self.serving.tick(0.5)
-                await asyncio.sleep(0.5)
+                if await _interrupted_within(self.interrupted, 0.5):
+                    _say("interrupted: finishing with the report")
+                    return
                 self.timeline(elapsed)
                 for notifier in self.notifiers.values():
                     for alert in notifier.sent:
@@ -304,17 +330,23 @@ class _Demo:
                     last_status = time.monotonic()
                     await asyncio.to_thread(print_status, self.service, elapsed, self.speed)
 
-    async def finish(self, linger: float) -> None:
-        """Stop the agents (they flush to the collector), account, report, stop serving."""
+    async def stop_agents(self) -> None:
+        """Stop the agents; they flush what they hold to the collector. Idempotent."""
         self.stop.set()
+        threads, runtimes = self.threads, self.runtimes
+        self.threads, self.runtimes = [], []
 
         def stop_agents() -> None:
-            for thread in self.threads:
+            for thread in threads:
                 thread.join(timeout=10)
-            for runtime in self.runtimes:
+            for runtime in runtimes:
                 runtime.agent.shutdown(flush_timeout_seconds=5)
 
         await asyncio.to_thread(stop_agents)
+
+    async def report(self) -> None:
+        """Account for the last period and print the report."""
+        await self.stop_agents()
         service = self.service
         service.run_accounting(now=time.time() + service.period_seconds)
         await asyncio.to_thread(
@@ -326,13 +358,20 @@ class _Demo:
             self.base,
             self.scheduler.requeued,
         )
-        if linger > 0:
-            print(f"serving {self.base}/status for {linger:.0f} more seconds (Ctrl-C stops)")
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.sleep(linger)
+
+    async def close(self) -> None:
+        """Stop the agents, stop serving (the collector's loops end first), close the database."""
+        await self.stop_agents()
         for runner in reversed(self.runners):
             await runner.cleanup()
-        service.storage.close()
+        self.runners = []
+        self.service.storage.close()
+
+
+async def _interrupted_within(interrupted: asyncio.Event, seconds: float) -> bool:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(interrupted.wait(), seconds)
+    return interrupted.is_set()
 
 
 def _say(line: str) -> None:
@@ -340,18 +379,41 @@ def _say(line: str) -> None:
 
 
 async def _demo(
-    duration: float, interval: float, speed: float, db: Path, linger: float, port: int | None
+    duration: float,
+    interval: float,
+    speed: float,
+    db: Path,
+    linger: float,
+    port: int | None,
+    spool: Path,
+    db_kept: bool,
 ) -> int:
     demo = _Demo(duration, interval, speed, db, port)
-    with tempfile.TemporaryDirectory(prefix="gpuwarden-demo-") as spool:
-        await demo.start(Path(spool))
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, demo.interrupted.set)
+    try:
         try:
-            await demo.run()
-        except asyncio.CancelledError:
-            _say("interrupted: finishing with the report")
-        finally:
-            await demo.finish(linger)
-    print(f"database kept at {db}: gpuwarden report costs --db {db} --since 1h --by team")
+            await demo.start(spool)
+        except _PortInUseError as exc:
+            print(
+                f"gpuwarden demo: 127.0.0.1:{exc.port} is in use; choose another port with "
+                "--port or leave it out",
+                file=sys.stderr,
+            )
+            return 1
+        await demo.run()
+        demo.interrupted.clear()  # from here a signal skips the linger
+        await demo.report()
+        if db_kept:
+            print(f"database kept at {db}: gpuwarden report costs --db {db} --since 1h --by team")
+        else:
+            print(f"database {db} is removed at exit (--db PATH keeps one)")
+        if linger > 0 and not demo.interrupted.is_set():
+            print(f"serving {demo.base}/status for {linger:.0f} more seconds (Ctrl-C stops)")
+            await _interrupted_within(demo.interrupted, linger)
+    finally:
+        await demo.close()
     return 0
 
 
@@ -364,11 +426,30 @@ def run_demo(
     linger_seconds: float = 0.0,
     port: int | None = None,
 ) -> int:
-    """Run the demo; Ctrl-C ends it early with the report."""
-    path = db if db is not None else Path(tempfile.gettempdir()) / "gpuwarden-demo.db"
+    """Run the demo; SIGINT (Ctrl-C) or SIGTERM ends it early with the report.
+
+    Returns 0 (also when ended early), 1 when a port it serves on is in use.
+    """
+    directory = Path(tempfile.mkdtemp(prefix="gpuwarden-demo-"))
+    db_kept = db is not None or linger_seconds > 0
+    path = db if db is not None else directory / "demo.db"
     try:
         return asyncio.run(
-            _demo(duration_seconds, interval_seconds, speed, path, linger_seconds, port)
+            _demo(
+                duration_seconds,
+                interval_seconds,
+                speed,
+                path,
+                linger_seconds,
+                port,
+                directory / "spool",
+                db_kept,
+            )
         )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the demo's own handlers were installed
         return 130
+    finally:
+        if db_kept and db is None:
+            shutil.rmtree(directory / "spool", ignore_errors=True)
+        else:
+            shutil.rmtree(directory, ignore_errors=True)

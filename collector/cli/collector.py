@@ -123,7 +123,12 @@ def run_collector(
     port: int | None,
     environ: Mapping[str, str] | None = None,
 ) -> int:
-    """Run the collector in the foreground; return the exit code."""
+    """Run the collector in the foreground; return the exit code.
+
+    SIGINT or SIGTERM stops it: the loops finish a running step (up to
+    ``tasks.STOP_TIMEOUT_SECONDS``), then the database closes; exit code 0. A busy port is one
+    line and exit code 1, a configuration it refuses exit code 2.
+    """
     environ = os.environ if environ is None else environ
     try:
         config = _config(config_path, host, port)

@@ -2,7 +2,9 @@
 remediation, alerting.
 
 Each loop runs its blocking step in a worker thread, on a monotonic deadline, and survives its own
-failures (one broad except per iteration, logged with the traceback).
+failures (one broad except per iteration, logged with the traceback). When the app stops, the loops
+are told to stop and a step already running is waited for (up to ``stop_timeout_seconds``): a
+worker thread cannot be cancelled, and the storage closes right after (the app's ``on_cleanup``).
 """
 
 from __future__ import annotations
@@ -23,15 +25,35 @@ from gpuwarden.collector.web.keys import SERVICE
 log = logging.getLogger(__name__)
 
 
-async def _every(name: str, interval_seconds: float, step: Callable[[], object]) -> None:
+STOP_TIMEOUT_SECONDS = 30.0
+"""How long stopping waits for a step already running (a detection cycle) before giving up on it."""
+
+
+async def _every(
+    name: str, interval_seconds: float, step: Callable[[], object], stop: asyncio.Event
+) -> None:
     deadline = time.monotonic()
-    while True:
+    while not stop.is_set():
         try:
             await asyncio.to_thread(step)
         except Exception:  # one broad except per iteration: the loop must go on
             log.exception("%s failed; retrying in %.0f s", name, interval_seconds)
         deadline += interval_seconds
-        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(0.0, deadline - time.monotonic()))
+
+
+async def _stop(loops: dict[asyncio.Task[None], str], timeout_seconds: float) -> None:
+    """Let each loop finish its running step and end; cancel what is still busy at the deadline."""
+    _, busy = await asyncio.wait(loops, timeout=timeout_seconds)
+    if busy:
+        names = ", ".join(sorted(loops[task] for task in busy))
+        log.warning("still running after %.0f s, stopping without it: %s", timeout_seconds, names)
+    for task in busy:
+        task.cancel()
+    for task in loops:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def background(
@@ -46,35 +68,32 @@ def background(
     remediation_seconds: float = 30.0,
     dispatcher: AlertDispatcher | None = None,
     alerting_seconds: float = 15.0,
+    stop_timeout_seconds: float = STOP_TIMEOUT_SECONDS,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """A ``cleanup_ctx`` entry that runs the service's loops while the app serves."""
 
     async def context(app: web.Application) -> AsyncIterator[None]:
         service = app[SERVICE]
-        tasks = [
-            asyncio.create_task(_every("job polling", job_poll_seconds, service.poll_jobs)),
-            asyncio.create_task(_every("accounting", accounting_seconds, service.run_accounting)),
-            asyncio.create_task(_every("eviction", evict_seconds, service.store.evict_stale)),
+        steps: list[tuple[str, float, Callable[[], object]]] = [
+            ("job polling", job_poll_seconds, service.poll_jobs),
+            ("accounting", accounting_seconds, service.run_accounting),
+            ("eviction", evict_seconds, service.store.evict_stale),
         ]
         if detection is not None:
-            tasks.append(
-                asyncio.create_task(_every("detection", detection_seconds, detection.run_cycle))
-            )
+            steps.append(("detection", detection_seconds, detection.run_cycle))
         if remediator is not None:
-            tasks.append(
-                asyncio.create_task(_every("remediation", remediation_seconds, remediator.tick))
-            )
+            steps.append(("remediation", remediation_seconds, remediator.tick))
         if dispatcher is not None:
-            tasks.append(asyncio.create_task(_every("alerting", alerting_seconds, dispatcher.tick)))
+            steps.append(("alerting", alerting_seconds, dispatcher.tick))
         if service.scraper is not None:
-            tasks.append(
-                asyncio.create_task(_every("model scraping", scrape_seconds, service.scrape_models))
-            )
+            steps.append(("model scraping", scrape_seconds, service.scrape_models))
+        stop = asyncio.Event()
+        loops = {
+            asyncio.create_task(_every(name, seconds, step, stop)): name
+            for name, seconds, step in steps
+        }
         yield
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        stop.set()
+        await _stop(loops, stop_timeout_seconds)
 
     return context
