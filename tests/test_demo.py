@@ -31,6 +31,7 @@ DURATION = 100
 @dataclass(frozen=True)
 class DemoRun:
     out: str
+    err: str
     db: Path
     prometheus: PrometheusServer | None
     start: float
@@ -56,14 +57,20 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
     if prometheus_binary() is None:
         proc = run_demo(db, port)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        yield DemoRun(proc.stdout, db, None, start, time.time())
+        yield DemoRun(proc.stdout, proc.stderr, db, None, start, time.time())
         return
     targets = {"gpuwarden-collector": f"127.0.0.1:{port}"}
     with PrometheusServer(targets, rule_files=[RULES], labels={"cluster": "demo"}) as prom:
         proc = run_demo(db, port)
         assert proc.returncode == 0, proc.stderr[-3000:]
         time.sleep(3)  # the last rule evaluations
-        yield DemoRun(proc.stdout, db, prom, start, time.time())
+        yield DemoRun(proc.stdout, proc.stderr, db, prom, start, time.time())
+
+
+def test_the_demo_ends_without_a_traceback(demo):
+    """Shutdown is orderly: detection stops before the store closes (issue 14)."""
+    assert "Traceback" not in demo.err, demo.err[-3000:]
+    assert "the store is closed" not in demo.err
 
 
 def test_the_report_has_waste_detections_and_actions(demo):
