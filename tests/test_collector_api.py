@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import MappingProxyType
 
 import pytest
 from aiohttp import web
 
+from gpuwarden.collector.build import load_configured_rules
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
@@ -502,3 +504,70 @@ async def test_not_ready_with_startup_problems_or_no_storage(aiohttp_client, ser
     resp = await client.get("/v1/models", headers=AUTH)  # a storage failure is a 503, not a 500
     assert resp.status == 503
     assert await resp.json() == {"error": "storage unavailable: :memory:: the store is closed"}
+
+
+RULES_ONE_GOOD_ONE_BAD = """\
+rules:
+  - id: idle
+    detector: idle_gpu
+    severity: warning
+    owner: me
+    runbook: idle-gpu.md
+  - id: too-short
+    detector: idle_gpu
+    severity: warning
+    owner: me
+    runbook: idle-gpu.md
+    parameters: {window_seconds: -5}
+"""
+
+
+def skipped_rule_app(service: CollectorService, tmp_path: Path) -> tuple[web.Application, int]:
+    """The real app as ``collector`` builds it with ``skip_bad_rules: true`` and one bad rule."""
+    (tmp_path / "team.yaml").write_text(RULES_ONE_GOOD_ONE_BAD)
+    config = CollectorConfig(
+        tokens=MappingProxyType({TOKEN: "ops"}), rules=(tmp_path,), skip_bad_rules=True
+    )
+    rules = load_configured_rules(config)
+    app = create_app(
+        config,
+        service=service,
+        background=False,
+        rule_problems=[str(p) for p in rules.problems],
+    )
+    return app, len(rules.rules)
+
+
+async def test_ready_with_a_skipped_rule_and_the_body_says_which_and_why(
+    aiohttp_client, service, tmp_path
+):
+    app, loaded = skipped_rule_app(service, tmp_path)
+    assert loaded == 1  # the good rule runs
+    client = await aiohttp_client(app)
+    resp = await client.get("/readyz")
+    assert resp.status == 200
+    body = await resp.json()
+    assert body["status"] == "ready"
+    [line] = body["skipped_rules"]
+    assert line.startswith(
+        f"{tmp_path / 'team.yaml'}: rules[1] (too-short).parameters.window_seconds"
+    )
+    assert "must be between" in line
+    assert "\n" not in line
+
+
+async def test_a_skipped_rule_does_not_hide_what_makes_it_unready(
+    aiohttp_client, service, tmp_path
+):
+    app, _ = skipped_rule_app(service, tmp_path)
+    add_readiness_problem(app, "remediation: no notifier for slack:#x")
+    client = await aiohttp_client(app)
+    service.storage.close()
+    resp = await client.get("/readyz")
+    assert resp.status == 503
+    body = await resp.json()
+    assert body["problems"] == [
+        "remediation: no notifier for slack:#x",
+        "storage: :memory:: the store is closed",
+    ]
+    assert len(body["skipped_rules"]) == 1

@@ -8,7 +8,10 @@ the service, and translate domain errors: 400 names the offending field (``jobs[
 
 ``GET /readyz`` answers without a token, like ``/healthz``, because probes carry none: 200 when
 the storage answers a trivial query and nothing is listed under :data:`READINESS`, else 503 with
-the reasons. Start-up checks report there with :func:`add_readiness_problem`.
+the reasons. Start-up checks report there with :func:`add_readiness_problem`. Rules skipped under
+``skip_bad_rules`` (:data:`SKIPPED_RULES`) are listed under ``skipped_rules``, one line each, but
+do not make it 503: the collector runs the other rules, and a probe that never turns ready would
+only keep it out of service.
 """
 
 from __future__ import annotations
@@ -42,7 +45,14 @@ from gpuwarden.collector.storage.records import (
     dump_json,
 )
 from gpuwarden.collector.web.gpus import GPU_READINGS, GpuStatus, gpu_statuses
-from gpuwarden.collector.web.keys import READINESS, SERVICE, Access, Handler, add_route
+from gpuwarden.collector.web.keys import (
+    READINESS,
+    SERVICE,
+    SKIPPED_RULES,
+    Access,
+    Handler,
+    add_route,
+)
 
 log = logging.getLogger(__name__)
 
@@ -423,8 +433,12 @@ def add_readiness_problem(app: web.Application, problem: str) -> None:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """``GET /readyz``: 200 when the storage answers and no start-up check failed, else 503."""
+    """``GET /readyz``: 200 when the storage answers and no start-up check failed, else 503;
+    either way the body lists the skipped rules, if any."""
     problems = request.app[READINESS].copy()
+    skipped = (
+        {"skipped_rules": list(request.app[SKIPPED_RULES])} if request.app[SKIPPED_RULES] else {}
+    )
     storage = request.app[SERVICE].storage
     try:
         await asyncio.wait_for(asyncio.to_thread(storage.job, ""), READY_TIMEOUT_SECONDS)
@@ -433,14 +447,17 @@ async def readyz(request: web.Request) -> web.Response:
     except Exception as exc:  # noqa: BLE001 - any backend failure means "not ready", with its reason
         problems.append(f"storage: {exc}")
     if problems:
-        return web.json_response({"status": "not ready", "problems": problems}, status=503)
-    return web.json_response({"status": "ready"})
+        body = {"status": "not ready", "problems": problems, **skipped}
+        return web.json_response(body, status=503)
+    return web.json_response({"status": "ready", **skipped})
 
 
 def setup_api(app: web.Application) -> None:
     """Add the ``/v1`` JSON routes (API token) and ``/readyz`` (open); reads ``app[SERVICE]``."""
     if READINESS not in app:
         app[READINESS] = []
+    if SKIPPED_RULES not in app:
+        app[SKIPPED_RULES] = ()
     routes = [
         ("GET", "/v1/gpus", get_gpus),
         ("GET", "/v1/jobs", get_jobs),

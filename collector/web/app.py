@@ -17,7 +17,7 @@ from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.ingest.sink import MetricsSink, SeriesLog
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web import tasks
-from gpuwarden.collector.web.api import add_readiness_problem, setup_api
+from gpuwarden.collector.web.api import setup_api
 from gpuwarden.collector.web.auth import authentication
 from gpuwarden.collector.web.exposition import setup_metrics
 from gpuwarden.collector.web.keys import (
@@ -26,6 +26,7 @@ from gpuwarden.collector.web.keys import (
     ROUTE_ACCESS,
     SERVICE,
     SINK,
+    SKIPPED_RULES,
     STATS,
     IngestStats,
 )
@@ -51,7 +52,8 @@ def create_app(
     status page are served, and, unless ``background`` is false (tests drive it themselves), job
     polling, accounting, detection, remediation and alerting run while the app serves. Without
     one, points go to ``sink`` (an in-memory series log by default). With a ``remediation``, its
-    runbook, approval and API routes are served.
+    runbook, approval and API routes are served. ``rule_problems`` are the rules skipped under
+    ``skip_bad_rules``: ``/readyz`` lists them and stays 200 (the other rules run).
     """
     # We inflate bodies ourselves, with a cap: aiohttp's own decompression has none.
     app = web.Application(
@@ -68,8 +70,7 @@ def create_app(
         setup_api(app)
         setup_metrics(app)
         setup_status_page(app)
-        for problem in rule_problems:
-            add_readiness_problem(app, f"rule skipped: {problem}")
+        app[SKIPPED_RULES] = tuple(rule_problems)
     else:
         app[SINK] = sink if sink is not None else SeriesLog()
     if remediation is not None:

@@ -53,6 +53,9 @@ SINK = web.AppKey("sink", MetricsSink)
 SERVICE = web.AppKey("service", CollectorService)
 READINESS: web.AppKey[list[str]] = web.AppKey("readiness")
 """Start-up problems that make ``/readyz`` answer 503."""
+SKIPPED_RULES: web.AppKey[tuple[str, ...]] = web.AppKey("skipped_rules")
+"""Rules that did not load under ``skip_bad_rules``, one line each (file, rule, key, why):
+listed by ``/readyz``, which stays 200 for them (the other rules run)."""
 METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
 STATUS_TEMPLATES = web.AppKey("status_templates", SandboxedEnvironment)
 REMEDIATION = web.AppKey("remediation", Remediation)
