@@ -575,3 +575,52 @@ def test_rules_detectors_lists_the_vocabulary():
     for name in [*DETECTORS, *ACTIONS]:
         assert f"### `{name}`" in out
     assert "| `window_seconds` | duration | 30m | 1m … 1w |" in out
+
+
+def test_a_bad_rule_reports_every_independent_problem(tmp_path, runbooks):
+    rule = _base(
+        parameters={"window_seconds": 10, "utilisation_below": 0.1},
+        selector={"metrics": ["gpu.utilization"]},
+        runbook="r9.md",
+        actions=[{"kind": "requeue", "parameters": {"nope": 1}}, {"kind": "reboot"}],
+        routes=["slack:#ok", "smoke-signal"],
+    )
+    path = _write(tmp_path, "a.yaml", [rule, _base(id="r2", runbook="r2.md")])
+    result = load_rules([path], runbooks_dir=runbooks, skip_bad=True)
+    assert [r.id for r in result.rules] == ["r2"]
+    assert [(p.index, p.key) for p in result.problems] == [
+        (0, "selector.metrics"),
+        (0, "parameters.utilisation_below"),  # (the file's keys are written sorted)
+        (0, "parameters.window_seconds"),
+        (0, "runbook"),
+        (0, "actions[0].parameters.nope"),
+        (0, "actions[1].kind"),
+        (0, "routes[1]"),
+    ]
+    # Without skip_bad the first one stops the load, as before.
+    with pytest.raises(RuleError, match=re.escape("rules[0] (r1).selector.metrics")):
+        load_rules([path], runbooks_dir=runbooks)
+
+
+def test_an_unknown_detector_still_checks_runbook_actions_and_routes(tmp_path, runbooks):
+    rule = _base(detector="idle_gpuu", runbook="gone.md", routes=["nope"])
+    path = _write(tmp_path, "a.yaml", [rule])
+    result = load_rules([path], runbooks_dir=runbooks, skip_bad=True)
+    assert [p.key for p in result.problems] == ["detector", "runbook", "routes[0]"]
+
+
+def test_rules_check_renders_runbooks_and_names_an_undefined_name(tmp_path, runbooks):
+    (runbooks / "r1.md").write_text("# r1\n\nOwner {{ rule.owner }}\n{{ job.kee }}\n")
+    # only an incident reaches this line: the sample incident does
+    (runbooks / "r2.md").write_text("# r2\n{% if has_incident %}{{ incident.sumary }}{% endif %}\n")
+    path = _write(tmp_path, "a.yaml", [_base(), _base(id="r2", runbook="r2.md"), _base(id="r3")])
+    code, out, err = _cli("check", str(path), "--runbooks-dir", str(runbooks))
+    assert (code, out) == (1, "")
+    lines = err.splitlines()
+    assert lines == [
+        f"{path}: rules[0] (r1).runbook: {runbooks / 'r1.md'}:4: error: undefined name job.kee",
+        f"{path}: rules[1] (r2).runbook: {runbooks / 'r2.md'}:2: error: "
+        "undefined name incident.sumary",
+        f"{path}: rules[2] (r3).runbook: {runbooks / 'r1.md'}:4: error: undefined name job.kee",
+        "3 problems; 0 rules OK",
+    ]

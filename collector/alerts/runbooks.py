@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import quote
 
 import jinja2
+from jinja2 import nodes
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 from markupsafe import Markup
@@ -281,6 +282,10 @@ class RunbookRenderer:
             raise RunbookError(f"{path}: no such runbook") from None
         except jinja2.TemplateSyntaxError as exc:
             raise RunbookError(f"{path}:{exc.lineno}: syntax error: {exc.message}") from None
+        except jinja2.UndefinedError as exc:
+            line = _template_line(exc, path)
+            missing = self._undefined_name(name, exc, line)
+            raise RunbookError(f"{path}:{line}: error: undefined name {missing}") from None
         except (jinja2.TemplateError, TypeError, ValueError, ArithmeticError) as exc:
             line = _template_line(exc, path)
             kind = "unsafe access" if isinstance(exc, SecurityError) else "error"
@@ -290,6 +295,31 @@ class RunbookRenderer:
         except (jinja2.TemplateError, TypeError, ValueError, KeyError) as exc:
             message = f"{path}: the context lacks what the facts section needs: {exc}"
             raise RunbookError(message) from None
+
+    def _undefined_name(self, name: str, exc: jinja2.UndefinedError, line: str) -> str:
+        """The dotted name that was undefined (``job.kee``), read back from the template's syntax
+        tree at the failing line; Jinja's own message names only the last part."""
+        match = _UNDEFINED.search(str(exc))
+        if match is None:
+            return f"({exc})"
+        if match["name"] is not None:
+            return match["name"]
+        attr = match["attr"]
+        try:
+            source = self._env.loader.get_source(self._env, name)[0] if self._env.loader else ""
+            tree = self._env.parse(source)
+        except (jinja2.TemplateError, OSError):
+            return attr
+        for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
+            if isinstance(node, nodes.Getattr):
+                key: object = node.attr
+            elif isinstance(node, nodes.Getitem):
+                key = _const(node.arg)
+            else:
+                continue
+            if key == attr and str(node.lineno) in (line, "?"):
+                return _dotted(node)
+        return attr
 
     def html(self, name: str, context: Mapping[str, Any], *, title: str) -> str:
         """The runbook as a standalone HTML page (everything from the context escaped)."""
@@ -305,6 +335,24 @@ class RunbookRenderer:
             except RunbookError as exc:
                 problems.append(f"rule {rule.id}: {exc}")
         return problems
+
+
+_UNDEFINED = re.compile(r"has no attribute '(?P<attr>[^']*)'|^'(?P<name>[^']*)' is undefined")
+
+
+def _const(node: nodes.Node) -> object:
+    return node.value if isinstance(node, nodes.Const) else None
+
+
+def _dotted(node: nodes.Node) -> str:
+    """``job.kee`` for the expression ``job.kee`` (``job['kee']`` reads the same)."""
+    if isinstance(node, nodes.Getattr):
+        return f"{_dotted(node.node)}.{node.attr}"
+    if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const):
+        return f"{_dotted(node.node)}.{node.arg.value}"
+    if isinstance(node, nodes.Name):
+        return node.name
+    return "(expression)"
 
 
 def _template_line(exc: BaseException, path: Path) -> str:

@@ -3,7 +3,8 @@
 Light on purpose: the CLI imports this module to build its parser, also on agent-only installs,
 so it needs only the standard library, PyYAML and ``gpuwarden.collector.rules``. The detector
 vocabulary lives with the detectors (``gpuwarden.collector.detect.catalog``), which need the
-collector extra: it is imported when a command runs, and its absence is one line.
+collector extra: it is imported when a command runs, and its absence is one line. So is the
+runbook check (Jinja2).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gpuwarden.collector.rules.model import (
     DetectorSpec,
     ParamSpec,
     ParamType,
+    RuleProblem,
     RuleSet,
     Severity,
 )
@@ -39,7 +41,9 @@ def add_rules_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "check",
         help="validate rule files (default: the packaged default rules)",
         description="Load rule files the way the collector does and report every problem with "
-        "its file, rule and key. Exit 0 when all rules are valid, 1 otherwise.",
+        "its file, rule and key, then render each rule's runbook without an incident and with a "
+        "sample incident of its detector (an undefined name is a problem). Exit 0 when all rules "
+        "are valid, 1 otherwise.",
     )
     check.add_argument(
         "paths",
@@ -70,6 +74,8 @@ def run_rules(
     err = err if err is not None else sys.stderr
     try:
         with needs_extra("collector", f"gpuwarden rules {args.rules_command}"):
+            from gpuwarden.collector.alerts.runbook_check import runbook_problems
+            from gpuwarden.collector.alerts.runbooks import Links, RunbookRenderer
             from gpuwarden.collector.detect import catalog
     except MissingExtraError as exc:
         print(exc, file=err)
@@ -88,14 +94,23 @@ def run_rules(
         return EXIT_ERROR
     # skip_bad collects every problem instead of stopping at the first one.
     result: RuleSet = catalog.load_rules(paths, runbooks_dir=runbooks, skip_bad=True)
-    for problem in result.problems:
+    problems = list(result.problems)
+    renderer, links = RunbookRenderer(runbooks), Links()
+    for rule in result.rules:
+        subjects = catalog.SPECS[rule.detector].subjects
+        problems += [
+            RuleProblem(rule.source.file, "runbook", message, rule.source.index, rule.id)
+            for message in runbook_problems(renderer, rule, subjects, links)
+        ]
+    for problem in problems:
         print(problem, file=err)
-    if result.problems:
-        count = len(result.problems)
-        print(f"{count} problem{'s' * (count != 1)}; {len(result.rules)} rules OK", file=err)
+    bad = {(p.file, p.index) for p in problems if p.index is not None}
+    good = sum((rule.source.file, rule.source.index) not in bad for rule in result.rules)
+    if problems:
+        count = len(problems)
+        print(f"{count} problem{'s' * (count != 1)}; {good} rules OK", file=err)
         return EXIT_ERROR
-    count = len(result.rules)
-    print(f"{count} rule{'s' * (count != 1)} OK", file=out)
+    print(f"{good} rule{'s' * (good != 1)} OK", file=out)
     return EXIT_OK
 
 

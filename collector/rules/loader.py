@@ -11,7 +11,10 @@ rule and the key::
     team.yaml: rules[2] (idle-gpu).parameters.window_seconds: must be between 1m and 1w (got 10)
 
 ``load_rule_files`` either raises on the first error (the collector's default: refuse to start) or,
-with ``skip_bad``, loads the good rules and returns the bad ones as ``RuleProblem`` objects.
+with ``skip_bad``, loads the good rules and returns the problems of the bad ones as ``RuleProblem``
+objects: every independent problem of a rule (each parameter, selector field, action, route and
+the runbook), except that a rule whose keys or types are wrong stops at that one (the file
+structure is read first, and without it nothing else can be judged).
 
 File format::
 
@@ -125,99 +128,154 @@ def _scalar(spec: ParamSpec, value: object, key: str) -> bool | int | float | st
     return float(number) if base in ("float", "duration") else number
 
 
+class _Problems:
+    """The independent problems of one rule, in the order the loader meets them."""
+
+    def __init__(self) -> None:
+        self.found: list[InvalidError] = []
+
+    def add(self, key: str, message: str) -> None:
+        self.found.append(InvalidError(key, message))
+
+    def scalar(self, spec: ParamSpec, value: object, key: str) -> ParamValue | None:
+        try:
+            return _scalar(spec, value, key)
+        except InvalidError as exc:
+            self.found.append(exc)
+            return None
+
+
 def _params(
-    given: Mapping[str, object] | None, key: str, table: Mapping[str, ParamSpec], owner: str
-) -> Mapping[str, ParamValue]:
+    given: Mapping[str, object] | None,
+    key: str,
+    table: Mapping[str, ParamSpec],
+    owner: str,
+    problems: _Problems,
+) -> Mapping[str, ParamValue] | None:
+    """The parameters with defaults filled in; ``None`` when any is wrong (each one reported)."""
+    before = len(problems.found)
     out: dict[str, ParamValue] = {}
     for name, value in (given or {}).items():
         spec = table.get(name)
         if spec is None:
             known = tuple(table) or ("(none)",)
-            raise InvalidError(_join(key, name), _unknown(f"parameter of {owner}", name, known))
-        if spec.type.startswith("list["):
+            problems.add(_join(key, name), _unknown(f"parameter of {owner}", name, known))
+        elif spec.type.startswith("list["):
             if not isinstance(value, list):
-                raise InvalidError(_join(key, name), f"expected a list, got {_show(value)}")
-            items = [_scalar(spec, v, f"{_join(key, name)}[{i}]") for i, v in enumerate(value)]
+                problems.add(_join(key, name), f"expected a list, got {_show(value)}")
+                continue
+            items = [
+                problems.scalar(spec, v, f"{_join(key, name)}[{i}]") for i, v in enumerate(value)
+            ]
             out[name] = cast("ParamValue", tuple(items))
-        else:
-            out[name] = _scalar(spec, value, _join(key, name))
+        elif (one := problems.scalar(spec, value, _join(key, name))) is not None:
+            out[name] = one
     for name, spec in table.items():
-        if name not in out:
+        if name not in out and name not in (given or {}):
             if spec.default is None:
-                raise InvalidError(_join(key, name), f"required by {owner}")
-            out[name] = spec.default
-    return MappingProxyType(out)
+                problems.add(_join(key, name), f"required by {owner}")
+            else:
+                out[name] = spec.default
+    return MappingProxyType(out) if len(problems.found) == before else None
 
 
-def _selector(keys: SelectorKeys, detector: DetectorSpec) -> Selector:
+def _selector(keys: SelectorKeys, detector: DetectorSpec, problems: _Problems) -> Selector:
     fields = msgspec.structs.asdict(keys)
     for name, value in fields.items():
         if value and name not in detector.selector:
             honoured = ", ".join(k for k in fields if k in detector.selector) or "none"
-            raise InvalidError(
+            problems.add(
                 f"selector.{name}",
                 f"detector {detector.name} does not honour this field (it honours: {honoured})",
             )
     for name in detector.requires:
         if not fields[name]:
-            raise InvalidError(
-                f"selector.{name}", f"detector {detector.name} needs at least one entry"
-            )
+            problems.add(f"selector.{name}", f"detector {detector.name} needs at least one entry")
     return Selector(**{**fields, "labels": MappingProxyType(keys.labels)})
 
 
-def _runbook(name: str, runbooks_dir: Path | None) -> str:
+def _runbook(name: str, runbooks_dir: Path | None, problems: _Problems) -> str:
     path = PurePosixPath(name)
     if path.is_absolute() or ".." in path.parts or "\\" in name or path.suffix != ".md":
-        raise InvalidError(
-            "runbook", f"{_show(name)}: expected a .md path inside the runbooks folder"
-        )
-    if runbooks_dir is not None and not (runbooks_dir / path).is_file():
-        raise InvalidError("runbook", f"no such runbook: {runbooks_dir / path}")
+        problems.add("runbook", f"{_show(name)}: expected a .md path inside the runbooks folder")
+    elif runbooks_dir is not None and not (runbooks_dir / path).is_file():
+        problems.add("runbook", f"no such runbook: {runbooks_dir / path}")
     return name
 
 
-def _actions(given: Sequence[ActionKeys], detector: DetectorSpec) -> tuple[ActionSpec, ...]:
+def _actions(
+    given: Sequence[ActionKeys], detector: DetectorSpec | None, problems: _Problems
+) -> tuple[ActionSpec, ...]:
+    """The rule's actions; each one is checked on its own (``detector`` ``None``: unknown, so
+    whether an action fits its findings cannot be judged)."""
     actions = []
     for i, action in enumerate(given):
         key = f"actions[{i}]"
         spec = ACTIONS.get(action.kind)
         if spec is None:
-            raise InvalidError(f"{key}.kind", _unknown("action kind", action.kind, tuple(ACTIONS)))
-        if spec.target is not None and spec.target not in detector.subjects:
+            problems.add(f"{key}.kind", _unknown("action kind", action.kind, tuple(ACTIONS)))
+            continue
+        if (
+            detector is not None
+            and spec.target is not None
+            and spec.target not in detector.subjects
+        ):
             finds = " or ".join(detector.subjects)
             message = f"{spec.kind} acts on a {spec.target}; {detector.name} finds {finds} problems"
-            raise InvalidError(f"{key}.kind", message)
-        params = _params(action.parameters, f"{key}.parameters", spec.parameters, spec.kind)
-        actions.append(ActionSpec(spec.kind, action.mode, params))
+            problems.add(f"{key}.kind", message)
+        params = _params(
+            action.parameters, f"{key}.parameters", spec.parameters, spec.kind, problems
+        )
+        if params is not None:
+            actions.append(ActionSpec(spec.kind, action.mode, params))
     return tuple(actions)
 
 
-def _routes(routes: tuple[str, ...]) -> tuple[str, ...]:
+def _routes(routes: tuple[str, ...], problems: _Problems) -> tuple[str, ...]:
     for i, route in enumerate(routes):
         match = _ROUTE.fullmatch(route)
         if match is None:
-            raise InvalidError(f"routes[{i}]", f"{_show(route)}: expected <scheme>:<target>")
-        if match.group(1) not in ROUTE_SCHEMES:
-            message = _unknown("route scheme", match.group(1), tuple(ROUTE_SCHEMES))
-            raise InvalidError(f"routes[{i}]", message)
+            problems.add(f"routes[{i}]", f"{_show(route)}: expected <scheme>:<target>")
+        elif match.group(1) not in ROUTE_SCHEMES:
+            problems.add(
+                f"routes[{i}]", _unknown("route scheme", match.group(1), tuple(ROUTE_SCHEMES))
+            )
     return routes
 
 
 def _rule(
-    raw: object,
+    keys: RuleKeys,
     source: RuleSource,
     runbooks_dir: Path | None,
     detectors: Mapping[str, DetectorSpec],
-) -> Rule:
-    keys = structure(raw, RuleKeys)
+) -> Rule | list[InvalidError]:
+    """The rule, or every independent problem of it.
+
+    What depends on the detector (selector fields, parameters and their cross-check) is checked
+    only when the detector is known; the cross-check only when every parameter is valid. The
+    runbook, the actions (each on its own) and the routes are checked whatever else is wrong.
+    """
+    problems = _Problems()
     detector = detectors.get(keys.detector)
+    selector, parameters = Selector(), None
     if detector is None:
-        raise InvalidError("detector", _unknown("detector", keys.detector, tuple(detectors)))
-    selector = _selector(keys.selector or SelectorKeys(), detector)
-    parameters = _params(keys.parameters, "parameters", detector.parameters, detector.name)
-    if detector.check is not None and (wrong := detector.check(parameters)) is not None:
-        raise InvalidError(f"parameters.{wrong[0]}", wrong[1])
+        problems.add("detector", _unknown("detector", keys.detector, tuple(detectors)))
+    else:
+        selector = _selector(keys.selector or SelectorKeys(), detector, problems)
+        parameters = _params(
+            keys.parameters, "parameters", detector.parameters, detector.name, problems
+        )
+        if (
+            parameters is not None
+            and detector.check is not None
+            and (wrong := detector.check(parameters)) is not None
+        ):
+            problems.add(f"parameters.{wrong[0]}", wrong[1])
+    runbook = _runbook(keys.runbook, runbooks_dir, problems)
+    actions = _actions(keys.actions or (), detector, problems)
+    routes = _routes(keys.routes or (), problems)
+    if problems.found or detector is None or parameters is None:
+        return problems.found
     return Rule(
         id=keys.id,
         detector=detector.name,
@@ -225,9 +283,9 @@ def _rule(
         parameters=parameters,
         severity=keys.severity,
         owner=keys.owner,
-        runbook=_runbook(keys.runbook, runbooks_dir),
-        actions=_actions(keys.actions or (), detector),
-        routes=_routes(keys.routes or ()),
+        runbook=runbook,
+        actions=actions,
+        routes=routes,
         description=keys.description.strip(),
         enabled=keys.enabled,
         source=source,
@@ -291,14 +349,26 @@ def load_rule_files(
             raw_id = raw.get("id") if isinstance(raw, dict) else None
             rule_id = raw_id if isinstance(raw_id, str) else None
             try:
-                rule = _rule(raw, RuleSource(name, index), runbooks_dir, detectors)
-                if rule.id in seen:
-                    raise InvalidError("id", f"duplicate rule id, first defined in {seen[rule.id]}")
+                # msgspec stops at the first key of the wrong type or name: one problem then.
+                keys = structure(raw, RuleKeys)
             except InvalidError as exc:
                 bad(RuleProblem(name, exc.key, exc.message, index, rule_id))
                 continue
-            seen[rule.id] = rule.source
-            rules.append(rule)
+            source = RuleSource(name, index)
+            found = _rule(keys, source, runbooks_dir, detectors)
+            errors = found if isinstance(found, list) else []
+            if keys.id in seen:
+                first = seen[keys.id]
+                errors = [
+                    InvalidError("id", f"duplicate rule id, first defined in {first}"),
+                    *errors,
+                ]
+            else:
+                seen[keys.id] = source
+            for error in errors:
+                bad(RuleProblem(name, error.key, error.message, index, rule_id))
+            if not errors and isinstance(found, Rule):
+                rules.append(found)
     return RuleSet(tuple(rules), tuple(problems))
 
 
