@@ -436,9 +436,8 @@ async def readyz(request: web.Request) -> web.Response:
     """``GET /readyz``: 200 when the storage answers and no start-up check failed, else 503;
     either way the body lists the skipped rules, if any."""
     problems = request.app[READINESS].copy()
-    skipped = (
-        {"skipped_rules": list(request.app[SKIPPED_RULES])} if request.app[SKIPPED_RULES] else {}
-    )
+    skipped_rules = request.app[SKIPPED_RULES]
+    skipped: dict[str, list[str]] = {"skipped_rules": list(skipped_rules)} if skipped_rules else {}
     storage = request.app[SERVICE].storage
     try:
         await asyncio.wait_for(asyncio.to_thread(storage.job, ""), READY_TIMEOUT_SECONDS)
