@@ -125,6 +125,24 @@ def test_storage_refuses_an_expired_approval_even_with_a_valid_token(
     assert caught.value.reason is TokenProblem.USED  # "already used or expired"
 
 
+def test_revoking_expires_the_unused_links_of_one_action(
+    storage: SqliteStorage, clock: FakeClock
+) -> None:
+    approvals = Approvals(storage, TokenSigner(SECRET, clock=clock), ttl_seconds=600, clock=clock)
+    action = make_action(storage, clock.now)
+    used, unused = approvals.issue(action), approvals.issue(action)
+    approvals.redeem(used, used_by="alice")
+    assert storage.revoke_approvals(action + 1, now=clock.now) == 0  # another action's: none
+    assert storage.revoke_approvals(action, now=clock.now) == 1  # the used one stays as it was
+    assert storage.revoke_approvals(action, now=clock.now) == 0
+    with pytest.raises(ApprovalError, match="no longer awaits approval") as caught:
+        approvals.peek(unused)
+    assert caught.value.reason is TokenProblem.EXPIRED
+    with pytest.raises(ApprovalError) as again:
+        approvals.peek(used)
+    assert again.value.reason is TokenProblem.USED
+
+
 @pytest.mark.parametrize(
     ("mangle", "problem"),
     [

@@ -8,7 +8,7 @@ import asyncio
 import io
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from gpuwarden.collector.remediate.policy import PolicyConfig
 from gpuwarden.collector.remediate.remediator import ActionState, Remediator
 from gpuwarden.collector.rules.loader import default_runbooks_dir
 from gpuwarden.collector.rules.model import ActionMode
+from gpuwarden.collector.storage.records import IncidentState
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.remediation_setup import Remediation, create_remediation
@@ -203,6 +204,32 @@ async def test_expired_and_forged_links_do_nothing(client, setup) -> None:
     assert (await client.post(f"/approve/{token}")).status == 410
     assert (await client.post(f"/approve/{token}", data={"approver": "<b>"})).status == 400
     assert setup.actuator.calls == []
+
+
+async def test_an_expired_action_cannot_be_approved_by_link_or_api(client, setup) -> None:
+    action_id = awaiting(setup)
+    token = setup.approval_token()
+    (incident,) = setup.storage.incidents()
+    resolved = replace(incident, state=IncidentState.RESOLVED, resolved_time=setup.clock.now)
+    assert setup.storage.update_incident(resolved)
+    setup.clock.now += 30
+    assert setup.remediator.tick().expired == 1
+
+    page = await client.get(f"/approve/{token}")
+    assert page.status == 410  # like a used or expired link
+    assert "no longer awaits approval" in await page.text()
+    post = await client.post(f"/approve/{token}", data={"approver": "bob"})
+    assert post.status == 410
+    assert "Not approved" in await post.text()
+    api = await client.post(f"/v1/actions/{action_id}/approve", headers=AUTH)
+    assert api.status == 409
+    assert "expired (incident" in (await api.json())["error"]
+    row = setup.storage.action(action_id)
+    assert row is not None
+    assert row.state == ActionState.EXPIRED
+    assert setup.actuator.calls == []
+    listed = await client.get("/v1/actions?state=expired", headers=AUTH)
+    assert [a["action_id"] for a in (await listed.json())["actions"]] == [action_id]
 
 
 # API -------------------------------------------------------------------------------------------

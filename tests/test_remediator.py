@@ -16,6 +16,7 @@ import pytest
 
 from gpuwarden.collector.alerts.model import Alert, DeliveryResult
 from gpuwarden.collector.alerts.runbooks import Links
+from gpuwarden.collector.jobs.model import Job, JobState
 from gpuwarden.collector.notify.dispatcher import AlertDispatcher
 from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.remediate.actuators.base import (
@@ -24,7 +25,12 @@ from gpuwarden.collector.remediate.actuators.base import (
     Actuator,
     Outcome,
 )
-from gpuwarden.collector.remediate.approvals import Approvals, TokenSigner
+from gpuwarden.collector.remediate.approvals import (
+    ApprovalError,
+    Approvals,
+    TokenProblem,
+    TokenSigner,
+)
 from gpuwarden.collector.remediate.policy import (
     PolicyConfig,
     PolicyError,
@@ -33,6 +39,8 @@ from gpuwarden.collector.remediate.policy import (
     target_problem,
 )
 from gpuwarden.collector.remediate.remediator import ActionState, Remediator
+from gpuwarden.collector.remediate.states import ActionStateError
+from gpuwarden.collector.remediate.transitions import approve_action
 from gpuwarden.collector.rules.model import ActionMode, ActionSpec, Rule, Selector, Severity
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.storage.sqlite import SqliteStorage
@@ -641,6 +649,95 @@ def test_approving_a_dry_run_does_not_approve_the_real_action(world: World) -> N
     assert world.storage.actions()[0].state == ActionState.AWAITING_APPROVAL
     real.approve(row.action_id, actor="alice")
     assert len(world.actuator.real_calls) == 1
+
+
+def resolve(storage: SqliteStorage, incident: Incident, when: float) -> None:
+    resolved = replace(incident, state=IncidentState.RESOLVED, resolved_time=when)
+    assert storage.update_incident(resolved)
+
+
+def test_an_unapproved_action_expires_when_its_incident_resolves(world: World) -> None:
+    rule = make_rule(mode=ActionMode.APPROVE)
+    remediator = world.remediator([rule], dry_run=False)
+    incident = open_incident(world.storage, world.clock)
+    remediator.tick()
+    (row,) = world.storage.actions()
+    assert row.state == ActionState.AWAITING_APPROVAL
+    action_id = row.action_id
+    assert action_id is not None
+    world.clock.now += 300
+    assert remediator.tick().expired == 0  # still open: still waiting
+    assert world.storage.actions()[0].state == ActionState.AWAITING_APPROVAL
+
+    resolve(world.storage, incident, world.clock.now)
+    world.clock.now += 60
+    assert remediator.tick().expired == 1
+    (row,) = world.storage.actions()
+    assert row.state == ActionState.EXPIRED
+    assert row.updated_at == world.clock.now
+    (entry,) = [e for e in world.storage.audit() if e.result == ActionState.EXPIRED]
+    assert entry.verdict == "expire"
+    assert entry.reason == f"incident {incident.incident_id} resolved"
+    assert entry.target == "slurm:test:101"
+    assert remediator.tick().expired == 0  # once
+
+    with pytest.raises(
+        ActionStateError, match=r"expired \(incident \d+ resolved\); cannot be approved"
+    ):
+        remediator.approve(action_id, actor="alice")
+    with pytest.raises(ActionStateError, match="expired"):
+        approve_action(world.storage, action_id, actor="alice", now=world.clock.now)
+    with pytest.raises(ActionStateError, match="cannot be rejected"):
+        remediator.reject(action_id, actor="alice")
+    assert world.actuator.calls == []
+    assert world.storage.actions()[0].state == ActionState.EXPIRED
+
+
+def test_expiry_revokes_the_approval_link(world: World) -> None:
+    rule = make_rule(mode=ActionMode.APPROVE)
+    remediator = world.remediator([rule], dry_run=False)
+    incident = open_incident(world.storage, world.clock)
+    remediator.tick()
+    url = world.sent("slack")[0][0].actions[0].approval_url
+    assert url is not None
+    token = url.rsplit("/", 1)[1]
+    approvals = Approvals(world.storage, TokenSigner(SECRET, clock=world.clock), clock=world.clock)
+    assert approvals.peek(token).action_id == world.storage.actions()[0].action_id
+    resolve(world.storage, incident, world.clock.now)
+    world.clock.now += 1
+    remediator.tick()
+    for call in (approvals.peek, lambda t: approvals.redeem(t, used_by="bob")):
+        with pytest.raises(ApprovalError, match="no longer awaits approval") as caught:
+            call(token)
+        assert caught.value.reason is TokenProblem.EXPIRED
+    assert world.actuator.calls == []
+
+
+def test_an_unapproved_action_expires_when_its_job_ended(world: World) -> None:
+    rule = make_rule(mode=ActionMode.APPROVE)
+    remediator = world.remediator([rule], dry_run=False)
+    open_incident(world.storage, world.clock)
+    job = Job("slurm:test:101", "slurm", "101", JobState.RUNNING)
+    world.storage.upsert_jobs([job])
+    remediator.tick()
+    remediator.tick()
+    assert world.storage.actions()[0].state == ActionState.AWAITING_APPROVAL
+    world.storage.upsert_jobs([replace(job, state=JobState.COMPLETED, end_time=world.clock.now)])
+    assert remediator.tick().expired == 1
+    assert world.storage.actions()[0].state == ActionState.EXPIRED
+    reasons = [e.reason for e in world.storage.audit() if e.result == ActionState.EXPIRED]
+    assert reasons == ["job slurm:test:101 completed"]
+
+
+def test_an_action_whose_job_is_unknown_waits_while_its_incident_is_open(world: World) -> None:
+    # The incident's job never reached the registry: unknown is not taken as gone.
+    rule = make_rule(mode=ActionMode.APPROVE)
+    remediator = world.remediator([rule], dry_run=False)
+    open_incident(world.storage, world.clock, job="slurm:test:999")
+    for _ in range(3):
+        world.clock.now += 3600
+        assert remediator.tick().expired == 0
+    assert world.storage.actions()[0].state == ActionState.AWAITING_APPROVAL
 
 
 def test_remediation_settings_parse_with_clear_errors() -> None:

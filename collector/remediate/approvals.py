@@ -3,9 +3,10 @@
 A token is ``v1.<action id>.<expires unix s>.<nonce>.<mac>`` with ``mac`` =
 HMAC-SHA256(secret, everything before it), base64url without padding. The token travels in a
 Slack or PagerDuty message; the store keeps only its SHA-256, so a copy of the database cannot
-approve anything. A token is valid when its MAC matches (constant-time), it has not expired and
-its stored row is unused; redeeming marks the row used in one conditional UPDATE, so two clicks
-(or two collectors) approve once.
+approve anything. A token is valid when its MAC matches (constant-time), it has not expired, and
+its stored row is unused and unexpired (the remediator expires the rows of an action that stopped
+waiting for approval, ``Storage.revoke_approvals``); redeeming marks the row used in one
+conditional UPDATE, so two clicks (or two collectors) approve once.
 
 Chat apps prefetch links: :meth:`Approvals.peek` (the confirmation page) never changes state;
 only :meth:`Approvals.redeem` (the page's POST) does.
@@ -172,6 +173,11 @@ class Approvals:
             raise ApprovalError(TokenProblem.UNKNOWN, "unknown approval link")
         if record.used_at is not None:
             raise ApprovalError(TokenProblem.USED, "approval link already used")
+        # Revoked (stored expiry moved before the token's): its action expired unapproved.
+        if record.expires_at < claim.expires_at and record.expires_at <= self._clock():
+            raise ApprovalError(
+                TokenProblem.EXPIRED, "approval link expired: the action no longer awaits approval"
+            )
         return claim
 
     def redeem(self, token: str, *, used_by: str) -> ApprovalClaim:

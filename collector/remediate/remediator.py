@@ -7,6 +7,8 @@ survives a restart and two writers (two threads, two collector shards) never bot
     new decision ─┬─ notify ───────────────► proposed
                   ├─ refused target ───────► refused
                   ├─ approve ──────────────► awaiting_approval ─┬─ reject ─► rejected
+                  │                                             ├─ incident resolved, job ended
+                  │                                             │   ─► expired (links revoked)
                   │                                             └─ approve ─► approved ─┐
                   ├─ cooldown / failed try ► deferred (next_attempt_at) ────────────────┤
                   ├─ breaker open/tripped ─► halted ── human approve ─► approved ───────┤
@@ -21,8 +23,9 @@ survives a restart and two writers (two threads, two collector shards) never bot
 
 The parts, one job each: :mod:`.decide` (incident → actions → policy verdicts),
 :mod:`.execute` (the actuator calls, at most once, and their outcomes), :mod:`.verify` (settle,
-verify, roll back or restore), :mod:`.paging` (approval requests and pages), :mod:`.ledger` (each
-row moved by compare-and-set with its audit entry). :class:`Remediator` holds them together.
+verify, roll back or restore), :mod:`.expire` (approval requests that outlived their incident or
+job), :mod:`.paging` (approval requests and pages), :mod:`.ledger` (each row moved by
+compare-and-set with its audit entry). :class:`Remediator` holds them together.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from gpuwarden.collector.remediate.actuators.base import Actuator
 from gpuwarden.collector.remediate.approvals import Approvals
 from gpuwarden.collector.remediate.decide import Decider, target_for
 from gpuwarden.collector.remediate.execute import Actuators, Executor
+from gpuwarden.collector.remediate.expire import Expiry
 from gpuwarden.collector.remediate.ledger import Ledger
 from gpuwarden.collector.remediate.paging import Pager
 from gpuwarden.collector.remediate.policy import NOTIFY_ONLY_KINDS, Policy, PolicyConfig
@@ -174,6 +178,7 @@ class Remediator:
             pager=pager,
             clock=clock,
         )
+        self._expiry = Expiry(storage, clock)
         missing = _unserved(self._rules.values(), table)
         if missing:
             log.warning("no actuator configured for %s: only proposed", ", ".join(missing))
@@ -181,14 +186,16 @@ class Remediator:
     # The pass -------------------------------------------------------------------------------
 
     def tick(self) -> TickResult:
-        """One pass: reconcile crashed executions, decide new incidents, run due actions,
-        verify settled ones. Each row's failure is logged and isolated."""
+        """One pass: reconcile crashed executions, expire approval requests nobody needs any
+        more, decide new incidents, run due actions, verify settled ones. Each row's failure is
+        logged and isolated."""
         with self._lock:
             reconciled = self._each(self._executor.stale(), self._reconcile)
+            expired = self._each(self._expiry.awaiting(), self._expire)
             decided = self._each(self._storage.incidents(state=IncidentState.OPEN), self.handle)
             executed = self._each(self._decider.due(), self._advance)
             verified = self._each(self._verifications.settled(), self._verify)
-        return TickResult(decided, executed, verified, reconciled)
+        return TickResult(decided, executed, verified, reconciled, expired)
 
     def _each(self, items: Iterable[Any], step: Callable[[Any], object]) -> int:
         done = 0
@@ -210,6 +217,9 @@ class Remediator:
 
     def _reconcile(self, row: ActionRecord) -> bool:
         return self._executor.reconcile(row)
+
+    def _expire(self, row: ActionRecord) -> bool:
+        return self._expiry.expire(row)
 
     def _advance(self, row: ActionRecord) -> bool:
         return self._decider.advance(row)

@@ -37,6 +37,7 @@ class ActionState(enum.StrEnum):
     REFUSED = "refused"
     NOT_FOUND = "not_found"
     OBSOLETE = "obsolete"  # the incident resolved before the action could run
+    EXPIRED = "expired"  # awaited approval until its incident resolved or its job ended
     UNKNOWN = "unknown"  # the collector died mid-call and the result could not be confirmed
 
 
@@ -109,3 +110,4 @@ class TickResult:
     executed: int = 0
     verified: int = 0
     reconciled: int = 0
+    expired: int = 0

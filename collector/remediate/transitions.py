@@ -74,6 +74,12 @@ def _human(
     row = storage.action(action_id)
     if row is None:
         raise ActionStateError(f"no action {action_id}")
+    if row.state == ActionState.EXPIRED:
+        why = row.params.get("expired_because", "its incident resolved")
+        raise ActionStateError(
+            f"action {action_id} expired ({why}); cannot be {verb}: "
+            "a new incident proposes it again"
+        )
     if row.state not in allowed:
         raise ActionStateError(f"action {action_id} is {row.state}; cannot be {verb}")
     params = {**row.params, f"{verb}_by": actor}

@@ -309,6 +309,10 @@ class Storage(Protocol):
         """Mark the approval used, once: ``False`` when unknown, already used or expired."""
         ...
 
+    def revoke_approvals(self, action_id: int, *, now: float) -> int:
+        """Expire the unused, unexpired approvals of ``action_id`` now; return how many."""
+        ...
+
     def breaker(self, scope: str) -> BreakerRecord | None:
         """The breaker of ``scope``; ``None`` when it never changed (closed)."""
         ...

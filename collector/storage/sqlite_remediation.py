@@ -246,6 +246,15 @@ class RemediationRecords(SqliteBase):
             )
             return cursor.rowcount > 0
 
+    def revoke_approvals(self, action_id: int, *, now: float) -> int:
+        with self._write() as conn:
+            cursor = conn.execute(
+                "UPDATE approvals SET expires_at = ? WHERE action_id = ?"
+                " AND used_at IS NULL AND expires_at > ?",
+                (now, action_id, now),
+            )
+            return cursor.rowcount
+
     # Breaker ---------------------------------------------------------------------------------
 
     def breaker(self, scope: str) -> BreakerRecord | None:

@@ -232,7 +232,8 @@ class FleetMetrics:
         actions = GaugeMetricFamily(
             "gpuwarden_remediation_actions",
             "Remediation actions by kind, state, mode and dry-run (every action ever decided; "
-            "states such as awaiting_approval, dry_run, verified, rolled_back, escalated).",
+            "states such as awaiting_approval, expired, dry_run, verified, rolled_back, "
+            "escalated).",
             labels=["action", "state", "mode", "dry_run"],
         )
         counts: dict[tuple[str, str, str, str], int] = {}
