@@ -9,7 +9,6 @@ at and the rule that fires on it (the parameters the detector's own tests use). 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 from functools import cache
@@ -144,18 +143,7 @@ SERVE_END = test_detect_waste.SERVE_END
 
 def overprovisioned_inference(tmp: Path) -> Scenario:
     """test_detect_waste's serving fleet: model sd (8 replicas, peak 15 %) fires, llm does not."""
-    svc = make_service(tmp, SERVE_END, recent_hours=1)
-    jobs = [job(f"slurm:c:{g}", "a", (g,), T0 - 60, model="sd") for g in range(8)]
-    jobs += [job(f"slurm:c:{g}", "a", (g,), T0 - 60, model="llm") for g in (8, 9)]
-    svc.registry.put(jobs)
-    svc.storage.upsert_model(ModelDeployment(name="sd", version="1", replicas=8))
-
-    def points(t: float) -> list[NumberPoint]:
-        wave = 0.5 + 0.5 * math.sin(2 * math.pi * (t - T0) / 3600)
-        out = [p for g in range(8) for p in gpu_points("a", g, t, 0.15 * wave)]
-        return out + [p for g in (8, 9) for p in gpu_points("a", g, t, 0.7 * wave)]
-
-    feed(svc, np.arange(T0, SERVE_END, 10.0), points)
+    svc = test_detect_waste.serving_fleet(tmp)
     return Scenario(svc, SERVE_END, make_rule("overprovisioned_inference", window_seconds=3600.0))
 
 

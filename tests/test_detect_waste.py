@@ -261,9 +261,9 @@ def test_input_bound_fires_with_starved_gpu_hours(tmp_path: Path):
 SERVE_END = T0 + 2 * 3600
 
 
-def test_overprovisioned_inference_recommends_replicas_and_saving(tmp_path: Path):
+def serving_fleet(tmp_path: Path) -> CollectorService:
+    """Model "sd": 8 replicas × 1 GPU, peak ~15 %; model "llm": 2 replicas busy at 70 %."""
     svc = make_service(tmp_path, SERVE_END, recent_hours=1)
-    # model "sd": 8 replicas × 1 GPU, peak ~15 %; model "llm": 2 replicas busy at 70 %
     jobs = [job(f"slurm:c:{g}", "a", (g,), T0 - 60, model="sd") for g in range(8)]
     jobs += [job(f"slurm:c:{g}", "a", (g,), T0 - 60, model="llm") for g in (8, 9)]
     svc.registry.put(jobs)
@@ -275,6 +275,11 @@ def test_overprovisioned_inference_recommends_replicas_and_saving(tmp_path: Path
         return out + [p for g in (8, 9) for p in gpu_points("a", g, t, 0.7 * wave)]
 
     feed(svc, np.arange(T0, SERVE_END, 10.0), points)
+    return svc
+
+
+def test_overprovisioned_inference_recommends_replicas_and_saving(tmp_path: Path):
+    svc = serving_fleet(tmp_path)
     rule = rule_for("overprovisioned_inference", window_seconds=3600.0)
     found = {f.subject: f for f in run_rule(svc, rule, SERVE_END)}
     assert {k: f.verdict for k, f in found.items()} == {"model:sd": F, "model:llm": C}

@@ -281,34 +281,14 @@ def _check(p: DemandForecastParams) -> tuple[str, str] | None:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Params:
-    horizon: float
-    history: float
-    season: float
-    level: float
-    utilization: float
-
-    @classmethod
-    def of(cls, p: DemandForecastParams) -> _Params:
-        return cls(
-            horizon=p.horizon_seconds,
-            history=p.history_seconds,
-            season=p.season_seconds,
-            level=p.interval_level,
-            utilization=p.capacity_utilization_above,
-        )
-
-
 def run_demand_forecast(
-    ctx: DetectionContext, rule: Rule, p: DemandForecastParams, now: float
+    ctx: DetectionContext, rule: Rule, params: DemandForecastParams, now: float
 ) -> list[Finding]:
     """One finding per selected model: FIRING when demand may pass capacity within the horizon."""
-    params = _Params.of(p)
     store = ctx.store
-    step = bin_seconds(params.horizon, params.season)
+    step = bin_seconds(params.horizon_seconds, params.season_seconds)
     end = math.floor(now / step) * step
-    start = math.floor((end - params.history) / step) * step
+    start = math.floor((end - params.history_seconds) / step) * step
     labels = dict(rule.selector.labels)
     requests = store.matrix(
         REQUESTS, selector=labels or None, start=start, end=end, resolution="long"
@@ -351,14 +331,14 @@ def run_demand_forecast(
                     cache.move_to_end(key)
                     reused = True
                 else:
-                    fitted = fit_demand(first_bin, binned, step, params.season)
+                    fitted = fit_demand(first_bin, binned, step, params.season_seconds)
                     if fitted is not None:
                         cache[key] = fitted
                         while len(cache) > MAX_FITS:
                             cache.popitem(last=False)
                 if fitted is not None:
-                    bins = max(1, math.ceil(params.horizon / step))
-                    forecast = fitted.forecast(bins, params.level)
+                    bins = max(1, math.ceil(params.horizon_seconds / step))
+                    forecast = fitted.forecast(bins, params.interval_level)
         findings.append(
             _finding(rule, name, deployment, params, forecast, capacity, rate, reused, now)
         )
@@ -369,7 +349,7 @@ def _finding(
     rule: Rule,
     name: str,
     deployment: ModelDeployment | None,
-    params: _Params,
+    params: DemandForecastParams,
     forecast: Forecast | None,
     capacity: Capacity | None,
     rate: Floats | None,
@@ -385,9 +365,9 @@ def _finding(
         "demand_rps": current,
         "capacity_rps": capacity.rps if capacity else None,
         "capacity_source": capacity.source if capacity else None,
-        "capacity_utilization_above": params.utilization,
-        "interval_level": params.level,
-        "horizon_seconds": params.horizon,
+        "capacity_utilization_above": params.capacity_utilization_above,
+        "interval_level": params.interval_level,
+        "horizon_seconds": params.horizon_seconds,
         "fit_reused": reused,
     }
     verdict = Verdict.UNKNOWN
@@ -403,7 +383,8 @@ def _finding(
         if capacity is None:
             summary = f"{name}: capacity unknown (set label {CAPACITY_LABEL})"
         else:
-            limit = params.utilization * capacity.rps
+            share = params.capacity_utilization_above
+            limit = share * capacity.rps
             evidence["limit_rps"] = limit
             breach = first_breach(forecast, limit)
             if breach is None:
@@ -420,7 +401,7 @@ def _finding(
                     max(0.0, float(times[expected[0]]) - now) if expected.size else None
                 )
                 summary = (  # "may": the interval's upper bound; the mean's crossing is evidence
-                    f"{name}: demand may exceed {params.utilization:.0%} of capacity "
+                    f"{name}: demand may exceed {share:.0%} of capacity "
                     f"({limit:.1f} of {capacity.rps:.1f} req/s) in "
                     f"{max(0.0, at - now) / 60:.0f} min"
                 )
@@ -428,7 +409,7 @@ def _finding(
         rule,
         subject=name,
         verdict=verdict,
-        window=(now, now + params.horizon),
+        window=(now, now + params.horizon_seconds),
         facts=Facts(team=deployment.labels.get("team") if deployment else None, model=name),
         summary=summary,
         evidence=evidence,
