@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,12 @@ from gpuwarden.collector.accounting.gpu_time import (
     ownership,
     slot_overlap,
     totals,
+)
+from gpuwarden.collector.accounting.presence import (
+    fill_short_gaps,
+    max_gap_seconds,
+    span,
+    spread_back,
 )
 from gpuwarden.collector.accounting.prices import PriceTable
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
@@ -78,22 +86,82 @@ def test_slot_overlap(start, end, expected):
     assert slot_overlap(TIMES[:3], STEP, start, end) == pytest.approx(expected)
 
 
-def test_busy_idle_and_unknown_are_separate():
+def test_busy_idle_and_no_data_are_separate_and_no_data_is_never_billed():
     util = np.full(360, 0.9)
     util[:60] = 0.0  # 10 idle minutes
-    util[60:90] = np.nan  # 5 minutes with no data: unknown, never idle
+    util[60:90] = np.nan  # 5 minutes with no data: neither idle nor billed to the job
     rows = account(
         [gpu(0, util)], [job("j1", "n1", (0,), T0, None)], TIMES, STEP, NOW, AccountingConfig()
     )
-    (row,) = rows
-    assert row.job_key == "j1"
-    assert row.gpu_seconds_allocated == 3600
+    by_key = {r.job_key: r for r in rows}
+    row, no_job = by_key["j1"], by_key[UNALLOCATED]
+    assert row.gpu_seconds_allocated == 3300  # busy + idle: what the job is billed for
     assert row.gpu_seconds_idle == 600
-    assert row.gpu_seconds_unknown == 300
+    assert row.gpu_seconds_unknown == 0
     assert row.gpu_seconds_busy == 2700
-    assert row.energy_joules == pytest.approx(700 * 3600)
-    assert row.cost_usd == pytest.approx(4.00)
-    assert row.carbon_grams == pytest.approx(0.7 * 400)
+    assert row.energy_joules == pytest.approx(700 * 3300)
+    assert row.cost == pytest.approx(4.00 * 3300 / 3600)
+    assert row.carbon_grams == pytest.approx(0.7 * 3300 / 3600 * 400)
+    # the no-data time and its energy are the no-job row's, never billed
+    assert (no_job.gpu_seconds_allocated, no_job.gpu_seconds_unknown) == (0, 300)
+    assert no_job.energy_joules == pytest.approx(700 * 300)
+    assert no_job.cost == 0
+
+
+def test_nothing_is_charged_outside_the_gpus_span():
+    present = np.zeros(360, dtype=bool)
+    present[100:200] = True  # the node sampled from slot 100 to slot 199 only
+    timeline = replace(gpu(0, np.ones(360)), present=present)
+    rows = account(
+        [timeline], [job("j1", "n1", (0,), T0, None)], TIMES, STEP, NOW, AccountingConfig()
+    )
+    (row,) = rows
+    assert (row.job_key, row.gpu_seconds_allocated, row.gpu_seconds_unknown) == ("j1", 1000, 0)
+    assert row.energy_joules == pytest.approx(700 * 1000)
+
+
+def test_a_gpu_without_energy_readings_has_no_energy_not_zero():
+    rows = account(
+        [gpu(0, np.ones(360), energy=np.full(360, np.nan))],
+        [job("j1", "n1", (0,), T0, None)],
+        TIMES,
+        STEP,
+        NOW,
+        AccountingConfig(),
+    )
+    (row,) = rows
+    assert (row.energy_joules, row.carbon_grams) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("sampled", "expected"),
+    [
+        ([0, 0, 1, 0, 1, 0], [0, 0, 1, 1, 1, 0]),
+        ([1, 0, 0, 0, 0, 1], [1, 1, 1, 1, 1, 1]),
+        ([0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]),
+    ],
+)
+def test_span_runs_from_the_first_sample_to_the_last(sampled, expected):
+    assert span(np.array(sampled, dtype=bool)).tolist() == [bool(x) for x in expected]
+
+
+def test_short_gaps_take_the_next_sample_and_long_ones_stay_no_data():
+    values = np.array([0.1, np.nan, 0.3, np.nan, np.nan, np.nan, np.nan, 0.8])
+    filled = fill_short_gaps(values, 10.0, 30.0)
+    assert filled[:3].tolist() == [0.1, 0.3, 0.3]  # 20 s apart: covered by the next sample
+    assert np.isnan(filled[3:7]).all()  # 50 s apart: no data
+    # an agent sampling every 30 s is not "no data" between its rounds
+    sampled = np.zeros(60, dtype=bool)
+    sampled[::3] = True
+    assert max_gap_seconds(sampled, 10.0, 30.0) == 90.0
+
+
+def test_a_gaps_energy_is_spread_over_the_gap_not_charged_to_one_slot():
+    # counter rates as the store reads them: the point after a 4-slot gap covers all of it
+    rates = np.array([np.nan, 300.0, np.nan, np.nan, np.nan, 500.0, 300.0])
+    watts = spread_back(rates)
+    assert watts.tolist() == [300.0, 300.0, 500.0, 500.0, 500.0, 500.0, 300.0]
+    assert watts.max() <= 700  # never above the board's power: no slot holds a gap's energy
 
 
 def test_mid_slot_start_and_end_are_charged_exactly():
@@ -109,10 +177,9 @@ def test_mid_slot_start_and_end_are_charged_exactly():
     by_key = {r.job_key: r for r in rows}
     assert by_key["j"].gpu_seconds_allocated == pytest.approx(1800)
     assert by_key[UNALLOCATED].gpu_seconds_allocated == pytest.approx(1800)
-    assert by_key[UNALLOCATED].cost_usd == 0
-    assert by_key["j"].energy_joules + by_key[UNALLOCATED].energy_joules == pytest.approx(
-        700 * 3600
-    )
+    assert by_key[UNALLOCATED].cost == 0
+    energy = [by_key[k].energy_joules for k in ("j", UNALLOCATED)]
+    assert sum(e for e in energy if e is not None) == pytest.approx(700 * 3600)
 
 
 def test_price_tiers_from_job_then_node():
@@ -126,7 +193,7 @@ def test_price_tiers_from_job_then_node():
         NOW,
         AccountingConfig(prices=prices),
     )
-    cost = {r.job_key: r.cost_usd for r in rows}
+    cost = {r.job_key: r.cost for r in rows}
     assert cost == pytest.approx({"spot": 1.60, "node-tier": 2.60})
     assert prices.price("Tesla T4", "spot") == 0.80  # default table
 
@@ -165,4 +232,4 @@ def test_totals_by_group():
     assert team.group == "ml"
     assert team.gpu_hours_allocated == pytest.approx(2.0)
     assert team.energy_kwh == pytest.approx(2 * 0.7)
-    assert team.cost_usd == pytest.approx(8.0)
+    assert team.cost == pytest.approx(8.0)

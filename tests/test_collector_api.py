@@ -96,7 +96,7 @@ def _row(
     gpu: str,
     seconds: tuple[float, float, float, float],
     energy_joules: float | None,
-    cost_usd: float,
+    cost: float,
     carbon_grams: float | None,
 ) -> AccountingRow:
     allocated, busy, idle, unknown = seconds
@@ -114,14 +114,15 @@ def _row(
         gpu_seconds_idle=idle,
         gpu_seconds_unknown=unknown,
         energy_joules=energy_joules,
-        cost_usd=cost_usd,
+        cost=cost,
+        currency="EUR",
         carbon_grams=carbon_grams,
     )
 
 
 # fmt: off
 ROWS = [
-    # period, job, team, model, GPU, seconds allocated/busy/idle/unknown, J, $, g CO2e
+    # period, job, team, model, GPU, seconds allocated/busy/idle/unknown, J, EUR, g CO2e
     _row(NOW - 7200, "api:train-1", "vision", "resnet", "GPU-A0", (3600, 2700, 900, 0),
          3.6e6, 4.0, 400.0),
     _row(NOW - 7200, "api:infer-2", "nlp", "llama", "GPU-A1", (1800, 1800, 0, 0),
@@ -434,7 +435,8 @@ def _totals(
         "gpu_hours_idle": idle,
         "gpu_hours_unknown": unknown,
         "energy_kwh": kwh,
-        "cost_usd": usd,
+        "cost": usd,
+        "currency": "EUR" if rows else None,
         "carbon_kg": kg,
         "rows": rows,
         "incomplete_rows": incomplete,

@@ -57,12 +57,12 @@ def test_parse_time():
 
 
 TEAM_TABLE = """\
-team           GPU-h  busy GPU-h  idle GPU-h  no-data GPU-h    kWh    USD  kg CO2e
-(unallocated)   0.50        0.00        0.50           0.00  0.20   0.00     0.08
-nlp             0.50        0.50        0.00           0.00  0.50   2.00     0.20
-vision          1.50        1.00        0.25           0.25  1.00*  5.00*    0.40*
--------------  -----  ----------  ----------  -------------  -----  -----  -------
-TOTAL           2.50        1.50        0.75           0.25  1.70*  7.00*    0.68*
+team           GPU-h  busy GPU-h  idle GPU-h  no-data GPU-h    kWh  cost EUR  kg CO2e
+(unallocated)   0.50        0.00        0.50           0.00  0.20      0.00     0.08
+nlp             0.50        0.50        0.00           0.00  0.50      2.00     0.20
+vision          1.50        1.00        0.25           0.25  1.00*     5.00*    0.40*
+-------------  -----  ----------  ----------  -------------  -----  --------  -------
+TOTAL           2.50        1.50        0.75           0.25  1.70*     7.00*    0.68*
 * partial: energy, cost or carbon missing for some accounting rows
 """
 
@@ -76,11 +76,11 @@ def test_table_by_node_shows_missing_energy_as_a_dash(storage):
     assert (
         report(storage, by="node")
         == """\
-node    GPU-h  busy GPU-h  idle GPU-h  no-data GPU-h    kWh    USD  kg CO2e
-node-a   2.00        1.25        0.75           0.00  1.70   6.00     0.68
-node-b   0.50        0.25        0.00           0.25     -   1.00*       -
-------  -----  ----------  ----------  -------------  -----  -----  -------
-TOTAL    2.50        1.50        0.75           0.25  1.70*  7.00*    0.68*
+node    GPU-h  busy GPU-h  idle GPU-h  no-data GPU-h    kWh  cost EUR  kg CO2e
+node-a   2.00        1.25        0.75           0.00  1.70      6.00     0.68
+node-b   0.50        0.25        0.00           0.25     -      1.00*       -
+------  -----  ----------  ----------  -------------  -----  --------  -------
+TOTAL    2.50        1.50        0.75           0.25  1.70*     7.00*    0.68*
 * partial: energy, cost or carbon missing for some accounting rows
 """
     )
@@ -90,13 +90,13 @@ def test_table_by_model_over_a_week(storage):
     assert (
         report(storage, by="model", since_seconds=7 * 86400)
         == """\
-model          GPU-h  busy GPU-h  idle GPU-h  no-data GPU-h    kWh     USD  kg CO2e
-(none)          1.00        0.00        1.00           0.00  0.28    4.00     0.10
-(unallocated)   0.50        0.00        0.50           0.00  0.20    0.00     0.08
-llama           0.50        0.50        0.00           0.00  0.50    2.00     0.20
-resnet          1.50        1.00        0.25           0.25  1.00*   5.00*    0.40*
--------------  -----  ----------  ----------  -------------  -----  ------  -------
-TOTAL           3.50        1.50        1.75           0.25  1.98*  11.00*    0.78*
+model          GPU-h  busy GPU-h  idle GPU-h  no-data GPU-h    kWh  cost EUR  kg CO2e
+(none)          1.00        0.00        1.00           0.00  0.28      4.00     0.10
+(unallocated)   0.50        0.00        0.50           0.00  0.20      0.00     0.08
+llama           0.50        0.50        0.00           0.00  0.50      2.00     0.20
+resnet          1.50        1.00        0.25           0.25  1.00*     5.00*    0.40*
+-------------  -----  ----------  ----------  -------------  -----  --------  -------
+TOTAL           3.50        1.50        1.75           0.25  1.98*    11.00*    0.78*
 * partial: energy, cost or carbon missing for some accounting rows
 """
     )
@@ -106,9 +106,9 @@ def test_empty_window(storage):
     assert (
         report(storage, by="job", since_seconds=60)
         == """\
-job    GPU-h  busy GPU-h  idle GPU-h  no-data GPU-h  kWh  USD  kg CO2e
------  -----  ----------  ----------  -------------  ---  ---  -------
-TOTAL   0.00        0.00        0.00           0.00    -    -        -
+job    GPU-h  busy GPU-h  idle GPU-h  no-data GPU-h  kWh  cost  kg CO2e
+-----  -----  ----------  ----------  -------------  ---  ----  -------
+TOTAL   0.00        0.00        0.00           0.00    -     -        -
 """
     )
 
@@ -116,25 +116,26 @@ TOTAL   0.00        0.00        0.00           0.00    -    -        -
 def test_csv_by_job(storage):
     assert report(storage, by="job", fmt="csv") == (
         "job,gpu_hours_allocated,gpu_hours_busy,gpu_hours_idle,gpu_hours_unknown,"
-        "energy_kwh,cost_usd,carbon_kg,rows,incomplete_rows\n"
-        "(unallocated),0.5,0.0,0.5,0.0,0.2,0.0,0.08,1,0\n"
-        "api:infer-2,0.5,0.5,0.0,0.0,0.5,2.0,0.2,1,0\n"
-        "api:train-1,1.5,1.0,0.25,0.25,1.0,5.0,0.4,2,1\n"
-        "TOTAL,2.5,1.5,0.75,0.25,1.7,7.0,0.68,4,1\n"
+        "energy_kwh,cost,currency,carbon_kg,rows,incomplete_rows\n"
+        "(unallocated),0.5,0.0,0.5,0.0,0.2,0.0,EUR,0.08,1,0\n"
+        "api:infer-2,0.5,0.5,0.0,0.0,0.5,2.0,EUR,0.2,1,0\n"
+        "api:train-1,1.5,1.0,0.25,0.25,1.0,5.0,EUR,0.4,2,1\n"
+        "TOTAL,2.5,1.5,0.75,0.25,1.7,7.0,EUR,0.68,4,1\n"
     )
 
 
 def test_json_by_team(storage):
     fields = ("gpu_hours_allocated", "gpu_hours_busy", "gpu_hours_idle", "gpu_hours_unknown",
-              "energy_kwh", "cost_usd", "carbon_kg", "rows", "incomplete_rows")  # fmt: skip
+              "energy_kwh", "cost", "carbon_kg", "rows", "incomplete_rows")  # fmt: skip
 
     def line(group: str, *values: float) -> dict[str, object]:
-        return {"group": group, **dict(zip(fields, values, strict=True))}
+        return {"group": group, "currency": "EUR", **dict(zip(fields, values, strict=True))}
 
     assert json.loads(report(storage, fmt="json")) == {
         "since": NOW - 86400,
         "until": NOW,
         "by": "team",
+        "currency": "EUR",
         "groups": [
             line("(unallocated)", 0.5, 0.0, 0.5, 0.0, 0.2, 0.0, 0.08, 1, 0),
             line("nlp", 0.5, 0.5, 0.0, 0.0, 0.5, 2.0, 0.2, 1, 0),

@@ -108,7 +108,7 @@ def row(gpu: str = "GPU-a", job: str | None = "slurm:c1:42", **changes: Any) -> 
         gpu_seconds_busy=45.0,
         gpu_seconds_idle=10.0,
         energy_joules=18_000.0,
-        cost_usd=0.05,
+        cost=0.05,
         carbon_grams=2.0,
         gpu_seconds_unknown=5.0,
     )
@@ -246,7 +246,7 @@ def test_events_round_trip_dedup_and_filters(store: Storage) -> None:
 def test_accounting_round_trip(store: Storage) -> None:
     rows = [
         row("GPU-a"),
-        row("GPU-b", job=None, team=None, model=None, energy_joules=None, cost_usd=None),
+        row("GPU-b", job=None, team=None, model=None, energy_joules=None, cost=None),
         row("GPU-a", period_start=3660.0),
     ]
     assert store.write_rollups(rows) == 3
@@ -271,9 +271,9 @@ def test_rewriting_a_period_replaces_it(store: Storage) -> None:
         row("GPU-a", period_start=3660.0),  # the same GPU in another period too
     ]
     # A duplicate key within one batch: the last one wins.
-    store.write_rollups([row("GPU-c", cost_usd=1.0), row("GPU-c", cost_usd=2.0)])
+    store.write_rollups([row("GPU-c", cost=1.0), row("GPU-c", cost=2.0)])
     (stored,) = [r for r in store.accounting_rows(since=0, until=1e12) if r.gpu_uuid == "GPU-c"]
-    assert stored.cost_usd == 2.0
+    assert stored.cost == 2.0
 
 
 def test_rollups_sum_by_dimensions(store: Storage) -> None:
@@ -281,7 +281,7 @@ def test_rollups_sum_by_dimensions(store: Storage) -> None:
         [
             row("GPU-a", job="j1", team="research"),
             row("GPU-b", job="j2", team="research", energy_joules=None, carbon_grams=None),
-            row("GPU-c", job=None, team=None, energy_joules=None, cost_usd=None, carbon_grams=None),
+            row("GPU-c", job=None, team=None, energy_joules=None, cost=None, carbon_grams=None),
             row("GPU-a", job="j1", team="research", period_start=7200.0),
         ]
     )
@@ -295,12 +295,12 @@ def test_rollups_sum_by_dimensions(store: Storage) -> None:
         15.0,
     )
     assert total.energy_joules == 18_000.0  # the rows that have it
-    assert total.cost_usd == pytest.approx(0.10)
+    assert total.cost == pytest.approx(0.10)
 
     by_team = store.rollups(since=0.0, until=7200.0, by=["team"])
     assert [(t.group, t.rows) for t in by_team] == [({"team": None}, 1), ({"team": "research"}, 2)]
     assert by_team[0].energy_joules is None  # missing stays missing, never 0
-    assert by_team[0].cost_usd is None
+    assert by_team[0].cost is None
 
     by_job_period = store.rollups(since=0.0, until=1e12, by=("job_key", "gpu_uuid"))
     assert [dict(t.group) for t in by_job_period] == [
@@ -436,9 +436,9 @@ def test_migrates_an_empty_database_and_reopening_is_a_no_op(
 ) -> None:
     path = tmp_path / "state.db"
     with SqliteStorage(path, clock=clock) as store:
-        assert store.applied_migrations == [1, 2, 3, 4]
+        assert store.applied_migrations == [1, 2, 3, 4, 5]
         store.upsert_jobs([make_job()])
-    assert applied(path) == [(1, 1000.0), (2, 1000.0), (3, 1000.0), (4, 1000.0)]
+    assert applied(path) == [(1, 1000.0), (2, 1000.0), (3, 1000.0), (4, 1000.0), (5, 1000.0)]
     with raw(path) as conn:
         tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
     assert {
@@ -451,7 +451,7 @@ def test_migrates_an_empty_database_and_reopening_is_a_no_op(
     with SqliteStorage(path, clock=clock) as store:
         assert store.applied_migrations == []
         assert store.jobs() == [make_job()]
-    assert applied(path) == [(1, 1000.0), (2, 1000.0), (3, 1000.0), (4, 1000.0)]
+    assert applied(path) == [(1, 1000.0), (2, 1000.0), (3, 1000.0), (4, 1000.0), (5, 1000.0)]
 
 
 def test_upgrades_a_database_at_an_older_version(tmp_path: Path, clock: FakeClock) -> None:
@@ -460,10 +460,31 @@ def test_upgrades_a_database_at_an_older_version(tmp_path: Path, clock: FakeCloc
         assert migrate(conn, now=1.0, location=str(path), migrations=MIGRATIONS[:1]) == [1]
         conn.execute("INSERT INTO models VALUES ('m', 'v1', 1, NULL, NULL, NULL, '{}', 1.0)")
     with SqliteStorage(path, clock=clock) as store:
-        assert store.applied_migrations == [2, 3, 4]
+        assert store.applied_migrations == [2, 3, 4, 5]
         assert store.models() == [ModelDeployment("m", "v1", 1)]
         assert store.open_incident(incident()) is not None
-    assert applied(path) == [(1, 1.0), (2, 1000.0), (3, 1000.0), (4, 1000.0)]
+    assert applied(path) == [(1, 1.0), (2, 1000.0), (3, 1000.0), (4, 1000.0), (5, 1000.0)]
+
+
+def test_costs_written_before_the_currency_was_kept_keep_their_value(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    path = tmp_path / "state.db"
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        assert migrate(conn, now=1.0, location=str(path), migrations=MIGRATIONS[:4]) == [1, 2, 3, 4]
+        conn.execute(
+            "INSERT INTO accounting (period_start, period_seconds, job_key, gpu_uuid, node,"
+            " gpu_seconds_allocated, gpu_seconds_busy, gpu_seconds_idle, gpu_seconds_unknown,"
+            " cost_usd, written_at) VALUES (60, 60, 'j', 'GPU-a', 'n', 60, 60, 0, 0, 0.07, 1)"
+        )
+    with SqliteStorage(path, clock=clock) as store:
+        assert store.applied_migrations == [5]
+        (row,) = store.accounting_rows(since=0, until=120)
+        assert (row.cost, row.currency) == (0.07, None)  # never guessed: USD or not
+        store.write_rollups([replace(row, period_start=0, cost=0.05, currency="EUR")])
+        (total,) = store.rollups(since=0, until=120)
+        # an unknown and a known currency: no sum
+        assert (total.cost, total.currency) == (None, "(unrecorded),EUR")
 
 
 def test_refuses_a_database_from_a_newer_program(tmp_path: Path) -> None:

@@ -1,12 +1,18 @@
 """The fleet's GPUs and their accounting: the inventory the agents describe, each physical GPU's
-timeline on the store's slot grid, and the periodic GPU-hour, energy, cost and carbon rows."""
+timeline on the store's slot grid, and the periodic GPU-hour, energy, cost and carbon rows.
+
+``timelines`` is the raw view detectors read (missing samples stay NaN). Accounting reads
+``charged_timelines``: each GPU's span (first to last sample, over the store's whole recent
+window, so a period is judged by samples outside it too), short sampling gaps covered, and
+energy from the counter spread over the time it covers (:mod:`.presence`).
+"""
 
 from __future__ import annotations
 
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -18,9 +24,16 @@ from gpuwarden.collector.accounting.gpu_time import (
     Usage,
     account,
 )
+from gpuwarden.collector.accounting.presence import (
+    fill_short_gaps,
+    max_gap_seconds,
+    span,
+    spread_back,
+)
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.storage.base import Storage
 from gpuwarden.collector.storage.records import AccountingRow
+from gpuwarden.collector.store.types import LatestValues
 from gpuwarden.collector.store.window import WindowStore
 
 
@@ -37,6 +50,8 @@ class Fleet:
     clock: Callable[[], float] = time.time
     #: node facts by host name (price tier, cluster), as the intake keeps them
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: each GPU's newest sample time at the previous ``run_accounting``
+    _newest_seen: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
 
     def gpus(self) -> list[GpuRef]:
         """Every GPU (and MIG device) an agent described in ``gpuwarden.gpu.info``."""
@@ -117,18 +132,78 @@ class Fleet:
                 slots[slot].add(job_key)
         return seen
 
+    def charged_timelines(self, start: float, end: float) -> tuple[np.ndarray, list[GpuTimeline]]:
+        """Each physical GPU over ``[start, end)`` as accounting charges it (see the module).
+
+        The samples that decide a GPU's span and gaps are read over the store's recent window
+        up to ``max(end, now)``, so a period is judged by its GPU's samples before and after it.
+        """
+        step = float(self.store.step_seconds)
+        horizon = max(end, self.clock())
+        lo, hi = math.ceil(start / step), math.ceil(end / step)
+        util = self.store.matrix("hw.gpu.utilization", start=0.0, end=horizon)
+        info = self.store.matrix("gpuwarden.gpu.info", start=0.0, end=horizon)
+        power = self.store.matrix("hw.energy", selector={"hw.type": "gpu"}, start=0.0, end=horizon)
+        n = max(0, hi - lo)
+        times = np.arange(lo, lo + n, dtype=np.float64) * step
+        first = round(util.times[0] / step) if len(util.times) else hi
+        window = slice(max(lo - first, 0), max(hi - first, 0))  # the part the ring still holds
+        pad = n - (window.stop - window.start)  # older than the recent window: not charged
+        width = len(util.times)
+        rows: dict[str, dict[tuple[str, str], np.ndarray]] = {}
+        for name, matrix in (("util", util), ("info", info), ("power", power)):
+            rows[name] = {
+                _gpu_key(s.attributes): matrix.values[i] for i, s in enumerate(matrix.series)
+            }
+        none = np.full(width, np.nan)
+        seen = self._process_jobs(start, end, n)
+        timelines = []
+        for ref in self.gpus():
+            if ref.parent_uuid is not None:
+                continue  # MIG devices are accounted through their parent GPU
+            key = (ref.node, ref.uuid)
+            u = rows["util"].get(key, none).astype(np.float64)
+            sampled = ~np.isnan(u) | ~np.isnan(rows["info"].get(key, none))
+            present = span(sampled)
+            gap = max_gap_seconds(sampled, step, self.accounting.max_sample_gap_seconds)
+            u = np.where(present, fill_short_gaps(u, step, gap), np.nan)
+            watts = spread_back(rows["power"].get(key, none).astype(np.float64))
+            joules = np.where(present, watts * step, np.nan)
+            tier = self.nodes.get(ref.node, {}).get("gpuwarden.price_tier", "")
+            timelines.append(
+                GpuTimeline(
+                    node=ref.node,
+                    uuid=ref.uuid,
+                    index=ref.index,
+                    model=ref.model,
+                    price_tier=tier or self.accounting.default_price_tier,
+                    utilization_ratio=_padded(u[window], pad, np.nan),
+                    energy_joules=_padded(joules[window], pad, np.nan),
+                    process_jobs=tuple(frozenset(s) for s in seen.get(key, [])),
+                    cluster=ref.cluster,
+                    present=_padded(present[window], pad, False),
+                )
+            )
+        return times, timelines
+
     def usage(self, start: float, end: float) -> list[Usage]:
         """Accounting of every GPU over ``[start, end)`` against the known jobs."""
-        times, gpus = self.timelines(start, end)
+        times, gpus = self.charged_timelines(start, end)
         return account(
             gpus, self.registry.known(), times, self.store.step_seconds, end, self.accounting
         )
 
     def rows(self, period_start: float) -> list[AccountingRow]:
         """Accounting rows of one period, ready for storage."""
+        return self._rows(
+            period_start, self.usage(period_start, period_start + self.period_seconds)
+        )
+
+    def _rows(self, period_start: float, usage: list[Usage]) -> list[AccountingRow]:
         rows = []
-        for use in self.usage(period_start, period_start + self.period_seconds):
-            if use.gpu_seconds_allocated <= 0:
+        currency = self.accounting.prices.currency
+        for use in usage:
+            if use.gpu_seconds_allocated <= 0 and use.gpu_seconds_unknown <= 0:
                 continue
             job = None if use.job_key == UNALLOCATED else self.registry.get(use.job_key)
             rows.append(
@@ -146,23 +221,82 @@ class Fleet:
                     gpu_seconds_idle=use.gpu_seconds_idle,
                     gpu_seconds_unknown=use.gpu_seconds_unknown,
                     energy_joules=use.energy_joules,
-                    cost_usd=use.cost_usd,
+                    cost=use.cost,
+                    currency=currency,
                     carbon_grams=use.carbon_grams,
                 )
             )
         return rows
 
+    def _resumed_after(self) -> float | None:
+        """The oldest previous last sample of a GPU that has sent newer ones since the last run.
+
+        Remembers each GPU's newest sample time (``_newest_seen``) from run to run.
+        """
+        newest = _newest(self.store.latest("gpuwarden.gpu.info"))
+        for key, seen in _newest(self.store.latest("hw.gpu.utilization")).items():
+            newest[key] = max(seen, newest.get(key, seen))
+        resumed = [
+            before
+            for key, seen in newest.items()
+            if (before := self._newest_seen.get(key)) is not None and seen > before
+        ]
+        self._newest_seen = newest
+        return min(resumed, default=None)
+
     def run_accounting(self, now: float | None = None) -> int:
-        """Recompute the last complete periods (late and spooled data land in them too)."""
+        """Recompute the last complete periods (late and spooled data land in them too).
+
+        The store is read once for all of them; each period is a slice of that read.
+        """
         current = self.clock() if now is None else now
         last_complete = math.floor(current / self.period_seconds) * self.period_seconds
+        first = last_complete - self.recompute_periods * self.period_seconds
+        resumed = self._resumed_after()
+        if resumed is not None and resumed < first:
+            # a GPU came back after a gap longer than the recompute window: its gap becomes
+            # no data from the first period after its previous sample, not nobody's time
+            first = math.floor(resumed / self.period_seconds) * self.period_seconds
+        times, gpus = self.charged_timelines(first, last_complete)
+        jobs = self.registry.known()
         written = 0
-        for k in range(self.recompute_periods, 0, -1):
-            start = last_complete - k * self.period_seconds
-            rows = self.rows(start)
+        for k in range(round((last_complete - first) / self.period_seconds)):
+            start = first + k * self.period_seconds
+            end = start + self.period_seconds
+            part = (times >= start) & (times < end)
+            sliced = [_sliced(gpu, part) for gpu in gpus]
+            usage = account(
+                sliced, jobs, times[part], self.store.step_seconds, end, self.accounting
+            )
+            rows = self._rows(start, usage)
             if rows:
                 written += self.storage.write_rollups(rows)
         return written
+
+
+def _newest(latest: LatestValues) -> dict[tuple[str, str], float]:
+    out: dict[tuple[str, str], float] = {}
+    for info, seen in zip(latest.series, latest.times.tolist(), strict=True):
+        key = _gpu_key(info.attributes)
+        if math.isfinite(seen) and seen > out.get(key, -math.inf):
+            out[key] = seen
+    return out
+
+
+def _sliced(gpu: GpuTimeline, part: np.ndarray) -> GpuTimeline:
+    """The timeline over the slots of ``part``."""
+    return replace(
+        gpu,
+        utilization_ratio=gpu.utilization_ratio[part],
+        energy_joules=gpu.energy_joules[part],
+        process_jobs=tuple(s for s, keep in zip(gpu.process_jobs, part, strict=False) if keep),
+        present=None if gpu.present is None else gpu.present[part],
+    )
+
+
+def _padded(values: np.ndarray, pad: int, fill: float | bool) -> np.ndarray:
+    """``values`` after ``pad`` slots of ``fill`` (the part of a range the ring no longer holds)."""
+    return np.concatenate([np.full(pad, fill, dtype=values.dtype), values]) if pad else values
 
 
 def _gpu_key(attrs: Mapping[str, object]) -> tuple[str, str]:

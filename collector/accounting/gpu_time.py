@@ -1,15 +1,20 @@
-"""Per-job GPU accounting: GPU-hours allocated, busy and idle, energy, cost and carbon.
+"""Per-job GPU accounting: GPU-hours held, busy and idle, no data, energy, cost and carbon.
 
 Pure functions over aligned arrays, so they are exact and testable without a store. A GPU's
-timeline is a fixed-step grid of slots; for every slot we know its utilisation (NaN when no
-sample arrived), the energy-counter increase in joules (resets already handled by the store), and
-which job held it. A job holds a GPU for the part of a slot its allocation overlaps, so jobs that
-start or end mid-slot are charged exactly.
+timeline is a fixed-step grid of slots; for every slot we know whether the GPU was there to be
+charged (between its first and last sample, :mod:`.presence`), its utilisation (NaN when no
+sample speaks for it), the energy it drew in joules, and which job held it. A job holds a GPU
+for the part of a slot its allocation overlaps, so jobs that start or end mid-slot are charged
+exactly.
 
-- busy: utilisation at or above ``idle_threshold_ratio``; idle: below it. A slot with no sample
-  is neither busy nor idle (``unknown``): missing data never counts as idle.
-- energy comes from the energy-counter deltas, never power × time.
-- cost is allocated GPU-hours × the price of that GPU model at the job's price tier (on-demand,
+- outside the GPU's span (before its node's first sample, after its last) nothing is charged.
+- busy: utilisation at or above ``idle_threshold_ratio``; idle: below it. A slot inside the span
+  with no sample is *no data*: neither busy nor idle, never billed to a job; it and its energy
+  go to the GPU's no-job row (``gpu_seconds_unknown``), so time and energy still add up.
+- GPU-hours of a job are its busy + idle time: what it is billed for.
+- energy comes from the energy counter's increases spread over the time they cover
+  (:func:`.presence.spread_back`), never power samples × time.
+- cost is a job's GPU-hours × the price of that GPU model at the job's price tier (on-demand,
   spot, reserved) on the node's cluster (:mod:`.prices`), in the table's currency; carbon is
   kWh × the grid's intensity.
 """
@@ -38,6 +43,9 @@ class AccountingConfig:
     grid_intensity_grams_per_kwh: float = 400.0
     prices: PriceTable = field(default_factory=PriceTable)
     default_price_tier: str = "on-demand"
+    #: samples of a GPU further apart than this (or than three of its own sampling intervals,
+    #: if longer) leave "no data" between them; closer ones cover the slots between them
+    max_sample_gap_seconds: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +76,19 @@ class GpuTimeline:
     process_jobs: Sequence[frozenset[str]] = ()
     #: the node's cluster (its agent's ``gpuwarden.cluster``), for per-cluster prices
     cluster: str | None = None
+    #: slots between the GPU's first and last sample (None: every slot); only they are charged
+    present: npt.NDArray[np.bool_] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Accounting of one job on one GPU over the window (job_key ``""`` = unallocated)."""
+    """Accounting of one job on one GPU over the window (job_key ``""`` = unallocated).
+
+    ``gpu_seconds_allocated`` = busy + idle: the time billed. ``gpu_seconds_unknown`` (no data)
+    is only ever on the no-job row, with the energy drawn meanwhile; ``energy_joules`` is None
+    when the GPU reported no energy for the row's slots. ``cost`` is in the price table's
+    currency (0 for the no-job row).
+    """
 
     job_key: str
     node: str
@@ -83,9 +99,9 @@ class Usage:
     gpu_seconds_busy: float
     gpu_seconds_idle: float
     gpu_seconds_unknown: float
-    energy_joules: float
-    cost_usd: float
-    carbon_grams: float
+    energy_joules: float | None
+    cost: float
+    carbon_grams: float | None
 
 
 def slot_overlap(times: FloatArray, step_seconds: float, start: float, end: float) -> FloatArray:
@@ -170,6 +186,14 @@ def main_holders(
     return owners, held
 
 
+def _joules(energy: FloatArray, weight: FloatArray) -> float | None:
+    """Energy of the weighted slots; None when none of them has a reading."""
+    used = weight > 0
+    if not used.any() or np.isnan(energy[used]).all():
+        return None
+    return float(np.nansum(energy[used] * weight[used]))
+
+
 def account(
     gpus: Sequence[GpuTimeline],
     jobs: Sequence[Job],
@@ -178,20 +202,33 @@ def account(
     now: float,
     config: AccountingConfig,
 ) -> list[Usage]:
-    """Usage per (job, GPU) over the window described by ``times`` (slot starts)."""
+    """Usage per (job, GPU) over the window described by ``times`` (slot starts).
+
+    A job's row holds the time it held the GPU with data (busy + idle) and that time's energy
+    and cost; the no-job row holds the unallocated time with data and every no-data slot of
+    the span (with their energy). Slots outside the GPU's span are in no row.
+    """
     job_tier = {job.key: job.price_tier for job in jobs if job.price_tier}
     rows = []
     for gpu in gpus:
         util = gpu.utilization_ratio
-        known = ~np.isnan(util)
+        present = np.ones(len(times), dtype=bool) if gpu.present is None else gpu.present
+        known = present & ~np.isnan(util)
+        no_data = present & np.isnan(util)
         busy = known & (util >= config.idle_threshold_ratio)
         idle = known & ~busy
-        energy = np.nan_to_num(gpu.energy_joules, nan=0.0)
-        for key, share in ownership(gpu, jobs, times, step_seconds, now).items():
-            seconds = share * step_seconds
+        shares = ownership(gpu, jobs, times, step_seconds, now)
+        shares.setdefault(UNALLOCATED, np.zeros(len(times)))
+        for key, share in shares.items():
+            held = share * known
+            seconds = held * step_seconds
+            unknown = no_data if key == UNALLOCATED else np.zeros(len(times), dtype=bool)
+            weight = held + unknown
+            if not weight.any():
+                continue
             tier = job_tier.get(key, gpu.price_tier) or config.default_price_tier
             allocated = float(seconds.sum())
-            energy_j = float((energy * share).sum())
+            energy_j = _joules(gpu.energy_joules, weight)
             cost = (
                 0.0
                 if key == UNALLOCATED
@@ -207,10 +244,14 @@ def account(
                     gpu_seconds_allocated=allocated,
                     gpu_seconds_busy=float(seconds[busy].sum()),
                     gpu_seconds_idle=float(seconds[idle].sum()),
-                    gpu_seconds_unknown=float(seconds[~known].sum()),
+                    gpu_seconds_unknown=float(unknown.sum() * step_seconds),
                     energy_joules=energy_j,
-                    cost_usd=cost,
-                    carbon_grams=energy_j / 3.6e6 * config.grid_intensity_grams_per_kwh,
+                    cost=cost,
+                    carbon_grams=(
+                        None
+                        if energy_j is None
+                        else energy_j / 3.6e6 * config.grid_intensity_grams_per_kwh
+                    ),
                 )
             )
     return rows
@@ -224,8 +265,9 @@ class Totals:
     gpu_hours_allocated: float
     gpu_hours_busy: float
     gpu_hours_idle: float
+    gpu_hours_unknown: float
     energy_kwh: float
-    cost_usd: float
+    cost: float
     carbon_kg: float
 
 
@@ -234,11 +276,12 @@ def totals(rows: Sequence[Usage], group_of: Mapping[str, str] | None = None) -> 
     acc: dict[str, list[float]] = {}
     for row in rows:
         group = row.job_key if group_of is None else group_of.get(row.job_key, "")
-        sums = acc.setdefault(group, [0.0] * 6)
+        sums = acc.setdefault(group, [0.0] * 7)
         sums[0] += row.gpu_seconds_allocated / 3600
         sums[1] += row.gpu_seconds_busy / 3600
         sums[2] += row.gpu_seconds_idle / 3600
-        sums[3] += row.energy_joules / 3.6e6
-        sums[4] += row.cost_usd
-        sums[5] += row.carbon_grams / 1000
+        sums[3] += row.gpu_seconds_unknown / 3600
+        sums[4] += (row.energy_joules or 0.0) / 3.6e6
+        sums[5] += row.cost
+        sums[6] += (row.carbon_grams or 0.0) / 1000
     return [Totals(group, *values) for group, values in sorted(acc.items())]

@@ -1,10 +1,18 @@
-"""``gpuwarden report costs``: GPU-hours, idle GPU-hours, energy, dollars and carbon per group.
+"""``gpuwarden report costs``: GPU-hours, idle and no-data GPU-hours, energy, cost and carbon.
 
 Reads the accounting rollups the collector wrote (``Storage.rollups``); never writes. Groups are
 a team, job, model (deployment) or node. Time allocated to no job is its own group,
 ``(unallocated)``, so the idle capacity nobody holds is not charged to anyone; a job without a
-team or model is ``(none)``. Energy, cost and carbon sum the rows that have them: a total with
-rows missing them is marked partial (``*`` in the table, ``incomplete_rows`` elsewhere).
+team or model is ``(none)``. No-data GPU-hours (a GPU between its first and last sample without
+a sample) are never billed to a job: they are in the ``(unallocated)`` line's no-data column
+(and in their node's, by node), with the energy drawn meanwhile. Time before a node's first
+sample or after its last is in no line at all.
+
+Costs are in the price table's currency, which the collector keeps with every row: the table's
+cost column is headed by it (``cost EUR``), JSON and CSV carry ``cost`` and ``currency``. Costs
+in several currencies are not added: such a total's cost is empty and its currency lists them.
+Energy, cost and carbon sum the rows that have them: a total with rows missing them is marked
+partial (``*`` in the table, ``incomplete_rows`` elsewhere).
 
 Light on purpose: the CLI imports this module to build its parser, so the storage backend is
 imported only when a report runs.
@@ -71,7 +79,7 @@ def parse_time(text: str, now: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class CostLine:
-    """One group's totals in report units (hours, kWh, dollars, kilograms)."""
+    """One group's totals in report units (hours, kWh, ``currency``, kilograms)."""
 
     group: str
     gpu_hours_allocated: float
@@ -79,7 +87,8 @@ class CostLine:
     gpu_hours_idle: float
     gpu_hours_unknown: float
     energy_kwh: float | None
-    cost_usd: float | None
+    cost: float | None
+    currency: str | None
     carbon_kg: float | None
     rows: int
     incomplete_rows: int
@@ -89,6 +98,12 @@ def _add(a: float | None, b: float | None) -> float | None:
     if a is None:
         return b
     return a if b is None else a + b
+
+
+def _currencies(a: str | None, b: str | None) -> str | None:
+    """The currencies of two totals, comma-separated and sorted when they differ."""
+    found = {c for text in (a, b) if text for c in text.split(",")}
+    return ",".join(sorted(found)) or None
 
 
 def _scaled(value: float | None, divisor: float) -> float | None:
@@ -104,7 +119,8 @@ def cost_line(group: str, total: RollupTotal) -> CostLine:
         gpu_hours_idle=total.gpu_seconds_idle / 3600,
         gpu_hours_unknown=total.gpu_seconds_unknown / 3600,
         energy_kwh=_scaled(total.energy_joules, 3.6e6),
-        cost_usd=total.cost_usd,
+        cost=total.cost,
+        currency=total.currency,
         carbon_kg=_scaled(total.carbon_grams, 1000.0),
         rows=total.rows,
         incomplete_rows=total.rows_incomplete,
@@ -112,9 +128,12 @@ def cost_line(group: str, total: RollupTotal) -> CostLine:
 
 
 def sum_lines(group: str, lines: Iterable[CostLine]) -> CostLine:
-    """Lines summed under a new group name (energy, cost, carbon stay None if no line has them)."""
-    out = CostLine(group, 0.0, 0.0, 0.0, 0.0, None, None, None, 0, 0)
+    """Lines summed under a new group name (energy, cost, carbon stay None if no line has them;
+    costs in different currencies give no cost)."""
+    out = CostLine(group, 0.0, 0.0, 0.0, 0.0, None, None, None, None, 0, 0)
     for line in lines:
+        currency = _currencies(out.currency, line.currency)
+        cost = _add(out.cost, line.cost)
         out = CostLine(
             group=group,
             gpu_hours_allocated=out.gpu_hours_allocated + line.gpu_hours_allocated,
@@ -122,7 +141,8 @@ def sum_lines(group: str, lines: Iterable[CostLine]) -> CostLine:
             gpu_hours_idle=out.gpu_hours_idle + line.gpu_hours_idle,
             gpu_hours_unknown=out.gpu_hours_unknown + line.gpu_hours_unknown,
             energy_kwh=_add(out.energy_kwh, line.energy_kwh),
-            cost_usd=_add(out.cost_usd, line.cost_usd),
+            cost=None if currency is not None and "," in currency else cost,
+            currency=currency,
             carbon_kg=_add(out.carbon_kg, line.carbon_kg),
             rows=out.rows + line.rows,
             incomplete_rows=out.incomplete_rows + line.incomplete_rows,
@@ -149,20 +169,21 @@ def cost_lines(storage: Storage, *, since: float, until: float, by: str) -> list
     return [sum_lines(label, parts) for label, parts in sorted(groups.items())]
 
 
-_COLUMNS = (  # CostLine field, table heading
+_COLUMNS = (  # CostLine field, table heading ({currency}: the costs' currency)
     ("gpu_hours_allocated", "GPU-h"),
     ("gpu_hours_busy", "busy GPU-h"),
     ("gpu_hours_idle", "idle GPU-h"),
     ("gpu_hours_unknown", "no-data GPU-h"),
     ("energy_kwh", "kWh"),
-    ("cost_usd", "USD"),
+    ("cost", "cost{currency}"),
     ("carbon_kg", "kg CO2e"),
 )
 
 
 def _table(lines: Sequence[CostLine], by: str, out: TextIO) -> None:
     partial = any(line.incomplete_rows for line in lines)
-    rows = [[by, *(heading for _, heading in _COLUMNS)]]
+    currency = lines[-1].currency or ""  # "": no cost, or rows from before it was recorded
+    rows = [[by, *(heading.format(currency=f" {currency}".rstrip()) for _, heading in _COLUMNS)]]
     for line in lines:
         # A partial total is marked; the others keep the mark's column so the points align.
         mark = "*" if line.incomplete_rows else " " if partial else ""
@@ -178,6 +199,8 @@ def _table(lines: Sequence[CostLine], by: str, out: TextIO) -> None:
         out.write("  ".join([row[0].ljust(widths[0]), *right[1:]]).rstrip() + "\n")
     if partial:
         out.write("* partial: energy, cost or carbon missing for some accounting rows\n")
+    if "," in currency:
+        out.write(f"costs in several currencies ({currency}) are not added up: narrow --since\n")
 
 
 def line_record(line: CostLine) -> dict[str, object]:
@@ -260,6 +283,7 @@ def report_costs(
             "since": since,
             "until": until,
             "by": by,
+            "currency": total.currency,
             "groups": [line_record(line) for line in lines],
             "total": line_record(total),
         }
@@ -282,7 +306,8 @@ def add_report_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     kinds = report.add_subparsers(dest="report", required=True, metavar="REPORT")
     costs = kinds.add_parser(
         "costs",
-        help="GPU-hours, idle GPU-hours, kWh, dollars and carbon per team, job, model or node",
+        help="GPU-hours, idle and no-data GPU-hours, kWh, cost and carbon per team, job, model "
+        "or node",
         description="Sum the collector's accounting over a window ending now (or --until).",
     )
     costs.add_argument("--db", type=Path, required=True, help="the collector's SQLite database")

@@ -241,6 +241,13 @@ CREATE TABLE pages (
 CREATE INDEX pages_status ON pages (status);
 """
 
+_ACCOUNTING_CURRENCY = """
+-- A cost is in the price table's currency, not always US dollars: the column says "cost" and
+-- each row keeps its currency (NULL on rows written before: the collector did not record it).
+ALTER TABLE accounting RENAME COLUMN cost_usd TO cost;
+ALTER TABLE accounting ADD COLUMN currency TEXT;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, models, events, accounting", _CORE),
     Migration(
@@ -250,6 +257,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(3, "notification state per incident and route, log cursors", _NOTIFICATIONS),
     Migration(4, "pages: the remediator's alerts, stored until a route accepts them", _PAGES),
+    Migration(5, "accounting: cost in the price table's currency", _ACCOUNTING_CURRENCY),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

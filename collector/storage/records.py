@@ -79,8 +79,9 @@ class AccountingRow:
     Identified by ``(period_start, job_key, gpu_uuid)``. ``team``, ``model`` (the job's model
     deployment) and ``price_tier`` are the job's, copied so that totals survive job pruning.
     ``gpu_seconds_unknown`` is allocated time without a utilisation sample: it is neither busy
-    nor idle. ``energy_joules``, ``cost_usd`` and ``carbon_grams`` are ``None`` when their inputs
-    were missing, never 0.
+    nor idle, and never billed (only the no-job row has it). ``energy_joules``, ``cost`` and
+    ``carbon_grams`` are ``None`` when their inputs were missing, never 0. ``cost`` is in
+    ``currency`` (the price table's ISO 4217 code; None on rows written before it was kept).
     """
 
     period_start: float
@@ -95,9 +96,10 @@ class AccountingRow:
     gpu_seconds_busy: float
     gpu_seconds_idle: float
     energy_joules: float | None = None
-    cost_usd: float | None = None
+    cost: float | None = None
     carbon_grams: float | None = None
     gpu_seconds_unknown: float = 0.0
+    currency: str | None = None
 
     def __post_init__(self) -> None:
         if not self.gpu_uuid:
@@ -119,7 +121,7 @@ _MEASURES = (
     "gpu_seconds_idle",
     "gpu_seconds_unknown",
     "energy_joules",
-    "cost_usd",
+    "cost",
     "carbon_grams",
 )
 
@@ -138,9 +140,11 @@ ROLLUP_DIMENSIONS: tuple[RollupDimension, ...] = (
 class RollupTotal:
     """Accounting rows summed over one group (the values of the ``by`` dimensions).
 
-    ``energy_joules``, ``cost_usd`` and ``carbon_grams`` sum the rows that have them (``None``
+    ``energy_joules``, ``cost`` and ``carbon_grams`` sum the rows that have them (``None``
     when none has); ``rows_incomplete`` counts rows missing any of the three, so a caller can
-    tell a partial total from a complete one.
+    tell a partial total from a complete one. ``currency`` is the rows' currency; costs in
+    several currencies do not add up: ``cost`` is then None and ``currency`` lists them
+    (``"EUR,USD"``).
     """
 
     group: Mapping[str, str | None]
@@ -151,8 +155,15 @@ class RollupTotal:
     gpu_seconds_idle: float
     gpu_seconds_unknown: float
     energy_joules: float | None
-    cost_usd: float | None
+    cost: float | None
     carbon_grams: float | None
+    currency: str | None = None
+
+    @property
+    def cost_usd(self) -> float | None:
+        """Deprecated name of :attr:`cost` (which is in :attr:`currency`, not always USD),
+        kept for callers not yet renamed; use ``cost`` and ``currency``."""
+        return self.cost
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -59,10 +60,13 @@ _REPLACE_ACCOUNTING = _ACCOUNTING.insert_sql(("written_at",), verb="INSERT OR RE
 _ROLLUP_GROUP: dict[str, str] = {d: d for d in ROLLUP_DIMENSIONS} | {
     "job_key": "NULLIF(job_key, '')"
 }
+UNRECORDED_CURRENCY = "(unrecorded)"
+"""The currency of rows written before the collector kept it (never guessed)."""
 _ROLLUP_SUMS = (
-    "COUNT(*), SUM(energy_joules IS NULL OR cost_usd IS NULL OR carbon_grams IS NULL),"
+    "COUNT(*), SUM(energy_joules IS NULL OR cost IS NULL OR carbon_grams IS NULL),"
     " SUM(gpu_seconds_allocated), SUM(gpu_seconds_busy), SUM(gpu_seconds_idle),"
-    " SUM(gpu_seconds_unknown), SUM(energy_joules), SUM(cost_usd), SUM(carbon_grams)"
+    " SUM(gpu_seconds_unknown), SUM(energy_joules), SUM(cost), SUM(carbon_grams),"
+    f" GROUP_CONCAT(DISTINCT COALESCE(currency, '{UNRECORDED_CURRENCY}'))"
 )
 
 
@@ -161,7 +165,17 @@ class FleetRecords(SqliteBase):
         n = len(by)
         return [
             # The sums are selected in the order of RollupTotal's fields.
-            RollupTotal(MappingProxyType(dict(zip(by, row[:n], strict=True))), *row[n:])
+            _one_currency(
+                RollupTotal(MappingProxyType(dict(zip(by, row[:n], strict=True))), *row[n:])
+            )
             for row in self._read(sql, (since, until))
             if row[n] > 0  # without GROUP BY, an empty range still gives one all-NULL row
         ]
+
+
+def _one_currency(total: RollupTotal) -> RollupTotal:
+    """Costs in several currencies have no sum: ``cost`` None, ``currency`` lists them."""
+    if total.currency is None or "," not in total.currency:
+        return total
+    listed = ",".join(sorted(total.currency.split(",")))
+    return replace(total, cost=None, currency=listed)

@@ -59,7 +59,8 @@ PRICE_FAMILY = "gpuwarden_price_per_gpu_hour"
 PRICE_LABELS = ("gpu_model", "tier", "currency", "cluster")
 _JOB_MEASURES = (  # RollupTotal field, family, what it is, divisor to the family's unit
     ("energy_joules", "gpuwarden_job_energy_kwh", "Energy in kWh", 3.6e6),
-    ("cost_usd", "gpuwarden_job_cost_usd", "Cost in US dollars", 1.0),
+    # the family keeps its released name; its unit is gpuwarden_price_per_gpu_hour's currency
+    ("cost", "gpuwarden_job_cost_usd", "Cost in the price table's currency", 1.0),
     ("carbon_grams", "gpuwarden_job_carbon_kg", "Carbon in kg CO2e", 1000.0),
 )
 

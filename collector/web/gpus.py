@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gpuwarden.collector.accounting.gpu_time import UNALLOCATED
+from gpuwarden.collector.accounting.gpu_time import main_holders
 from gpuwarden.collector.service import CollectorService
 
 
@@ -91,15 +91,12 @@ def _latest_by_gpu(
 
 
 def _owners(service: CollectorService, now: float) -> dict[tuple[str, str], str]:
-    """(node, uuid) → the job holding the largest share of the GPU in the latest slot."""
-    best: dict[tuple[str, str], tuple[float, str]] = {}
-    for use in service.usage(now - service.store.step_seconds, now):
-        if use.job_key == UNALLOCATED or use.gpu_seconds_allocated <= 0:
-            continue
-        key = (use.node, use.gpu_uuid)
-        candidate = (use.gpu_seconds_allocated, use.job_key)
-        best[key] = max(best.get(key, candidate), candidate)
-    return {key: job_key for key, (_, job_key) in best.items()}
+    """(node, uuid) → the job holding the largest share of the GPU in the latest slot
+    (whether or not its sample for that slot has arrived yet)."""
+    step = service.store.step_seconds
+    times, gpus = service.timelines(now - step, now)
+    owners, _ = main_holders(gpus, service.registry.known(), times, step, now)
+    return {(g.node, g.uuid): job for g, job in zip(gpus, owners, strict=True) if job}
 
 
 def gpu_statuses(service: CollectorService, now: float) -> list[GpuStatus]:
