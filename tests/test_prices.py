@@ -19,6 +19,7 @@ from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.store.types import AttrValue
+from gpuwarden.collector.web.status_prices import prices_context
 
 H100 = "NVIDIA H100 80GB HBM3"
 H100_NVL = "NVIDIA H100 NVL"
@@ -291,3 +292,15 @@ def test_explain_refuses_csv_and_a_bad_config(service, tmp_path, capsys):
         f"gpuwarden report: {bad}: prices.currency: expected an ISO 4217 currency code such as "
         "USD, EUR, got 'usd'\n"
     )
+
+
+def test_the_status_page_section_shows_the_effective_table(tmp_path):
+    prices = load_collector_config(config_file(tmp_path, EUR_PRICES)).prices
+    got = prices_context(prices)
+    assert (got["currency"], got["tiers"]) == ("EUR", ("on-demand", "spot", "reserved"))
+    assert got["rows"] == [
+        {"cluster": "(fleet)", "model": "H100 NVL", "prices": ["4.40", "1.80", "4.40"]},
+        {"cluster": "(fleet)", "model": "h100", "prices": ["3.70", "1.50", "2.40"]},
+        {"cluster": "(fleet)", "model": "(default)", "prices": ["1.80", "0.70", "1.20"]},
+        {"cluster": "onprem", "model": "(default)", "prices": ["0.90", "0.90", "0.90"]},
+    ]

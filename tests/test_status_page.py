@@ -64,10 +64,17 @@ async def test_status_page_shows_fleet_incidents_waste_actions_and_audit(
     assert page.count('<svg class="chart"') == 5  # the fleet chart and one per incident
     assert "idle-gpu" in page
     assert "training-straggler" in page
-    # the waste leaderboard names the idle jobs and their idle dollars
+    # the waste leaderboard names the idle jobs and their idle cost, in the table's currency
     waste = page[page.index('id="waste"') : page.index('id="actions"')]
     assert "slurm:c:3" in waste
-    assert "$" in waste
+    assert re.search(r'<td class="num">[\d,.]+ USD</td>', waste)
+    assert "$" not in waste
+    # the effective price table: one row per GPU model it lists, a column per tier
+    prices = page[page.index('id="prices"') :]
+    assert "Prices per GPU-hour (USD)" in prices
+    table = service.accounting.prices
+    assert prices.count('class="price"') == len(table.rows()) // 3
+    assert "<td>(fleet)</td><td>h100</td>" in prices
     # actions: the idle-gpu requeue waits for approval (the rule's mode), logged in the audit
     actions = page[page.index('id="actions"') : page.index('id="audit"')]
     assert actions.count('class="action"') >= 2

@@ -26,6 +26,7 @@ from gpuwarden.collector.storage.base import ActionRecord
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.gpus import gpu_statuses
 from gpuwarden.collector.web.keys import SERVICE, STATUS_TEMPLATES, Access, add_route
+from gpuwarden.collector.web.status_prices import prices_context
 from gpuwarden.collector.web.status_svg import Series, line_chart
 
 REFRESH_SECONDS = 15
@@ -203,8 +204,8 @@ def _waste(service: CollectorService, now: float) -> list[dict[str, str]]:
             if total.gpu_seconds_allocated > 0
             else 0.0
         )
-        idle_usd = total.cost_usd * share if total.cost_usd is not None else None
-        rows.append((idle_usd or 0.0, total.gpu_seconds_idle, total, idle_usd))
+        idle_cost = total.cost * share if total.cost is not None else None
+        rows.append((idle_cost or 0.0, total.gpu_seconds_idle, total, idle_cost))
     rows.sort(key=lambda r: (-r[0], -r[1]))
     return [
         {
@@ -212,11 +213,15 @@ def _waste(service: CollectorService, now: float) -> list[dict[str, str]]:
             "team": str(total.group.get("team") or "—"),
             "idle_hours": f"{total.gpu_seconds_idle / 3600:,.2f}",
             "allocated_hours": f"{total.gpu_seconds_allocated / 3600:,.2f}",
-            "idle_usd": "—" if idle_usd is None else f"${idle_usd:,.2f}",
-            "cost_usd": "—" if total.cost_usd is None else f"${total.cost_usd:,.2f}",
+            "idle_cost": _money(idle_cost, total.currency),
+            "cost": _money(total.cost, total.currency),
         }
-        for _, _, total, idle_usd in rows[:MAX_WASTE_ROWS]
+        for _, _, total, idle_cost in rows[:MAX_WASTE_ROWS]
     ]
+
+
+def _money(amount: float | None, currency: str | None) -> str:
+    return "—" if amount is None else f"{amount:,.2f} {currency or ''}".rstrip()
 
 
 def status_context(service: CollectorService, now: float) -> dict[str, object]:
@@ -230,6 +235,7 @@ def status_context(service: CollectorService, now: float) -> dict[str, object]:
         "fleet": _fleet(service, now),
         "incidents": [incident_view(i) for i in incidents],
         "waste": _waste(service, now),
+        "prices": prices_context(service.accounting.prices),
         "actions": _action_rows(actions),
         "audit": [
             {
