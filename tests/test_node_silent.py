@@ -322,3 +322,33 @@ def test_a_stopped_agent_goes_silent_everywhere_and_comes_back(fleet):
     assert up(samples) == {LIVE: 1.0, QUIET: 1.0}
     assert gpus_exported(samples) == {LIVE: 8, QUIET: 8}
     assert "reporting" in node_row(fleet.get("/status"), QUIET)
+
+
+def test_a_gpu_that_fell_off_the_bus_stops_exporting_its_last_value(fleet):
+    """The simulated ``faults`` node loses GPU 5 at 95 s: its agent reports on, GPU 5 only as
+    failed. Past the bound, GPU 5's readings are gone from ``/metrics``; its failed status,
+    still reported, stays; the node is up."""
+    bound = fleet.service.store.staleness_seconds
+    fleet.start(LIVE, "faults")  # the simulated source runs on the collector's clock
+    fleet.round()
+    fleet.set_now(fleet.now + 100)  # GPU 5 is lost from here on
+    fleet.round()
+    latest = fleet.service.store.latest("hw.gpu.utilization", max_age_seconds=float("inf"))
+    seen = {str(i.attributes["hw.id"]): t for i, t in zip(latest.series, latest.times, strict=True)}
+    (lost,) = [uuid for uuid, t in seen.items() if t < max(seen.values())]  # GPU 5 alone
+    gap = max(seen.values()) - seen[lost]
+    fleet.set_now(seen[lost] + bound + gap / 2)  # past the lost GPU's bound, within the others'
+
+    samples = fleet.metrics()
+    readings = {
+        dict(labels)["gpu"] for name, labels in samples if name == "gpuwarden_gpu_utilization_ratio"
+    }
+    assert len(readings) == 7
+    assert lost not in readings
+    status = {
+        dict(labels)["state"]: value
+        for (name, labels), value in samples.items()
+        if name == "gpuwarden_gpu_status" and dict(labels)["gpu"] == lost
+    }
+    assert status == {"ok": 0.0, "degraded": 0.0, "failed": 1.0}
+    assert up(samples) == {LIVE: 1.0}
