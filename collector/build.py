@@ -203,6 +203,7 @@ def build_service(
             step_seconds=config.step_seconds,
             recent_seconds=config.recent_hours * 3600,
             max_series=config.max_series,
+            staleness_seconds=config.staleness_seconds,
             clock=clock,
         ),
         storage=storage,

@@ -69,6 +69,14 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     step_seconds: PositiveInt = 10
     recent_hours: PositiveInt = 6
     max_series: PositiveInt = 1_000_000
+    #: a series (and a GPU, a node) without a point for this long is stale: left out of
+    #: /metrics, shown silent on /status, unknown to detectors, and a node-silent incident
+    #: opens if jobs run on the node. 60 s is six of the agent's default 10 s rounds
+    #: (agent ``interval_seconds``): a node rides out two failed pushes (each up to the
+    #: agent's 10 s send timeout, the round then waits in its spool for the next one) and a
+    #: slot of rounding without flapping, and a stopped agent is noticed within one 60 s
+    #: detection cycle. Agents running a longer interval need at least 3x their interval.
+    staleness_seconds: Positive = 60.0
     accounting_period_seconds: PositiveInt = 60
     idle_threshold_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
     grid_intensity_grams_per_kwh: Annotated[float, msgspec.Meta(ge=0)] = 400.0

@@ -1,9 +1,17 @@
-"""The read view detectors get: the fleet seen as ``detect.contract.DetectionContext``."""
+"""The read view detectors get: the fleet seen as ``detect.contract.DetectionContext``.
+
+Stale data is unknown here, never fine or busy: the store is read through
+:class:`~gpuwarden.collector.store.fresh.FreshReads` (a series silent for longer than the store's
+``staleness_seconds`` reads as NaN), and a GPU whose utilisation series is stale has a timeline
+of NaN with no jobs seen on it, so detectors' coverage checks make it UNKNOWN.
+"""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Collection
+from dataclasses import replace
 from typing import TypeVar, cast
 
 import numpy as np
@@ -12,6 +20,7 @@ from gpuwarden.collector.accounting.fleet import Fleet
 from gpuwarden.collector.accounting.gpu_time import GpuRef, GpuTimeline
 from gpuwarden.collector.jobs.model import Job
 from gpuwarden.collector.storage.records import Event, EventKind, ModelDeployment
+from gpuwarden.collector.store.fresh import FreshReads
 from gpuwarden.collector.store.window import WindowStore
 
 C = TypeVar("C")
@@ -23,13 +32,14 @@ class DetectionView:
 
     def __init__(self, fleet: Fleet) -> None:
         self._fleet = fleet
+        self._store = FreshReads(fleet.store, clock=self.now)
         self._caches: dict[object, object] = {}
         self._lock = threading.Lock()
 
     @property
     def store(self) -> WindowStore:
-        """The time series."""
-        return self._fleet.store
+        """The time series, stale ones unknown (``FreshReads``)."""
+        return self._store
 
     def now(self) -> float:
         """The collector's clock."""
@@ -40,8 +50,9 @@ class DetectionView:
         return self._fleet.gpus()
 
     def timelines(self, start: float, end: float) -> tuple[np.ndarray, list[GpuTimeline]]:
-        """Each physical GPU's timeline over ``[start, end)``."""
-        return self._fleet.timelines(start, end)
+        """Each physical GPU's timeline over ``[start, end)``; a stale GPU's is all unknown."""
+        times, timelines = self._fleet.timelines(start, end)
+        return times, stale_unknown(self._fleet.store, timelines, min(end, self.now()))
 
     def jobs(self) -> list[Job]:
         """Every job known."""
@@ -78,3 +89,30 @@ class DetectionView:
             if kind not in self._caches:
                 self._caches[kind] = kind()
             return cast("C", self._caches[kind])
+
+
+def stale_unknown(store: WindowStore, timelines: list[GpuTimeline], at: float) -> list[GpuTimeline]:
+    """The timelines, those of GPUs silent at ``at`` (no utilisation sample for the store's
+    ``staleness_seconds``) replaced by unknown: NaN utilisation and energy, no jobs seen."""
+    latest = store.latest("hw.gpu.utilization", max_age_seconds=math.inf)
+    seen: dict[tuple[str, str], float] = {}
+    for info, t in zip(latest.series, latest.times.tolist(), strict=True):
+        key = (str(info.attributes.get("host.name", "")), str(info.attributes.get("hw.id", "")))
+        if math.isfinite(t):
+            seen[key] = max(seen.get(key, t), t)
+    cutoff = at - store.staleness_seconds
+    out = []
+    for timeline in timelines:
+        if seen.get((timeline.node, timeline.uuid), -math.inf) >= cutoff:
+            out.append(timeline)
+            continue
+        n = len(timeline.utilization_ratio)
+        out.append(
+            replace(
+                timeline,
+                utilization_ratio=np.full(n, np.nan),
+                energy_joules=np.full(n, np.nan),
+                process_jobs=tuple(frozenset() for _ in timeline.process_jobs),
+            )
+        )
+    return out

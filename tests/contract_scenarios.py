@@ -201,6 +201,14 @@ def preemption(tmp: Path) -> Scenario:
     return Scenario(svc, end, make_rule("preemption"))
 
 
+def node_silent(tmp: Path) -> Scenario:
+    """The preemption fleet seen by node_silent: node b went quiet 20 min ago with job 2
+    running on it (FIRING); node a went quiet after its job was preempted (CLEAR: no job at
+    stake); node c reports."""
+    fleet = preemption(tmp)
+    return Scenario(fleet.service, fleet.now, make_rule("node_silent"))
+
+
 # --- node faults (test_detect_faults) -----------------------------------------------------------
 
 
@@ -376,6 +384,7 @@ BUILDERS: dict[str, Callable[[Path], Scenario]] = {
     "demand_forecast": demand_forecast,
     "hardware_fault": hardware_fault,
     "preemption": preemption,
+    "node_silent": node_silent,
     "metric_anomaly": metric_anomaly,
     "level_shift": level_shift,
 }

@@ -104,6 +104,7 @@ BASELINE = {
     "demand_forecast": 1,
     "hardware_fault": 4,
     "preemption": 3,
+    "node_silent": 1,
     "metric_anomaly": 1,
     "level_shift": 2,
 }
@@ -182,6 +183,9 @@ SELECTORS: dict[str, dict[str, tuple[Any, int, Any]]] = {
         "jobs": (("slurm:c:1",), 1, ("slurm:c:4",)),
         "models": (("llama",), 3, ("mistral",)),
         "nodes": (("a",), 1, (NOWHERE,)),
+    },
+    "node_silent": {
+        "nodes": (("b",), 1, ("a",)),
     },
     "metric_anomaly": {
         "metrics": (("hw.gpu.power.usage",), 1, ("hw.gpu.utilization",)),
@@ -312,6 +316,10 @@ PARAMS: dict[str, dict[str, Case]] = {
         "window_seconds": Fires(300.0, 0),  # the last preemption is 20 min old
         "min_preemptions": Fires(2, 0),
         "price_tiers": Fires(("reserved",), 0),
+    },
+    "node_silent": {
+        "grace_seconds": Fires(1200.0, 0),  # node b has been silent 1210 s: not past 60 + 1200
+        "with_jobs_only": Fires(False, 2),  # node a, silent since its job was preempted, too
     },
     "metric_anomaly": {
         "history_seconds": Unobserved(

@@ -18,11 +18,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwarden.collector.accounting.prices import TIERS
 from gpuwarden.collector.config import load_collector_config
 from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.base import ActionRecord, BreakerRecord
 from gpuwarden.collector.storage.records import Event, EventKind, Incident, ModelDeployment
+from gpuwarden.collector.storage.sqlite import SqliteStorage
+from gpuwarden.collector.store.window import WindowStore
 from gpuwarden.collector.web.exposition import PRICE_FAMILY, PRICE_LABELS, FleetMetrics
-from tests.test_collector_api import AUTH, GIB, H100, NOW, collector_app, fleet
+from tests.test_collector_api import AUTH, GIB, H100, NOW, collector_app, fleet, fleet_points
 
 A0 = {"node": "node-a", "gpu": "GPU-A0", "gpu_model": H100, "job_key": "api:train-1",
       "team": "vision", "model": "resnet"}  # fmt: skip
@@ -88,6 +91,43 @@ async def test_gpu_families(aiohttp_client, service):
         ("gpuwarden_gpu_status", {**A1, "state": "ok"}, 0.0),
         ("gpuwarden_gpu_status", {**A1, "state": "degraded"}, 1.0),
         ("gpuwarden_gpu_status", {**A1, "state": "failed"}, 0.0),
+        # the fleet's points are 5 s old
+        ("gpuwarden_gpu_last_seen_age_seconds", {"node": "node-a", "gpu": "GPU-A0"}, 5.0),
+        ("gpuwarden_gpu_last_seen_age_seconds", {"node": "node-a", "gpu": "GPU-A1"}, 5.0),
+        ("gpuwarden_gpu_last_seen_age_seconds", {"node": "node-b", "gpu": "GPU-B0"}, 5.0),
+    )
+
+
+async def test_a_silent_node_is_down_and_its_gpus_are_absent(aiohttp_client, tmp_path):
+    """node-b's agent stops: past the staleness bound its GPU's readings vanish (Prometheus
+    staleness semantics), node-b reads down with its age; node-a, still reporting, is up."""
+    now = [NOW]
+    store = WindowStore(step_seconds=10, recent_seconds=3600, clock=lambda: now[0])
+    storage = SqliteStorage(tmp_path / "c.db", clock=lambda: now[0])
+    service = CollectorService(store, storage, JobRegistry(storage), clock=lambda: now[0])
+    assert service.accept(fleet_points(), "agents") == 0  # both nodes at NOW - 5
+    bound = store.staleness_seconds
+    now[0] = NOW + bound  # node-b's point is bound + 5 s old; node-a reports again
+    again = [
+        replace(p, time_unix_nano=int((now[0] - 5) * 1e9))
+        for p in fleet_points()
+        if p.resource["host.name"] == "node-a"
+    ]
+    assert service.accept(again, "agents") == 0
+    text = await scrape(aiohttp_client, service)
+    storage.close()
+    assert samples(text, "gpuwarden_node_") == expect(
+        ("gpuwarden_node_up", {"node": "node-a"}, 1.0),
+        ("gpuwarden_node_up", {"node": "node-b"}, 0.0),
+        ("gpuwarden_node_last_seen_age_seconds", {"node": "node-a"}, 5.0),
+        ("gpuwarden_node_last_seen_age_seconds", {"node": "node-b"}, bound + 5),
+    )
+    for name in ("gpuwarden_gpu_utilization_ratio", "gpuwarden_gpu_status"):
+        assert {dict(labels)["gpu"] for _, labels in samples(text, name)} == {"GPU-A0", "GPU-A1"}
+    assert samples(text, "gpuwarden_gpu_last_seen_age_seconds") == expect(
+        ("gpuwarden_gpu_last_seen_age_seconds", {"node": "node-a", "gpu": "GPU-A0"}, 5.0),
+        ("gpuwarden_gpu_last_seen_age_seconds", {"node": "node-a", "gpu": "GPU-A1"}, 5.0),
+        ("gpuwarden_gpu_last_seen_age_seconds", {"node": "node-b", "gpu": "GPU-B0"}, bound + 5),
     )
 
 
@@ -180,6 +220,7 @@ async def test_collector_health(aiohttp_client, service):
         ("gpuwarden_collector_lag_seconds", {}, 2.0),
         ("gpuwarden_collector_accounting_jobs_omitted", {}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "gpus"}, 1.0),
+        ("gpuwarden_collector_scrape_success", {"section": "nodes"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "accounting"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "prices"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "models"}, 1.0),
@@ -197,6 +238,7 @@ async def test_a_failing_section_is_reported_and_the_others_still_served(
         text = await scrape(aiohttp_client, service)
     assert samples(text, "gpuwarden_collector_scrape_success") == expect(
         ("gpuwarden_collector_scrape_success", {"section": "gpus"}, 1.0),
+        ("gpuwarden_collector_scrape_success", {"section": "nodes"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "accounting"}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "prices"}, 1.0),  # no storage read
         ("gpuwarden_collector_scrape_success", {"section": "models"}, 0.0),
@@ -456,6 +498,16 @@ async def test_a_configured_price_table_with_a_cluster_override(aiohttp_client, 
             for tier in TIERS
         ),
     )
+
+
+def test_the_freshness_families_are_documented_with_their_labels():
+    docs = (Path(__file__).parent.parent / "docs" / "metrics.md").read_text(encoding="utf-8")
+    for family, labels in (
+        ("gpuwarden_node_up", "`node`"),
+        ("gpuwarden_node_last_seen_age_seconds", "`node`"),
+        ("gpuwarden_gpu_last_seen_age_seconds", "`node`, `gpu`"),
+    ):
+        assert f"| `{family}` | gauge | {labels} |" in docs
 
 
 def test_the_price_family_is_documented_with_its_labels():

@@ -19,12 +19,17 @@ NAN = math.nan
 
 
 def make_store(**overrides: object) -> WindowStore:
-    """6 recent slots of 10 s, long slots of 20 s (2 recent slots), 6 long slots."""
+    """6 recent slots of 10 s, long slots of 20 s (2 recent slots), 6 long slots.
+
+    The clock runs a day ahead of the points, so nothing here is stale by age (freshness has
+    its own tests, ``test_freshness``).
+    """
     config: dict[str, object] = {
         "step_seconds": 10,
         "recent_seconds": 60,
         "long_step_seconds": 20,
         "long_seconds": 120,
+        "staleness_seconds": 1e6,
         "clock": lambda: float(T0 + 100_000),
     }
     config.update(overrides)

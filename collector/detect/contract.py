@@ -47,7 +47,11 @@ class DetectionContext(Protocol):
 
     @property
     def store(self) -> WindowStore:
-        """The time series (read with ``matrix``, ``increase_matrix``, ``bucket_counts``...)."""
+        """The time series (read with ``matrix``, ``increase_matrix``, ``bucket_counts``...).
+
+        A series without a point for the store's ``staleness_seconds`` reads as NaN (or no
+        data) in reads that end now: unknown, never fine or busy (``store.fresh.FreshReads``).
+        """
         ...
 
     def now(self) -> float:
@@ -59,7 +63,8 @@ class DetectionContext(Protocol):
         ...
 
     def timelines(self, start: float, end: float) -> tuple[np.ndarray, list[GpuTimeline]]:
-        """Each physical GPU's utilisation, energy and seen jobs on the store's slot grid."""
+        """Each physical GPU's utilisation, energy and seen jobs on the store's slot grid
+        (a GPU silent past the staleness bound: NaN, no jobs seen)."""
         ...
 
     def jobs(self) -> list[Job]:

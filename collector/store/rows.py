@@ -100,6 +100,20 @@ class SeriesTable(RowWrites):
             tuple(info for _, info in chosen),
         )
 
+    def last_seen_by_host(self) -> dict[str, int]:
+        """Host name → the newest point (ns) of any of its number series."""
+        used = self.host_of_row[: self.next_row]
+        seen = self.last_seen_ns[: self.next_row]
+        held = (used >= 0) & (seen != FREE)
+        newest = np.full(len(self.host_names), np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(newest, used[held], seen[held])
+        floor = np.iinfo(np.int64).min
+        return {
+            name: int(t)
+            for name, t in zip(self.host_names, newest.tolist(), strict=True)
+            if t != floor
+        }
+
     def evict_before(self, cutoff_ns: int, ratio: int) -> int:
         """Free the rows of series whose newest point is older than ``cutoff_ns``."""
         rows = np.flatnonzero(self.last_seen_ns[: self.next_row] < cutoff_ns)
@@ -122,6 +136,7 @@ class SeriesTable(RowWrites):
         self.free_counter_rows.extend(counter_rows.tolist())
         self.counter_row[rows] = -1
         self.metric_of_row[rows] = -1
+        self.host_of_row[rows] = -1
         self.last_seen_ns[rows] = FREE
         self.raw_time_ns[rows] = NO_TIME
         self.raw_value[rows] = np.nan
@@ -148,6 +163,7 @@ class SeriesTable(RowWrites):
             self.dts,
             self.debt,
             self.metric_of_row,
+            self.host_of_row,
             self.counter_row,
             self.last_seen_ns,
             self.raw_time_ns,

@@ -41,6 +41,10 @@ class RowIdentity:
         self.infos: list[SeriesInfo | None] = [None] * capacity
         self.metric_ids: dict[str, int] = {}
         self.metric_of_row = np.full(capacity, -1, dtype=np.int32)
+        # Each row's ``host.name`` as an index into ``host_names``: last-seen per node, vectorised.
+        self.host_ids: dict[str, int] = {}
+        self.host_names: list[str] = []
+        self.host_of_row = np.full(capacity, -1, dtype=np.int32)
         self.counter_row = np.full(capacity, -1, dtype=np.int64)
         self.last_seen_ns = np.full(capacity, FREE, dtype=np.int64)
         self.raw_time_ns = np.full(capacity, NO_TIME, dtype=np.int64)
@@ -112,6 +116,7 @@ class RowIdentity:
         self.infos[row] = self.info(key, unit, kind)
         self.rows_by_key[key] = row
         self.metric_of_row[row] = self.metric_ids.setdefault(key[0], len(self.metric_ids))
+        self.host_of_row[row] = self.host_id(key)
         self.last_seen_ns[row] = time_ns
         if counter:
             crow = self._next_counter_row()
@@ -119,6 +124,17 @@ class RowIdentity:
             self.debt[crow] = 0.0
         self.created += 1
         return row
+
+    def host_id(self, key: SeriesKey) -> int:
+        """The index of the key's ``host.name`` in ``host_names`` (-1: it has none)."""
+        host = next((value for name, value in key[1] if name == HOST_NAME), None)
+        if not isinstance(host, str):
+            return -1
+        found = self.host_ids.get(host)
+        if found is None:
+            found = self.host_ids[host] = len(self.host_names)
+            self.host_names.append(host)
+        return found
 
     def _next_row(self) -> int:
         row = self.next_row
@@ -133,6 +149,7 @@ class RowIdentity:
         extra = capacity - len(self.infos)
         self.infos.extend([None] * extra)
         self.metric_of_row = np.concatenate([self.metric_of_row, np.full(extra, -1, np.int32)])
+        self.host_of_row = np.concatenate([self.host_of_row, np.full(extra, -1, np.int32)])
         self.counter_row = np.concatenate([self.counter_row, np.full(extra, -1, np.int64)])
         self.last_seen_ns = np.concatenate([self.last_seen_ns, np.full(extra, FREE, np.int64)])
         self.raw_time_ns = np.concatenate([self.raw_time_ns, np.full(extra, NO_TIME, np.int64)])

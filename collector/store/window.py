@@ -19,6 +19,12 @@ as float32, its rounding carried forward so sums stay exact (``store_rows``), pl
 mean rate; ``increase()`` and ``increase_matrix()`` give the increases, for energy accounting.
 Histograms live in ``store_histograms``.
 
+Freshness: every series keeps the time of its newest point (``last_seen_of``, per node
+``last_seen_by_host``). One whose newest point is older than ``staleness_seconds`` is stale: its
+value now is unknown, so ``latest`` reads it as NaN (its time stays), and the detectors' view
+(``store.fresh.FreshReads``) hides it from reads that end now; its history stays readable until
+``evict_stale`` drops it, much later.
+
 Points older than the recent window, too far in the future (a wrong agent clock would otherwise
 roll the whole window over), non-finite, or beyond ``max_series`` are counted and dropped.
 Everything runs under one lock: the receiver ingests on the event loop, detectors read from a

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from gpuwarden.collector.store.histograms import histogram_quantile
 from gpuwarden.collector.store.types import (
+    HOST_NAME,
     BucketCounts,
     LatestValues,
     Resolution,
@@ -112,8 +114,22 @@ class WindowReads(WindowState):
                 return None
             return float(np.nansum(window))
 
-    def latest(self, metric: str, selector: Mapping[str, str] | None = None) -> LatestValues:
-        """Each matching series' newest point (for counters, the rate of its newest slot)."""
+    def latest(
+        self,
+        metric: str,
+        selector: Mapping[str, str] | None = None,
+        *,
+        max_age_seconds: float | None = None,
+    ) -> LatestValues:
+        """Each matching series' newest point (for counters, the rate of its newest slot).
+
+        A point older than ``max_age_seconds`` before the store's clock (default: the store's
+        ``staleness_seconds``) is stale and reads as NaN: a silent agent's last value is not
+        its value now. ``times`` still says when the series was last seen. Pass ``math.inf``
+        for the newest point whatever its age.
+        """
+        bound = self.staleness_seconds if max_age_seconds is None else max_age_seconds
+        cutoff = self._clock() - bound
         with self._lock:
             table = self._table
             rows, infos = table.select(metric, selector)
@@ -121,11 +137,40 @@ class WindowReads(WindowState):
             slots = seen_ns // self._step_ns
             held = table.recent.held(slots)
             values = table.rates(rows, slots)
+            times = np.where(held, seen_ns / NS, np.nan)
+            fresh = held & (times >= cutoff)
             return LatestValues(
                 series=infos,
-                times=np.where(held, seen_ns / NS, np.nan),
-                values=np.where(held, values, np.nan).astype(np.float32),
+                times=times,
+                values=np.where(fresh, values, np.nan).astype(np.float32),
             )
+
+    def last_seen_by_host(self) -> dict[str, float]:
+        """Node (``host.name``) → Unix time of the newest point of any of its series.
+
+        Nodes whose every series was evicted are absent. Histograms count too.
+        """
+        with self._lock:
+            newest = self._table.last_seen_by_host()
+            for key, series in self._histograms.items():
+                host = dict(key[1]).get(HOST_NAME)
+                if isinstance(host, str) and series.last_seen_ns >= 0:
+                    newest[host] = max(newest.get(host, series.last_seen_ns), series.last_seen_ns)
+        return {host: ns / NS for host, ns in newest.items()}
+
+    def last_seen_of(self, keys: Sequence[SeriesKey]) -> npt.NDArray[np.float64]:
+        """Unix time of each series' newest point (NaN for a series not held)."""
+        out = np.full(len(keys), np.nan)
+        with self._lock:
+            rows_by_key = self._table.rows_by_key
+            last_seen = self._table.last_seen_ns
+            for i, key in enumerate(keys):
+                row = rows_by_key.get(key)
+                if row is not None:
+                    out[i] = last_seen[row] / NS
+                elif (hist := self._histograms.get(key)) is not None and hist.last_seen_ns >= 0:
+                    out[i] = hist.last_seen_ns / NS
+        return out
 
     def histogram_keys(
         self, metric: str, selector: Mapping[str, str] | None = None

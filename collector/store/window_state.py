@@ -21,6 +21,8 @@ from gpuwarden.collector.store.rows import SeriesTable
 from gpuwarden.collector.store.types import AttrValue, SeriesKey
 
 NS = 1_000_000_000
+DEFAULT_STALENESS_SECONDS = 60.0
+"""Six of the agent's default 10 s rounds (``CollectorConfig.staleness_seconds`` says why)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -48,6 +50,7 @@ class WindowState:
         long_seconds: int = 14 * 86400,
         max_series: int = 1_000_000,
         stale_after_seconds: float | None = None,
+        staleness_seconds: float = DEFAULT_STALENESS_SECONDS,
         max_future_seconds: float = 300.0,
         initial_capacity: int = 1024,
         clock: Callable[[], float] = time.time,
@@ -62,12 +65,17 @@ class WindowState:
             max_series: cap on number and histogram series together.
             stale_after_seconds: ``evict_stale`` drops series without a point this long
                 (default: the recent window; their long history goes with them).
+            staleness_seconds: a series whose newest point is older than this is stale: its
+                value is unknown now (``latest`` reads it as NaN, detectors' views hide it,
+                ``/metrics`` leaves it out), though its history stays readable until evicted.
             max_future_seconds: points further ahead of ``clock()`` are rejected.
             initial_capacity: rows allocated up front (doubled as needed).
             clock: Unix time in seconds.
         """
         if min(step_seconds, recent_seconds, long_step_seconds, long_seconds, max_series) <= 0:
             raise ValueError("steps, windows and max_series must be positive")
+        if not staleness_seconds > 0:
+            raise ValueError("staleness_seconds must be positive")
         if long_step_seconds % step_seconds or recent_seconds % long_step_seconds:
             raise ValueError(
                 "long_step_seconds must be a multiple of step_seconds, and "
@@ -89,6 +97,8 @@ class WindowState:
         self._stale_after_seconds = (
             float(recent_seconds) if stale_after_seconds is None else stale_after_seconds
         )
+        self.staleness_seconds = float(staleness_seconds)
+        """A series without a point for this long is stale (unknown now, see ``latest``)."""
         self._max_future_seconds = max_future_seconds
         self._clock = clock
         self._lock = threading.Lock()

@@ -17,6 +17,12 @@ Label cardinality is bounded:
 * the effective price table (``gpuwarden_price_per_gpu_hour``): one series per model, tier and
   cluster the config writes (the built-in table without a ``prices:`` section).
 
+Freshness (Prometheus staleness semantics): a series whose newest point is older than the
+store's ``staleness_seconds`` is stale and simply absent here, so a stopped agent's GPUs vanish
+from the ``gpuwarden_gpu_*`` readings instead of repeating their last value;
+``gpuwarden_node_up`` (1/0) and ``gpuwarden_node_last_seen_age_seconds`` per node, and
+``gpuwarden_gpu_last_seen_age_seconds`` per GPU, say who went silent and when.
+
 A missing reading is a missing sample, never 0. Each section (GPUs, accounting, health) is
 isolated: a failing one is logged and reported as ``gpuwarden_collector_scrape_success{section}
 0`` while the others are still served.
@@ -47,6 +53,7 @@ from gpuwarden.collector.web.keys import (
     IngestStats,
     add_route,
 )
+from gpuwarden.collector.web.liveness import node_liveness
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +110,7 @@ class FleetMetrics:
         )
         sections: tuple[tuple[str, Callable[[float], list[Metric]]], ...] = (
             ("gpus", self._gpus),
+            ("nodes", self._nodes),
             ("accounting", self._accounting),
             ("prices", self._prices),
             ("models", self._models),
@@ -126,6 +134,13 @@ class FleetMetrics:
             r.key: GaugeMetricFamily(r.prometheus_name, r.documentation, labels=GPU_LABELS)
             for r in GPU_READINGS
         }
+        age = GaugeMetricFamily(
+            "gpuwarden_gpu_last_seen_age_seconds",
+            "Seconds since the GPU's newest reading or status (exported while the store holds "
+            "the GPU, stale or not: the readings of a GPU older than the staleness bound are "
+            "left out).",
+            labels=["node", "gpu"],
+        )
         status = GaugeMetricFamily(
             "gpuwarden_gpu_status",
             "1 for the GPU's current state (ok, degraded, failed), 0 for the others.",
@@ -144,7 +159,28 @@ class FleetMetrics:
                 gauges[name].add_metric(labels, value)
             for state, value in sorted(gpu.states.items()):
                 status.add_metric([*labels, state], value)
-        return [*gauges.values(), status]
+            if gpu.last_seen is not None:
+                age.add_metric([gpu.node, gpu.uuid], max(0.0, now - gpu.last_seen))
+        return [*gauges.values(), status, age]
+
+    def _nodes(self, now: float) -> list[Metric]:
+        bound = self._service.store.staleness_seconds
+        up = GaugeMetricFamily(
+            "gpuwarden_node_up",
+            f"1 while the node's agent reports (newest point at most {bound:g} s old), 0 when "
+            "it is silent: its series are then stale, left out of this page and unknown to "
+            "detectors.",
+            labels=["node"],
+        )
+        age = GaugeMetricFamily(
+            "gpuwarden_node_last_seen_age_seconds",
+            "Seconds since the node's newest point, from any of its series.",
+            labels=["node"],
+        )
+        for node in node_liveness(self._service, now):
+            up.add_metric([node.node], 1.0 if node.up else 0.0)
+            age.add_metric([node.node], node.age_seconds)
+        return [up, age]
 
     def _accounting(self, now: float) -> list[Metric]:
         totals = self._service.storage.rollups(

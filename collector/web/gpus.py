@@ -53,9 +53,11 @@ GPU_READINGS: tuple[GpuReading, ...] = (
 class GpuStatus:
     """A GPU as the collector sees it now: identity, latest readings, state and current job.
 
-    ``readings`` maps a :data:`GPU_READINGS` key to its latest value (absent: no recent
-    sample); ``states`` maps each ``hw.state`` to its one-hot value; ``job_key``, ``team`` and
-    ``model_name`` describe the job holding the GPU at the latest slot (None: none, or unknown).
+    ``readings`` maps a :data:`GPU_READINGS` key to its latest value (absent: no sample within
+    the store's ``staleness_seconds``: a silent GPU's last value is not its value now);
+    ``states`` maps each ``hw.state`` to its one-hot value (fresh ones only); ``job_key``,
+    ``team`` and ``model_name`` describe the job holding the GPU at the latest slot (None:
+    none, or unknown).
     """
 
     node: str
@@ -68,6 +70,8 @@ class GpuStatus:
     job_key: str | None
     team: str | None
     model_name: str | None
+    last_seen: float | None = None
+    """Unix seconds of the GPU's newest reading or status, fresh or stale (None: none held)."""
 
     @property
     def state(self) -> str | None:
@@ -81,13 +85,24 @@ def _matches(attrs: Mapping[str, object], defaults: Mapping[str, str]) -> bool:
 
 
 def _latest_by_gpu(
-    service: CollectorService, metric: str, defaults: Mapping[str, str]
+    service: CollectorService,
+    metric: str,
+    defaults: Mapping[str, str],
+    seen: dict[tuple[str, str], float],
 ) -> Iterator[tuple[tuple[str, str], Mapping[str, object], float]]:
+    """Fresh values of ``metric`` by GPU (stale ones are NaN in ``latest``: left out); every
+    series' last-seen time goes into ``seen``, stale or not."""
     latest = service.store.latest(metric)
-    for info, value in zip(latest.series, latest.values.tolist(), strict=True):
+    rows = zip(latest.series, latest.values.tolist(), latest.times.tolist(), strict=True)
+    for info, value, t in rows:
         attrs = info.attributes
-        if math.isfinite(value) and _matches(attrs, defaults):
-            yield (str(attrs.get("host.name", "")), str(attrs.get("hw.id", ""))), attrs, value
+        if not _matches(attrs, defaults):
+            continue
+        key = (str(attrs.get("host.name", "")), str(attrs.get("hw.id", "")))
+        if math.isfinite(t):
+            seen[key] = max(seen.get(key, t), t)
+        if math.isfinite(value):
+            yield key, attrs, value
 
 
 def _owners(service: CollectorService, now: float) -> dict[tuple[str, str], str]:
@@ -106,11 +121,12 @@ def gpu_statuses(service: CollectorService, now: float) -> list[GpuStatus]:
     MIG devices report the job of their parent GPU.
     """
     readings: dict[tuple[str, str], dict[str, float]] = {}
+    seen: dict[tuple[str, str], float] = {}
     for reading in GPU_READINGS:
-        for key, _, value in _latest_by_gpu(service, reading.metric, reading.defaults):
+        for key, _, value in _latest_by_gpu(service, reading.metric, reading.defaults, seen):
             readings.setdefault(key, {})[reading.key] = value
     states: dict[tuple[str, str], dict[str, float]] = {}
-    for key, attrs, value in _latest_by_gpu(service, "hw.status", {"hw.type": "gpu"}):
+    for key, attrs, value in _latest_by_gpu(service, "hw.status", {"hw.type": "gpu"}, seen):
         if "hw.state" in attrs:
             states.setdefault(key, {})[str(attrs["hw.state"])] = value
     owners = _owners(service, now)
@@ -132,5 +148,6 @@ def gpu_statuses(service: CollectorService, now: float) -> list[GpuStatus]:
             job_key=job_key,
             team=job.team if job else None,
             model_name=job.model if job else None,
+            last_seen=seen.get(key),
         )
     return [out[key] for key in sorted(out)]

@@ -26,6 +26,7 @@ from gpuwarden.collector.storage.base import ActionRecord
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.gpus import gpu_statuses
 from gpuwarden.collector.web.keys import SERVICE, STATUS_TEMPLATES, Access, add_route
+from gpuwarden.collector.web.status_nodes import node_freshness
 from gpuwarden.collector.web.status_prices import prices_context
 from gpuwarden.collector.web.status_svg import Series, line_chart
 
@@ -183,7 +184,7 @@ def _fleet(service: CollectorService, now: float) -> dict[str, object]:
         series, title="mean GPU utilisation per node, last hour", y_min=0.0, y_max=1.0
     )
     return {
-        "gpus": len(gpus),
+        **node_freshness(service, now, gpus, rows),  # silent nodes: marked, their GPUs not counted
         "utilization": f"{sum(util) / len(util):.0%}" if util else "—",
         "idle_allocated": idle,
         "not_ok": not_ok,
