@@ -1,7 +1,8 @@
 """``idle_gpu``: a GPU allocated to a job stayed idle for a whole window.
 
 Screened for every GPU at once on the store's series × time matrix. A GPU is idle when a job holds
-it for the whole window and every sample in the window is below the threshold, with at least
+it for the whole window and its samples stay below the threshold, but for at most
+``busy_fraction_tolerated`` of the window's slots (heartbeat blips), with at least
 ``min_coverage`` of the window's slots sampled. A window with too few samples is UNKNOWN: missing
 data never counts as idle, and never as healthy. Jobs holding fewer than ``min_gpus`` GPUs in the
 window are not judged (no finding).
@@ -26,6 +27,12 @@ from gpuwarden.collector.rules.params import coverage, duration, integer, number
 FloatMatrix = npt.NDArray[np.floating[Any]]
 BoolMatrix = npt.NDArray[np.bool_]
 
+#: 2 %: a 30-minute window at 10 s (180 slots) tolerates 3 busy samples (a health check, a
+#: heartbeat kernel, ``nvidia-smi`` polling); an intermittent job busy one slot in ten, or a
+#: minute of real work in the half hour (6 slots), stays busy. Chosen on those two shapes
+#: (tests/test_detect_idle.py), not fitted to any data set.
+BUSY_FRACTION_TOLERATED = 0.02
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IdleGpuParams:
@@ -37,6 +44,13 @@ class IdleGpuParams:
     )
     min_coverage: float = coverage()
     min_gpus: int = integer(1, 1, 100_000, "Only jobs holding at least this many GPUs.")
+    busy_fraction_tolerated: float = number(
+        BUSY_FRACTION_TOLERATED,
+        0.0,
+        0.5,
+        "Share of the window's slots that may be busy (heartbeats, monitoring probes) in an "
+        "idle window.",
+    )
 
 
 def idle_verdicts(
@@ -45,14 +59,21 @@ def idle_verdicts(
     *,
     threshold_ratio: float,
     min_coverage: float = 0.8,
+    busy_fraction_tolerated: float = BUSY_FRACTION_TOLERATED,
 ) -> npt.NDArray[np.int8]:
     """Per GPU (row): FIRING, CLEAR or UNKNOWN over the window the columns span.
+
+    A window is busy (CLEAR) when more than ``busy_fraction_tolerated`` of its slots hold a
+    sample at or above the threshold, whatever the coverage: busy samples are evidence of
+    activity. Otherwise it is idle (FIRING) with enough coverage, else UNKNOWN.
 
     Args:
         utilization: GPUs × slots, NaN where no sample arrived.
         held: GPUs × slots, True where a job held the GPU.
         threshold_ratio: utilisation below this is idle.
         min_coverage: fraction of slots that must have a sample for any verdict.
+        busy_fraction_tolerated: share of the window's slots that may be busy in an idle
+            window (brief blips: issue 14, one heartbeat sample cleared 30 minutes).
     """
     if utilization.shape != held.shape:
         raise ValueError(f"shapes differ: {utilization.shape} vs {held.shape}")
@@ -61,12 +82,13 @@ def idle_verdicts(
     known = ~np.isnan(utilization)
     n_slots = utilization.shape[1]
     coverage = known.sum(axis=1) / n_slots if n_slots else np.zeros(utilization.shape[0])
-    busy_seen = (known & (np.nan_to_num(utilization, nan=0.0) >= threshold_ratio)).any(axis=1)
+    busy_count = (known & (np.nan_to_num(utilization, nan=0.0) >= threshold_ratio)).sum(axis=1)
+    busy_seen = busy_count > math.floor(busy_fraction_tolerated * n_slots + 1e-9)
     held_all = held.all(axis=1) if n_slots else np.zeros(utilization.shape[0], dtype=bool)
     verdict = np.full(utilization.shape[0], Verdict.UNKNOWN, dtype=np.int8)
     enough = coverage >= min_coverage
     verdict[~held_all] = Verdict.CLEAR  # not allocated for the whole window: not this rule's case
-    verdict[held_all & busy_seen] = Verdict.CLEAR  # one busy sample clears the window
+    verdict[held_all & busy_seen] = Verdict.CLEAR  # busy beyond the tolerated blips
     verdict[held_all & enough & ~busy_seen] = Verdict.FIRING
     return verdict
 
@@ -87,8 +109,9 @@ def run_idle_gpu(ctx: DetectionContext, rule: Rule, p: IdleGpuParams, now: float
     owner, held = main_holders(gpus, ctx.jobs(), times, step, end)
     width = Counter(key for key in owner if key)
     verdicts = idle_verdicts(
-        util, held, threshold_ratio=p.utilization_below, min_coverage=p.min_coverage
-    )
+        util, held, threshold_ratio=p.utilization_below, min_coverage=p.min_coverage,
+        busy_fraction_tolerated=p.busy_fraction_tolerated,
+    )  # fmt: skip
     hours = p.window_seconds / 3600
     findings = []
     for i, gpu in enumerate(gpus):
