@@ -208,7 +208,13 @@ PARAMS: dict[str, dict[str, Case]] = {
     "idle_gpu": {
         "window_seconds": Fires(HOUR, 0),  # the job's GPUs have 40 min of telemetry
         "utilization_below": Fires(0.0, 0),
-        "min_coverage": Fires(0.5, 2),  # GPU a/1's gap (a third of the window) is tolerated
+        "min_coverage": Records(
+            0.5,
+            "idle_gpus",
+            2,
+            "GPU a/1's gap (a third of the window) is tolerated: the job's "
+            "one finding then lists both its GPUs",
+        ),
         "min_gpus": Fires(3, 0),  # the job holds 2 GPUs
         "busy_fraction_tolerated": Fires(0.0, 0),  # GPU a/0's two heartbeat blips clear it
     },
