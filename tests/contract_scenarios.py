@@ -69,8 +69,9 @@ IDLE_END = T0 + 2400
 
 
 def idle_gpu(tmp: Path) -> Scenario:
-    """Job 1 (2 GPUs, team ml, model llama) leaves GPU 0 idle, and GPU 1 idle with a gap of a
-    third of the window (UNKNOWN at the default coverage); job 2 on node b is busy."""
+    """Job 1 (2 GPUs, team ml, model llama) leaves GPU 0 idle but for two heartbeat blips (within
+    the tolerated busy share), and GPU 1 idle with a gap of a third of the window (UNKNOWN at the
+    default coverage); job 2 on node b is busy."""
     svc = make_service(tmp, IDLE_END)
     svc.registry.put(
         [
@@ -81,7 +82,9 @@ def idle_gpu(tmp: Path) -> Scenario:
 
     def points(t: float) -> list[NumberPoint]:
         gap = IDLE_END - 1800 <= t < IDLE_END - 1200
-        out = gpu_points("a", 0, t, 0.0) + gpu_points("a", 1, t, None if gap else 0.0)
+        blip = t in (IDLE_END - 1500, IDLE_END - 300)
+        out = gpu_points("a", 0, t, 0.3 if blip else 0.0)
+        out += gpu_points("a", 1, t, None if gap else 0.0)
         return out + gpu_points("b", 0, t, 0.9)
 
     feed(svc, np.arange(T0, IDLE_END, 10.0), points)

@@ -68,12 +68,12 @@ def test_backtest_finds_exactly_the_idle_span(tmp_path: Path) -> None:
     assert result["incidents"] == [
         {
             "rule": "idle-gpu",
-            "subject": "n1/GPU-a",
+            "subject": "api:train-1",  # the job: one incident for its idle GPUs
             # the first cycle whose whole window is idle; the last idle cycle, then 3 clear ones
             "opened_seconds": IDLE_A[0] + WINDOW,
             "last_seen_seconds": IDLE_A[1],
             "resolved_seconds": IDLE_A[1] + RESOLVE_AFTER * CYCLE,
-            "summary": "GPU GPU-a on n1 held by api:train-1 idle for 30 min",
+            "summary": "job api:train-1 left 1 of its 2 GPU(s) idle for 30 min on n1",
             "waste_gpu_hours": (IDLE_A[1] - IDLE_A[0]) / 3600,
             "waste_usd": (IDLE_A[1] - IDLE_A[0]) / 3600 * H100_USD_PER_HOUR,
         }
@@ -91,19 +91,20 @@ def test_rules_test_prints_the_same_incident(tmp_path: Path) -> None:
     incidents = result["incidents"]
     assert isinstance(incidents, list)
     assert [(i["rule"], i["subject"], i["opened_seconds"]) for i in incidents] == [
-        ("idle-gpu", "n1/GPU-a", IDLE_A[0] + WINDOW)
+        ("idle-gpu", "api:train-1", IDLE_A[0] + WINDOW)
     ]
     code, table, err = _run(["rules", "test", "idle-gpu", "--data", str(data)])
     assert code == 0
     assert err == ""  # no progress bar when stderr is not a terminal
-    row = next(line for line in table.splitlines() if "n1/GPU-a" in line)
+    row = next(line for line in table.splitlines() if "api:train-1" in line)
     assert f"{IDLE_A[0] + WINDOW} +1h30" in row
     assert f"{IDLE_A[1] + RESOLVE_AFTER * CYCLE} +2h03" in row
 
 
 def test_labels_give_precision_recall_and_delay(tmp_path: Path) -> None:
     # GPU-a idle 1 h (labelled), GPU-b idle 45 min (not labelled: a false alarm for the score),
-    # and a labelled window on GPU-a in which it was busy (missed).
+    # and a labelled window on GPU-a in which it was busy (missed). Both GPUs are one job's: its
+    # incidents are about the job, and a label on a GPU matches the incident that lists it.
     idle = {"GPU-a": IDLE_A, "GPU-b": (1800, 4500)}
     data = _write_trace(tmp_path / "trace.csv", idle, seconds=3 * 3600)
     labels = tmp_path / "labels.csv"
@@ -247,7 +248,7 @@ def test_gentd26_pods_find_idle_incidents() -> None:
     assert incidents
     assert {i["rule"] for i in incidents} == {"idle-gpu"}
     assert len({i["subject"] for i in incidents}) <= 10
-    assert all(str(i["subject"]).startswith("pod-") for i in incidents)
+    assert all(str(i["subject"]).startswith("api:pod-") for i in incidents)  # one job per pod
     assert all(i["waste_gpu_hours"] >= WINDOW / 3600 for i in incidents)
 
 

@@ -57,3 +57,32 @@ def test_fingerprints_are_stable_and_distinct():
     assert fingerprint("idle", "n1/GPU-1") == fingerprint("idle", "n1/GPU-1")
     assert fingerprint("idle", "n1/GPU-1") != fingerprint("idle", "n1/GPU-2")
     assert len(fingerprint("idle", "x")) == 24
+
+
+def _window(busy_slots: list[int], slots: int = 180, value: float = 0.05) -> np.ndarray:
+    util = np.full((1, slots), 0.0, dtype=np.float32)
+    util[0, busy_slots] = value
+    return util
+
+
+@pytest.mark.parametrize(
+    ("busy_slots", "expected"),
+    [
+        ([90], F),  # issue 14: one heartbeat sample at the threshold no longer clears 30 min
+        ([10, 100, 170], F),  # three blips in 180 slots: within the default 2 %
+        (list(range(0, 180, 10)), C),  # an intermittent job: busy one slot in ten
+        (list(range(60, 66)), C),  # a minute of real work in the half hour
+    ],
+)
+def test_brief_blips_do_not_clear_an_idle_window(busy_slots, expected):
+    util = _window(busy_slots)
+    held = np.ones(util.shape, dtype=bool)
+    assert idle_verdicts(util, held, threshold_ratio=0.05).tolist() == [expected]
+
+
+def test_tolerated_busy_fraction_is_a_parameter():
+    util = _window([10, 100, 170])
+    held = np.ones(util.shape, dtype=bool)
+    for tolerated, want in ((0.0, C), (0.02, F)):
+        got = idle_verdicts(util, held, threshold_ratio=0.05, busy_fraction_tolerated=tolerated)
+        assert got.tolist() == [want]

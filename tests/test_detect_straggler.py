@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gpuwarden.collector.detect.findings import Verdict
-from gpuwarden.collector.detect.straggler import straggler_verdicts
+from gpuwarden.collector.detect.findings import Finding, Verdict
+from gpuwarden.collector.detect.straggler import StragglerParams, straggler_verdicts
+from gpuwarden.collector.storage.records import ModelDeployment
 from tests.detectors import run_rule
 from tests.test_detect_waste import T0, feed, gpu_points, job, make_service, rule_for
 
@@ -73,6 +75,7 @@ def pai_job(number: int) -> np.ndarray:
     return np.array([[cells.get((w, t), np.nan) for t in times] for w in workers])
 
 
+RULE_GAP = StragglerParams().min_relative_gap  # the shipped default, chosen on jobs 1 and 2
 WINDOW = 30  # iterations (×10 mini-batches each) per judged window; baseline = the 60 before
 
 
@@ -84,6 +87,7 @@ def flagged(values: np.ndarray, end: int) -> set[int]:
         min_peers=4,
         direction="high",  # mini-batch time: slower is higher
         baseline=values[:, end - 3 * WINDOW : end - WINDOW],
+        min_relative_gap=RULE_GAP,
     )
     return {int(w) for w in np.flatnonzero(result.verdict == F)}
 
@@ -135,3 +139,63 @@ def test_straggler_rule_flags_the_slow_gpu_of_a_job(tmp_path: Path):
     slow = next(f for f in found if f.verdict is F)
     assert slow.evidence["relative_to_peers"] == pytest.approx(0.5, abs=0.05)
     assert slow.evidence["job"] == "slurm:c:1"
+
+
+def _steady_job(
+    tmp_path: Path, odd: Callable[[float], float], *, model: str | None = None, served: bool = False
+) -> list[Finding]:
+    """One 8-GPU job, every GPU at ~0.9 with little noise, GPU 3 at ``odd(base)``; the rule's
+    findings at the end of 30 min. ``served``: the job serves a known model deployment."""
+    end = T0 + 1800
+    svc = make_service(tmp_path, end)
+    svc.registry.put([job("slurm:c:1", "a", tuple(range(8)), T0 - 60, model=model)])
+    if served and model:
+        svc.storage.upsert_model(ModelDeployment(name=model, version="1", replicas=1))
+    rng = np.random.default_rng(2)
+
+    def util(g: int) -> float:
+        base = 0.9 + 0.002 * rng.standard_normal()
+        return odd(base) if g == 3 else base
+
+    feed(svc, np.arange(T0, end, 10.0), lambda t: [
+        p for g in range(8) for p in gpu_points("a", g, t, util(g))
+    ])  # fmt: skip
+    return run_rule(svc, rule_for("straggler"), end)
+
+
+def test_a_gpu_faster_than_its_peers_is_no_straggler(tmp_path: Path):
+    """Issue 14: a GPU at 1.05× its peers' utilisation fired (two-sided band, 1 % floor)."""
+    found = _steady_job(tmp_path, lambda base: min(1.0, base * 1.05))
+    assert {f.evidence["gpu"]: f.verdict for f in found}["GPU-a-3"] is C
+    assert not [f for f in found if f.verdict is F]
+
+
+def test_a_gap_under_the_minimum_is_no_straggler(tmp_path: Path):
+    """5 % slower than the peers, far outside their tiny spread, but under min_relative_gap."""
+    found = _steady_job(tmp_path, lambda base: base * 0.95)
+    assert not [f for f in found if f.verdict is F]
+
+
+def test_a_clearly_slower_gpu_of_a_training_job_fires(tmp_path: Path):
+    found = _steady_job(tmp_path, lambda base: base * 0.6)
+    assert [f.evidence["gpu"] for f in found if f.verdict is F] == ["GPU-a-3"]
+
+
+def test_serving_replicas_are_not_judged_as_stragglers(tmp_path: Path):
+    """A job serving a known model deployment is not a synchronous training job: its GPUs
+    follow their own traffic, and none is a straggler."""
+    found = _steady_job(tmp_path, lambda base: base * 0.6, model="llm", served=True)
+    assert found == []
+    # the same job training the model (no deployment of that name) is judged
+    found = _steady_job(tmp_path / "t", lambda base: base * 0.6, model="llm", served=False)
+    assert [f.evidence["gpu"] for f in found if f.verdict is F] == ["GPU-a-3"]
+
+
+def test_min_relative_gap_is_a_parameter():
+    rows = np.array([STEADY] * 4 + [[88.0] * 6])  # 12 % below the peers
+    for gap, want in ((0.1, F), (0.2, C)):
+        got = straggler_verdicts(
+            rows, tolerance=3.0, outside_fraction=0.5, min_peers=4, direction="low",
+            min_relative_gap=gap,
+        )  # fmt: skip
+        assert got.verdict[-1] == want

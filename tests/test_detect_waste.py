@@ -8,6 +8,7 @@ healthy.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,6 +25,7 @@ from gpuwarden.collector.detect.waste import (
     low_mean_verdicts,
     orphan_processes,
     rightsize,
+    stall_episodes,
 )
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
@@ -143,10 +145,53 @@ INPUT_CASES = [
 @pytest.mark.parametrize(("gpu", "cpu", "iowait", "want"), INPUT_CASES)
 def test_input_bound_verdicts(gpu, cpu, iowait, want):
     result = input_bound_verdicts(
-        np.array([gpu]), np.array([cpu]), np.array([iowait]),
+        [np.array([gpu])], [np.array([cpu])], [np.array([iowait])],
         gpu_below=0.5, cpu_above=0.85, min_coverage=0.75,
     )  # fmt: skip
     assert Verdict(int(result.verdict[0])) is want
+
+
+SERVING_CASES = [
+    # a serving job: cycling is its traffic, only the host's saturation is evidence
+    ([0.9, 0.0, 0.9, 0.0], [0.3] * 4, [0.0] * 4, C),
+    ([0.9, 0.0, 0.9, 0.0], [N] * 4, [N] * 4, U),
+    ([0.2, 0.25, 0.2, 0.3], [0.95, 0.97, 0.9, 0.96], [0.0] * 4, F),
+]
+
+
+@pytest.mark.parametrize(("gpu", "cpu", "iowait", "want"), SERVING_CASES)
+def test_input_bound_verdicts_of_a_serving_job(gpu, cpu, iowait, want):
+    result = input_bound_verdicts(
+        [np.array([gpu])], [np.array([cpu])], [np.array([iowait])],
+        gpu_below=0.5, cpu_above=0.85, min_coverage=0.75, training=[False],
+    )  # fmt: skip
+    assert Verdict(int(result.verdict[0])) is want
+
+
+def test_coverage_is_each_jobs_own():
+    """A 1-GPU job and a 4-GPU job, both fully sampled: both judged (no padding to the widest)."""
+    narrow = np.full((1, 6), 0.2)
+    wide = np.full((4, 6), 0.2)
+    hot = [np.full(b.shape, 0.95) for b in (narrow, wide)]
+    result = input_bound_verdicts(
+        [narrow, wide], hot, [np.zeros(b.shape) for b in (narrow, wide)],
+        gpu_below=0.5, cpu_above=0.85, min_coverage=0.8,
+    )  # fmt: skip
+    assert result.verdict.tolist() == [F, F]
+
+
+@pytest.mark.parametrize(
+    ("series", "want"),
+    [
+        ([0.9, 0.9, 0.0, 0.0] * 5, 5),  # a fall per cycle
+        ([0.9] * 6 + [0.0] * 10 + [0.9] * 4, 1),  # one long pause
+        ([0.0] * 5 + [0.9] * 5, 0),  # a start is no stall
+        ([0.9, 0.2, 0.9, 0.2], 0),  # dips that never reach a stall
+        ([0.9, N, 0.0, N, 0.9, 0.05], 2),  # gaps skipped
+    ],
+)
+def test_stall_episodes(series, want):
+    assert stall_episodes(np.array(series, dtype=float)) == want
 
 
 ORPHAN_CASES = [
@@ -372,3 +417,110 @@ def test_oscillation_alone_is_confirmed_by_a_stalled_regime(tmp_path: Path):
     assert found["slurm:c:f"].evidence["starved_gpu_hours"] == 0.0
     assert "no distinct stalled state" in str(found["slurm:c:f"].evidence["reasons"])
     assert "not fitted" in str(found["slurm:c:c"].evidence["regimes"])
+
+
+# --- issue 14: alerts earned (classes, not instances) -------------------------------------------
+
+
+def stalls(t: float, busy_seconds: float, stall_seconds: float) -> float:
+    """A data loader's duty cycle: busy at 0.9, then stalled at 0.02."""
+    return 0.9 if (t - T0) % (busy_seconds + stall_seconds) < busy_seconds else 0.02
+
+
+def test_input_bound_judges_serving_jobs_on_host_evidence_only(tmp_path: Path):
+    """Issue 14: input-bound-job fired on the demo's llama-70b inference job. A job serving a
+    known model deployment follows its traffic: oscillation is no evidence there; a saturated
+    host still is."""
+    svc = make_service(tmp_path, INPUT_END)
+    svc.registry.put([
+        job("slurm:c:1", "a", (0,), T0 - 60, model="llm"),  # serves, bursty, host quiet
+        job("slurm:c:2", "b", (0,), T0 - 60, model="llm"),  # serves, starved, host saturated
+        job("slurm:c:3", "c", (0,), T0 - 60, model="llm-7b"),  # trains llm-7b: no deployment
+        job("slurm:c:4", "d", (0,), T0 - 60, model="llm"),  # serves, bursty, no host data
+    ])  # fmt: skip
+    svc.storage.upsert_model(ModelDeployment(name="llm", version="1", replicas=3))
+
+    def points(t: float) -> list[NumberPoint]:
+        bursty = 0.95 if int(t) % 20 else 0.0
+        out = gpu_points("a", 0, t, bursty) + cpu_points("a", t, 0.2, 0.0)
+        out += gpu_points("b", 0, t, 0.2) + cpu_points("b", t, 0.95, 0.0)
+        out += gpu_points("c", 0, t, bursty) + cpu_points("c", t, 0.2, 0.0)
+        return out + gpu_points("d", 0, t, bursty)
+
+    feed(svc, np.arange(T0, INPUT_END, 10.0), points)
+    found = run_rule(svc, rule_for("input_bound"), INPUT_END)
+    assert verdicts(found) == {"slurm:c:1": C, "slurm:c:2": F, "slurm:c:3": F, "slurm:c:4": U}
+
+
+def test_a_narrow_input_bound_job_fires_beside_a_wide_one(tmp_path: Path):
+    """Issue 14: rows were NaN-padded to the widest job and coverage measured over the padding,
+    so a 2-GPU job beside an 8-GPU one was UNKNOWN. Alone and beside, it fires."""
+
+    def points(t: float, wide: bool) -> list[NumberPoint]:
+        out = [p for g in (0, 1) for p in gpu_points("a", g, t, 0.2)]
+        out += cpu_points("a", t, 0.95, 0.0)
+        if wide:
+            out += [p for g in range(8) for p in gpu_points("b", g, t, 0.9)]
+            out += cpu_points("b", t, 0.3, 0.0)
+        return out
+
+    for wide in (False, True):
+        svc = make_service(tmp_path / str(wide), INPUT_END)
+        jobs = [job("slurm:c:1", "a", (0, 1), T0 - 60)]
+        jobs += [job("slurm:c:2", "b", tuple(range(8)), T0 - 60)] if wide else []
+        svc.registry.put(jobs)
+        feed(svc, np.arange(T0, INPUT_END, 10.0), functools.partial(points, wide=wide))
+        got = verdicts(run_rule(svc, rule_for("input_bound"), INPUT_END))
+        assert got == ({"slurm:c:1": F, "slurm:c:2": C} if wide else {"slurm:c:1": F})
+
+
+def test_a_forgotten_one_gpu_job_fires_beside_a_serving_replica_set(tmp_path: Path):
+    """Issue 14: a 1-GPU job forgotten for the window fired alone but not beside an 8-GPU job."""
+    end = T0 + 3 * 3600
+    for beside in (False, True):
+        svc = make_service(tmp_path / str(beside), end, recent_hours=1)
+        jobs = [job("slurm:c:1", "a", (0,), T0 - 3600)]
+        jobs += [job("slurm:c:2", "b", tuple(range(8)), T0 - 3600, model="llm")] if beside else []
+        svc.registry.put(jobs)
+
+        def points(t: float, b: bool = beside) -> list[NumberPoint]:
+            out = gpu_points("a", 0, t, 0.01)
+            return out + ([p for g in range(8) for p in gpu_points("b", g, t, 0.6)] if b else [])
+
+        feed(svc, np.arange(T0, end, 60.0), points)
+        found = run_rule(svc, rule_for("forgotten_gpu", window_seconds=2 * 3600.0), end)
+        assert verdicts(found) == ({"slurm:c:1": F, "slurm:c:2": C} if beside else {"slurm:c:1": F})
+        ev = next(f.evidence for f in found if f.subject == "slurm:c:1")
+        assert ev["coverage_ratio"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("busy", "stall"), [(40.0, 40.0), (60.0, 60.0), (120.0, 120.0),
+                                             (120.0, 180.0)])  # fmt: skip
+def test_long_input_stalls_without_host_data_fire(tmp_path: Path, busy: float, stall: float):
+    """Issue 14: stalls of 40 s and more moved the utilisation too rarely from slot to slot to
+    count as oscillating, so an input-bound job without host data stayed UNKNOWN. A duty cycle
+    of stalls lasting 40 s to minutes, several within the window, is input-bound."""
+    svc = make_service(tmp_path, INPUT_END)
+    svc.registry.put([job("slurm:c:1", "a", (0, 1), T0 - 60)])
+    feed(svc, np.arange(T0, INPUT_END, 10.0), lambda t: [
+        p for g in (0, 1) for p in gpu_points("a", g, t, stalls(t, busy, stall))
+    ])  # fmt: skip
+    (found,) = run_rule(svc, rule_for("input_bound"), INPUT_END)
+    assert found.verdict is F, found.evidence
+    assert found.evidence["mean_stall_seconds"] == pytest.approx(stall, rel=0.25)
+
+
+def test_one_long_dip_without_host_data_is_no_duty_cycle(tmp_path: Path):
+    """A single long pause (a checkpoint, an evaluation) is not a loader's duty cycle: without
+    host data the job stays unknown, as a steadily low one does."""
+    svc = make_service(tmp_path, INPUT_END)
+    svc.registry.put([job("slurm:c:1", "a", (0,), T0 - 60), job("slurm:c:2", "b", (0,), T0 - 60)])
+
+    def points(t: float) -> list[NumberPoint]:
+        dip = 0.02 if T0 + 600 <= t < T0 + 1500 else 0.9
+        return gpu_points("a", 0, t, dip) + gpu_points("b", 0, t, 0.3)
+
+    feed(svc, np.arange(T0, INPUT_END, 10.0), points)
+    assert verdicts(run_rule(svc, rule_for("input_bound"), INPUT_END)) == {
+        "slurm:c:1": U, "slurm:c:2": U,
+    }  # fmt: skip

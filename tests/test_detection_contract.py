@@ -212,8 +212,15 @@ PARAMS: dict[str, dict[str, Case]] = {
     "idle_gpu": {
         "window_seconds": Fires(HOUR, 0),  # the job's GPUs have 40 min of telemetry
         "utilization_below": Fires(0.0, 0),
-        "min_coverage": Fires(0.5, 2),  # GPU a/1's gap (a third of the window) is tolerated
+        "min_coverage": Records(
+            0.5,
+            "idle_gpus",
+            2,
+            "GPU a/1's gap (a third of the window) is tolerated: the job's "
+            "one finding then lists both its GPUs",
+        ),
         "min_gpus": Fires(3, 0),  # the job holds 2 GPUs
+        "busy_fraction_tolerated": Fires(0.0, 0),  # GPU a/0's two heartbeat blips clear it
     },
     "orphaned_memory": {
         "memory_above_bytes": Fires(20 * 2**30, 0),  # each orphan holds 10 GiB
@@ -249,6 +256,7 @@ PARAMS: dict[str, dict[str, Case]] = {
         ),
         "outside_fraction": Fires(0.3, 1, given={"window_seconds": 1800.0}, given_firing=0),
         "min_peers": Fires(8, 0),  # 7 of the 8 GPUs send telemetry
+        "min_relative_gap": Fires(0.6, 0),  # GPU 3 runs at half its peers: a gap of 0.5
     },
     "model_drift": {
         "statistic": Fires("rate", 0),  # the step is in latency, not in traffic

@@ -155,7 +155,7 @@ def open_incident(
     job: str = "slurm:test:101",
     extra: Mapping[str, Any] | None = None,
 ) -> Incident:
-    evidence = {"job": job, "node": "gpu-01", "subject": f"gpu-01/{job}", "wasted_usd": 1.5}
+    evidence = {"job": job, "node": "gpu-01", "subject": job, "wasted_usd": 1.5}  # about the job
     incident = Incident(
         fingerprint=f"fp-{rule_id}-{job}",
         rule_id=rule_id,

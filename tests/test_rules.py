@@ -347,6 +347,7 @@ def test_loaded_rule_is_typed_frozen_and_has_defaults(tmp_path, runbooks):
         "utilization_below": 0.05,
         "min_coverage": 0.8,
         "min_gpus": 1,
+        "busy_fraction_tolerated": 0.02,
     }
     assert [(a.kind, a.mode) for a in rule.actions] == [
         ("requeue", ActionMode.APPROVE),

@@ -31,7 +31,11 @@ SAMPLE_EVIDENCE: dict[str, dict[str, object]] = {
         "job": "slurm:a100:4242",
         "team": "vision",
         "node": "gpu-07",
-        "gpu": "GPU-5d1c",
+        "nodes": "gpu-07",
+        "gpu": "GPU-5d1c,GPU-9e02",
+        "gpu_ids": "gpu-07/GPU-5d1c,gpu-07/GPU-9e02",
+        "idle_gpus": 2,
+        "job_gpus": 8,
         "window_minutes": 30.0,
         "mean_utilization_ratio": 0.012,
         "idle_gpu_hours": 0.5,
@@ -175,7 +179,7 @@ def test_the_idle_runbook_carries_the_incident_figures(renderer: RunbookRenderer
     text = renderer.markdown(rule.runbook, runbook_context(rule, LINKS, incident=incident))
     assert "Job `slurm:a100:4242`" in text
     assert "30 minutes ($1.23 of GPU time wasted" in text
-    assert "GPU-5d1c" in text
+    assert "left 2 of its 8 GPUs idle (gpu-07/GPU-5d1c,gpu-07/GPU-9e02)" in text
     assert "- mean_utilization_ratio: 0.012" in text
     assert "requeue (mode approve): what the rule does" in text  # proposed by the rule
 

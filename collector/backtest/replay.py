@@ -71,6 +71,9 @@ class FoundIncident:
     summary: str
     waste_gpu_hours: float | None
     waste_usd: float | None
+    covers: tuple[str, ...] = ()
+    """The GPUs (``node/uuid``) an incident about a job names (evidence ``gpu_ids``): a truth
+    window labelled on one of them is the incident's too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +231,7 @@ def _found(
         summary=str(evidence.get("summary", "")),
         waste_gpu_hours=hours,
         waste_usd=usd,
+        covers=tuple(g for g in str(evidence.get("gpu_ids") or "").split(",") if g),
     )
 
 
@@ -293,7 +297,7 @@ def _overlaps(label: Label, incident: FoundIncident, grace_seconds: float) -> bo
     if closed is None:
         closed = incident.last_seen_seconds
     return (
-        label.subject == incident.subject
+        (label.subject == incident.subject or label.subject in incident.covers)
         and incident.opened_seconds <= label.end_seconds + grace_seconds
         and closed >= label.start_seconds
     )

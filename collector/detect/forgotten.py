@@ -14,7 +14,6 @@ from gpuwarden.collector.detect.waste import (
     gpu_price,
     held_by_job,
     low_mean_verdicts,
-    pool_rows,
     read_window,
     waste_finding,
 )
@@ -44,19 +43,20 @@ def run_forgotten_gpu(
     if win is None:
         return []
     groups = held_by_job(win)
-    keys = sorted(groups)
     util = np.vstack([g.utilization_ratio for g in win.gpus])
-    pooled = pool_rows([util[groups[k]] for k in keys])
-    verdicts, means = low_mean_verdicts(
-        pooled, np.ones(pooled.shape, dtype=bool), threshold_ratio=threshold_ratio,
-        min_coverage=min_coverage,
-    )  # fmt: skip
     hours = window_seconds / 3600
     findings = []
-    for j, key in enumerate(keys):
+    for key in sorted(groups):
         job = ctx.job(key)
         rows = groups[key]
-        verdict = Verdict(int(verdicts[j]))
+        # the job's own GPUs only, as one row: coverage and mean over its cells (issue 14:
+        # padding every job to the widest one made a narrow job UNKNOWN beside a wide one)
+        cells = util[rows].reshape(1, -1)
+        verdicts, means = low_mean_verdicts(
+            cells, np.ones(cells.shape, dtype=bool), threshold_ratio=threshold_ratio,
+            min_coverage=min_coverage,
+        )  # fmt: skip
+        verdict = Verdict(int(verdicts[0]))
         usd = sum(gpu_price(ctx, win.gpus[i], job)[0] for i in rows) * hours
         nodes = sorted({win.gpus[i].node for i in rows})
         fire = verdict is Verdict.FIRING
@@ -64,7 +64,7 @@ def run_forgotten_gpu(
             waste_finding(
                 rule, key, verdict, win,
                 f"job {key} held {len(rows)} GPU(s) for {hours:.0f} h at "
-                f"{100 * float(means[j]):.1f} % mean utilisation",
+                f"{100 * float(means[0]):.1f} % mean utilisation",
                 {
                     "job": key,
                     "team": job.team if job else None,
@@ -74,8 +74,8 @@ def run_forgotten_gpu(
                     "gpus": len(rows),
                     "window_hours": hours,
                     "threshold_ratio": threshold_ratio,
-                    "mean_utilization_ratio": finite(float(means[j])),
-                    "coverage_ratio": float((~np.isnan(pooled[j])).mean()),
+                    "mean_utilization_ratio": finite(float(means[0])),
+                    "coverage_ratio": float((~np.isnan(cells)).mean()),
                     "wasted_gpu_hours": len(rows) * hours if fire else 0.0,
                     "wasted_usd": usd if fire else 0.0,
                     "price_tier": gpu_price(ctx, win.gpus[rows[0]], job)[1],

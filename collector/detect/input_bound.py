@@ -1,6 +1,8 @@
-"""``input_bound``: GPUs starve while the host's CPU, disk or network is saturated, or their
-utilisation oscillates the way a data loader that cannot keep up makes it; a job that fires on
-oscillation alone is confirmed by a two-regime Markov switching model (:mod:`.numerics.regimes`).
+"""``input_bound``: GPUs starve while the host's CPU, disk or network is saturated, or, for a
+training job, their utilisation cycles between busy and stalled the way a data loader that cannot
+keep up makes it (stalls of a few seconds to minutes); a job that fires on cycling alone is
+confirmed by a two-regime Markov switching model (:mod:`.numerics.regimes`). A job serving a model
+(:mod:`.job_kind`) fires only on the host's evidence: its utilisation follows its traffic.
 """
 
 from __future__ import annotations
@@ -12,17 +14,16 @@ import numpy.typing as npt
 
 from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
 from gpuwarden.collector.detect.findings import Facts, Finding, JsonScalar, Verdict
+from gpuwarden.collector.detect.job_kind import JobKind, job_kind
 from gpuwarden.collector.detect.numerics.regimes import busy_stall_regimes
 from gpuwarden.collector.detect.waste import (
     IOWAIT_ABOVE,
-    OSCILLATION_ABOVE,
     FloatMatrix,
     InputBound,
     finite,
     gpu_price,
     held_by_job,
     input_bound_verdicts,
-    pool_rows,
     read_window,
     resolution_of,
     waste_finding,
@@ -79,7 +80,7 @@ def run_input_bound(
     ctx: DetectionContext, rule: Rule, p: InputBoundParams, now: float
 ) -> list[Finding]:
     """One finding per job that held GPUs for the window: FIRING when they starved while the
-    host's CPU or I/O was saturated, or their utilisation oscillated.
+    host's CPU or I/O was saturated, or (training jobs) their utilisation cycled.
 
     Cost: the starved share of the held GPU-hours, ``gpus × hours × (1 − mean utilisation)``,
     priced at the job's tier.
@@ -91,27 +92,22 @@ def run_input_bound(
         return []
     hosts = host_cpu(ctx, win.start, win.end, resolution_of(ctx, win))
     groups = held_by_job(win)
-    n = len(win.times)
-    missing = np.full(n, np.nan)
-    rows_g, rows_c, rows_w, job_of = [], [], [], []
-    for key in sorted(groups):
-        for i in groups[key]:
-            gpu = win.gpus[i]
-            cpu, wait = hosts.get(gpu.node, (missing, missing))
-            rows_g.append(gpu.utilization_ratio)
-            rows_c.append(cpu)
-            rows_w.append(wait)
-            job_of.append(key)
-    if not job_of:
+    if not groups:
         return []
     keys = sorted(groups)
-    index = {k: [j for j, owner in enumerate(job_of) if owner == k] for k in keys}
-    g, c, w = (np.vstack(r) for r in (rows_g, rows_c, rows_w))
+    served = {m.name for m in ctx.deployments()}
+    missing = np.full(len(win.times), np.nan)
+    blocks_g, blocks_c, blocks_w = [], [], []
+    for key in keys:
+        rows = [win.gpus[i] for i in groups[key]]
+        blocks_g.append(np.vstack([gpu.utilization_ratio for gpu in rows]))
+        blocks_c.append(np.vstack([hosts.get(gpu.node, (missing, missing))[0] for gpu in rows]))
+        blocks_w.append(np.vstack([hosts.get(gpu.node, (missing, missing))[1] for gpu in rows]))
+    kinds = [job_kind(ctx.job(key), served) for key in keys]
     result = input_bound_verdicts(
-        pool_rows([g[index[k]] for k in keys]),
-        pool_rows([c[index[k]] for k in keys]),
-        pool_rows([w[index[k]] for k in keys]),
+        blocks_g, blocks_c, blocks_w,
         gpu_below=gpu_below, cpu_above=cpu_above, min_coverage=min_coverage,
+        training=[kind is JobKind.TRAINING for kind in kinds],
     )  # fmt: skip
     hours = window_seconds / 3600
     findings = []
@@ -120,7 +116,13 @@ def run_input_bound(
         gpus = [win.gpus[i] for i in groups[key]]
         mean = float(result.gpu_mean[j])
         verdict, reasons, regime = _explain(
-            result, j, Verdict(int(result.verdict[j])), cpu_above, g[index[key]], win.step
+            result,
+            j,
+            Verdict(int(result.verdict[j])),
+            cpu_above,
+            blocks_g[j],
+            win.step,
+            training=kinds[j] is JobKind.TRAINING,
         )
         starved = len(gpus) * hours * (1 - mean) if verdict is Verdict.FIRING else 0.0
         price = sum(gpu_price(ctx, gpu, job)[0] for gpu in gpus) / len(gpus)
@@ -131,6 +133,7 @@ def run_input_bound(
                 f"job {key}: GPUs at {100 * mean:.0f} % while {', '.join(reasons)}",
                 {
                     "job": key,
+                    "job_kind": str(kinds[j]),
                     "team": job.team if job else None,
                     "node": nodes[0] if len(nodes) == 1 else None,
                     "nodes": ",".join(nodes),
@@ -140,6 +143,7 @@ def run_input_bound(
                     "mean_cpu_utilization_ratio": finite(float(result.cpu_mean[j])),
                     "mean_iowait_ratio": finite(float(result.iowait_mean[j])),
                     "utilization_oscillation": finite(float(result.oscillation[j])),
+                    "stall_episodes": int(result.stall_episodes[j]),
                     "reasons": "; ".join(reasons) or None,
                     "starved_gpu_hours": starved,
                     "wasted_usd": starved * price,
@@ -158,17 +162,19 @@ def _explain(
     cpu_above: float,
     util: FloatMatrix,
     step: float,
+    *,
+    training: bool,
 ) -> tuple[Verdict, list[str], dict[str, JsonScalar]]:
-    """Job ``j``'s reasons; a job that fires on oscillation alone is confirmed (or cleared) by
-    the regime model, whose figures join the evidence."""
+    """Job ``j``'s reasons; a training job that fires on cycling alone is confirmed (or cleared)
+    by the regime model, whose figures join the evidence."""
     reasons = []
     if result.cpu_mean[j] > cpu_above:
         reasons.append(f"host CPU {100 * result.cpu_mean[j]:.0f} %")
     if result.iowait_mean[j] > IOWAIT_ABOVE:
         reasons.append(f"iowait {100 * result.iowait_mean[j]:.0f} %")
     regime: dict[str, JsonScalar] = {}
-    if result.oscillation[j] > OSCILLATION_ABOVE:
-        reasons.append("oscillating utilisation")
+    if result.cycling[j] and training:
+        reasons.append("utilisation cycles between busy and stalled")
         if verdict is Verdict.FIRING and not reasons[:-1]:
             # fired on oscillation alone: confirm a stalled regime apart from the busy one
             verdict, regime = _confirm_stalls(util, step)

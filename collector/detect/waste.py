@@ -14,6 +14,7 @@ the long (1-minute mean) resolution.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,6 @@ import numpy.typing as npt
 from gpuwarden.collector.accounting.gpu_time import GpuTimeline, main_holders
 from gpuwarden.collector.detect.contract import DetectionContext
 from gpuwarden.collector.detect.findings import Facts, Finding, JsonScalar, Verdict, new_finding
-from gpuwarden.collector.detect.numerics.screen import row_mean
 from gpuwarden.collector.jobs.model import Job, JobState
 from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.store.types import Resolution
@@ -37,6 +37,12 @@ Verdicts = npt.NDArray[np.int8]
 IOWAIT_ABOVE = 0.2
 #: mean |slot-to-slot change| of utilisation above which a starving GPU oscillates (loader stalls)
 OSCILLATION_ABOVE = 0.25
+#: a GPU's mean utilisation per slot is stalled below this, busy at or above ``BUSY_ABOVE``
+STALL_BELOW = 0.1
+BUSY_ABOVE = 0.3
+#: falls from busy to stalled in the window that make a duty cycle (one is a pause: a
+#: checkpoint, an evaluation)
+MIN_STALL_EPISODES = 2
 LIVE_STATES = (JobState.RUNNING, JobState.SUSPENDED)
 """Job states in which a job still holds its GPUs."""
 
@@ -71,52 +77,98 @@ def low_mean_verdicts(
 
 @dataclass(frozen=True, slots=True)
 class InputBound:
-    """Per job (row) verdicts of :func:`input_bound_verdicts` and the figures behind them."""
+    """Per job verdicts of :func:`input_bound_verdicts` and the figures behind them."""
 
     verdict: Verdicts
     gpu_mean: npt.NDArray[np.float64]
     cpu_mean: npt.NDArray[np.float64]
     iowait_mean: npt.NDArray[np.float64]
     oscillation: npt.NDArray[np.float64]
+    stall_episodes: npt.NDArray[np.int64]
+    cycling: npt.NDArray[np.bool_]
+    """Oscillating or duty-cycling: the stalls of a data loader that cannot keep up."""
+
+
+def _block_stats(block: FloatMatrix) -> tuple[float, float]:
+    """Coverage and mean of one job's cells (its own GPUs × slots, no padding)."""
+    known = ~np.isnan(block)
+    coverage = float(known.mean()) if block.size else 0.0
+    return coverage, float(block[known].mean()) if known.any() else math.nan
+
+
+def stall_episodes(per_slot: npt.NDArray[np.float64]) -> int:
+    """How many times a utilisation series fell from busy (``≥ BUSY_ABOVE``) to stalled
+    (``< STALL_BELOW``), with hysteresis between; gaps are skipped.
+
+    Slot-to-slot oscillation only sees stalls shorter than a few samples: a loader that stalls
+    40 s or minutes at a time moves the series at its few edges only. Counting the falls sees
+    duty cycles of any length that fits the window several times.
+    """
+    count, busy = 0, False
+    for value in per_slot[~np.isnan(per_slot)]:
+        if value >= BUSY_ABOVE:
+            busy = True
+        elif value < STALL_BELOW and busy:
+            count, busy = count + 1, False
+    return count
 
 
 def input_bound_verdicts(
-    gpu: FloatMatrix,
-    cpu: FloatMatrix,
-    iowait: FloatMatrix,
+    gpu: Sequence[FloatMatrix],
+    cpu: Sequence[FloatMatrix],
+    iowait: Sequence[FloatMatrix],
     *,
     gpu_below: float,
     cpu_above: float,
     min_coverage: float,
+    training: Sequence[bool] | None = None,
     iowait_above: float = IOWAIT_ABOVE,
     oscillation_above: float = OSCILLATION_ABOVE,
 ) -> InputBound:
-    """Rows are jobs' GPUs (util), their hosts' CPU utilisation and iowait share, per slot.
+    """One verdict per job. Each job is one matrix per argument, its GPUs (rows) × slots: GPU
+    utilisation, and its hosts' CPU utilisation and iowait share per GPU row.
+
+    Coverage and means are over the job's own cells, so jobs of different widths are judged
+    alike (issue 14: NaN padding to the widest job made a narrow one UNKNOWN).
 
     FIRING: GPU coverage enough, mean GPU utilisation below ``gpu_below``, and either the host
     was saturated (mean CPU above ``cpu_above`` or iowait above ``iowait_above``, with enough
-    host coverage) or utilisation oscillates (mean absolute slot-to-slot change above
-    ``oscillation_above``: the sawtooth of a data loader that cannot keep up). CLEAR: the GPU
-    was busy, or it starved with a known, unsaturated host and no oscillation. Else UNKNOWN.
+    host coverage) or, for a training job, utilisation cycles between busy and stalled: the mean
+    absolute slot-to-slot change above ``oscillation_above`` (short stalls), or at least
+    ``MIN_STALL_EPISODES`` falls from busy to stalled in the job's mean per slot (stalls of 40 s
+    to minutes). A serving job's utilisation follows its traffic, so cycling is no evidence
+    there (issue 14: the demo's inference job fired). CLEAR: the GPU was busy, or it starved with
+    a known, unsaturated host and no cycling that counts. Else UNKNOWN.
     """
-    if not gpu.shape == cpu.shape == iowait.shape:
-        raise ValueError(f"shapes differ: {gpu.shape}, {cpu.shape}, {iowait.shape}")
-    slots = max(gpu.shape[1], 1)
-    g_cov = (~np.isnan(gpu)).sum(axis=1) / slots
-    h_cov = (~np.isnan(cpu)).sum(axis=1) / slots
-    g_mean, c_mean, w_mean = row_mean(gpu), row_mean(cpu), row_mean(iowait)
-    steps = np.abs(np.diff(gpu, axis=1))
-    osc = row_mean(steps) if gpu.shape[1] > 1 else np.full(len(gpu), np.nan)
+    if not len(gpu) == len(cpu) == len(iowait):
+        raise ValueError(f"job counts differ: {len(gpu)}, {len(cpu)}, {len(iowait)}")
+    n = len(gpu)
+    trains = np.ones(n, dtype=bool) if training is None else np.asarray(training, dtype=bool)
+    g_cov, g_mean, h_cov, c_mean, w_mean = (np.full(n, np.nan) for _ in range(5))
+    osc = np.full(n, np.nan)
+    episodes = np.zeros(n, dtype=np.int64)
+    for j, (g, c, w) in enumerate(zip(gpu, cpu, iowait, strict=True)):
+        if not g.shape == c.shape == w.shape:
+            raise ValueError(f"shapes differ: {g.shape}, {c.shape}, {w.shape}")
+        g_cov[j], g_mean[j] = _block_stats(g)
+        h_cov[j], c_mean[j] = _block_stats(c)
+        w_mean[j] = _block_stats(w)[1]
+        if g.shape[1] > 1:
+            osc[j] = _block_stats(np.abs(np.diff(g, axis=1)))[1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slots stay NaN
+            episodes[j] = stall_episodes(np.nanmean(g, axis=0)) if g.size else 0
     g_ok = g_cov >= min_coverage
     h_ok = h_cov >= min_coverage
     starving = g_ok & (g_mean < gpu_below)
     saturated = h_ok & ((c_mean > cpu_above) | (np.nan_to_num(w_mean) > iowait_above))
-    oscillating = np.nan_to_num(osc) > oscillation_above
-    verdict = np.full(len(gpu), Verdict.UNKNOWN, dtype=np.int8)
+    cycling = (np.nan_to_num(osc) > oscillation_above) | (episodes >= MIN_STALL_EPISODES)
+    counts = cycling & trains
+    verdict = np.full(n, Verdict.UNKNOWN, dtype=np.int8)
     verdict[g_ok & (g_mean >= gpu_below)] = Verdict.CLEAR
-    verdict[starving & h_ok & ~saturated & ~oscillating] = Verdict.CLEAR
-    verdict[starving & (saturated | oscillating)] = Verdict.FIRING
-    return InputBound(verdict, g_mean, c_mean, w_mean, osc)
+    verdict[starving & h_ok & ~saturated & ~counts] = Verdict.CLEAR
+    verdict[starving & (saturated | counts)] = Verdict.FIRING
+    return InputBound(verdict, g_mean, c_mean, w_mean, osc, episodes, cycling)
 
 
 def orphan_processes(
@@ -225,15 +277,6 @@ def held_by_job(win: Window) -> dict[str, list[int]]:
         if key and win.held[i].all():
             groups.setdefault(key, []).append(i)
     return groups
-
-
-def pool_rows(rows: Sequence[FloatMatrix]) -> FloatMatrix:
-    """Rows of several jobs, each job's GPUs concatenated into one row (NaN padded)."""
-    width = max((r.size for r in rows), default=0)
-    out = np.full((len(rows), width), np.nan)
-    for i, r in enumerate(rows):
-        out[i, : r.size] = r.ravel()
-    return out
 
 
 def waste_finding(
