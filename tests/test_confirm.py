@@ -191,3 +191,28 @@ def test_a_due_refit_can_be_postponed_once_per_call():
     assert cache.get("k") is None
     cache.postpone("missing")  # nothing kept: nothing happens
     assert not cache.kept("missing")
+
+
+@pytest.mark.parametrize(
+    ("shift", "direction", "expected"),
+    [
+        (3.0, "increase", True),
+        (3.0, "decrease", False),
+        (-3.0, "decrease", True),
+        (-3.0, "increase", False),
+        (-3.0, "both", True),
+    ],
+)
+def test_only_a_shift_in_the_direction_asked_is_confirmed(shift, direction, expected):
+    """Fresh and kept fits alike: a rise is never a confirmed decrease."""
+    x = step(np.random.default_rng(5), shift)
+    fresh = confirm_shift(x[:SPLIT], x[SPLIT:], None, direction=direction)
+    assert fresh.confirmed is expected
+    cache = FitCache()
+    confirm_shifts(x[np.newaxis, :SPLIT], x[np.newaxis, SPLIT:], None, keys=["s"], cache=cache)
+    (kept,) = confirm_shifts(
+        x[np.newaxis, :SPLIT], x[np.newaxis, SPLIT:], None, keys=["s"], cache=cache,
+        direction=direction,
+    )  # fmt: skip
+    assert kept.detail["reused_fit"] == 1.0
+    assert kept.confirmed is expected

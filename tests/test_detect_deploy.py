@@ -13,10 +13,11 @@ from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.detect.deploy import two_sample_p
 from gpuwarden.collector.detect.findings import Verdict
+from gpuwarden.collector.detect.incidents import IncidentTracker
 from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
 from gpuwarden.collector.rules.loader import default_rules_dir
 from gpuwarden.collector.rules.model import Rule
-from gpuwarden.collector.storage.records import Event, EventKind
+from gpuwarden.collector.storage.records import Event, EventKind, Incident, ModelDeployment
 from tests.detectors import run_rule
 
 T0 = 1_767_225_600.0
@@ -158,3 +159,56 @@ def test_two_sample_p_directions(test, direction, shift, small):
     y = rng.normal(shift, 1.0, 40)
     p = two_sample_p(x, y, test, direction)
     assert (p < 0.01) is small, p
+
+
+def rollback(svc, at: float, model: str = "slower") -> None:
+    """The on-call rolls ``model`` back to v1 at ``at`` (event and deployment record)."""
+    svc.storage.upsert_model(ModelDeployment(name=model, version="v1", replicas=1))
+    svc.storage.record_event(
+        Event(
+            time=at, kind=EventKind.ROLLBACK, subject=model, attributes={"from": "v2", "to": "v1"}
+        )
+    )
+
+
+def test_a_deploy_rolled_back_before_it_is_judged_never_fires(service):
+    rollback(service, DEPLOY + 1200)  # 20 minutes in: before the after-window completes
+    found = {f.evidence["model"]: f for f in run_rule(service, rule_with(), END)}
+    slow = found["slower"]
+    assert slow.verdict is Verdict.CLEAR, slow.summary
+    assert "no longer serving" in slow.summary
+    assert slow.evidence["superseded_by"] == "rollback"
+    assert found["same"].verdict is Verdict.CLEAR
+
+
+def test_a_rollback_resolves_the_deploy_regression_incident(service):
+    tracker = IncidentTracker(service.storage, clock=lambda: END, resolve_after=3)
+    opened = tracker.fold(run_rule(service, rule_with(), END)).opened
+    assert [i.rule_id for i in opened] == ["deploy-regression"]
+    rollback(service, END + 30)
+    resolved: list[Incident] = []
+    for k in range(1, 4):
+        resolved += tracker.fold(run_rule(service, rule_with(), END + 30 + 30 * k)).resolved
+    assert [i.incident_id for i in resolved] == [opened[0].incident_id]
+    # and the rolled-back deploy keeps reporting clear while anything could still be open
+    later = run_rule(service, rule_with(), END + 1800)
+    assert {f.verdict for f in later if f.evidence["model"] == "slower"} == {Verdict.CLEAR}
+
+
+def test_a_version_no_longer_serving_is_not_judged(service):
+    """No rollback event, but the deployment record says v1 now: v2 is not serving."""
+    service.storage.upsert_model(ModelDeployment(name="slower", version="v1", replicas=1))
+    found = {f.evidence["model"]: f for f in run_rule(service, rule_with(), END)}
+    assert found["slower"].verdict is Verdict.CLEAR, found["slower"].summary
+    assert found["slower"].evidence["superseded_by"] == "deployment"
+
+
+def test_a_newer_deploy_ends_the_older_one(service):
+    service.storage.record_event(
+        Event(time=END - 60, kind=EventKind.DEPLOY, subject="slower", attributes={"to": "v3"})
+    )
+    found = [f for f in run_rule(service, rule_with(), END) if f.evidence["model"] == "slower"]
+    # v2 is clear on each of the rule's metrics; v3 is not judged yet
+    assert [f.verdict for f in found] == [Verdict.CLEAR, Verdict.CLEAR]
+    assert {f.evidence["version"] for f in found} == {"v2"}
+    assert found[0].evidence["superseded_by"] == "deploy"

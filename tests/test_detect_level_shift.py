@@ -60,6 +60,15 @@ def dip(rng: np.random.Generator) -> np.ndarray:
     return x
 
 
+def fell_then_rose(rng: np.random.Generator) -> np.ndarray:
+    """Down for most of the window, then above the baseline for the last ten minutes: the level
+    now is a rise, though the window's mean residual is negative."""
+    x = noise(rng, level=0.6)
+    x[SPLIT : SLOTS - 60] -= 0.3
+    x[SLOTS - 60 :] += 0.25
+    return x
+
+
 def seasonal(by: float) -> Shape:
     def make(rng: np.random.Generator) -> np.ndarray:
         t = np.arange(SLOTS)
@@ -76,6 +85,7 @@ CASES: list[tuple[str, Shape, dict[str, ParamValue], Verdict]] = [
     ("drop of 0.4, every 7th sample missing", with_nan(shifted(-0.4), np.s_[::7]), {}, F),
     ("rise of 0.2, direction decrease", shifted(0.2, level=0.5), {}, C),
     ("rise of 0.2, direction both", shifted(0.2, level=0.5), {"direction": "both"}, F),
+    ("fell, then rose above the baseline, direction decrease", fell_then_rose, {}, C),
     ("drop of 0.08: significant, under min_change", shifted(-0.08), {}, C),
     ("drop of 0.08, min_change 0", shifted(-0.08), {"min_change": 0.0}, F),
     ("a 3-minute dip, recovered", dip, {}, C),

@@ -340,8 +340,8 @@ PARAMS: dict[str, dict[str, Case]] = {
     "level_shift": {
         "window_seconds": Fires(3 * HOUR, 0),  # 2 h of data: baseline unknown
         "baseline_seconds": Fires(3 * HOUR, 0),
-        # the drops are 40 min old: over the last hour b's mean moved 0.2 only
-        "hold_seconds": Fires(HOUR, 1, given={"min_change": 0.2}, given_firing=2),
+        # the drops are 40 min old: the new level has not held for 50 min yet
+        "hold_seconds": Fires(50 * 60.0, 0),
         "z_above": Unobserved(50.0, "a 0.3 drop on 0.03 noise is over 50 robust sigmas"),
         "direction": Fires("increase", 0),
         "min_change": Fires(0.35, 1),  # a drops 0.4, b 0.3

@@ -7,6 +7,14 @@ the statistic is computed per sample bin in the ``before`` window and in the ``a
 change of the statistic over the whole windows (merged histograms, summed counters) must reach
 ``min_relative_change``. A deploy whose windows are not covered by data is UNKNOWN.
 
+Only the version actually serving is judged. A deploy is superseded by the model's next
+``DEPLOY`` or ``ROLLBACK`` event, or when the model's deployment record (``ctx.deployments()``)
+names another version than the one it deployed: a superseded deploy is CLEAR ("no longer
+serving"), whatever its windows say, so no incident opens for a version that was rolled back and
+an open one resolves. A superseded deploy keeps reporting CLEAR for ``after_seconds`` after the
+event that ended it (long enough for the incident's hysteresis), even when its own judging
+period is over.
+
 Samples are bins of ``max(step, before/SAMPLES_PER_WINDOW)``: about 30 per side, so one bin's
 statistic is estimated from many requests, and the test is not fed thousands of strongly
 autocorrelated 10 s values (its p-value assumes independent samples; the relative-change gate
@@ -44,6 +52,9 @@ SAMPLES_PER_WINDOW = 30
 MIN_SAMPLES = 5
 """Fewest known sample bins per side for a test."""
 TESTS = ("mann_whitney", "ks", "welch")
+SUPERSEDED_LOOKBACK_SECONDS = 7 * 86400.0
+"""How far back a deploy may have been to be cleared by a rollback or newer deploy: an incident
+about it may have stayed open that long (past a week, its incident is the operator's to close)."""
 
 
 Alternative = Literal["two-sided", "less", "greater"]
@@ -83,17 +94,33 @@ def run_deploy_regression(
     step = float(ctx.store.step_seconds)
     sample_seconds = max(step, step * round(params.before_seconds / SAMPLES_PER_WINDOW / step))
     since = now - params.span_seconds - params.after_seconds
-    deploys = [
-        e
-        for e in ctx.events(since=since, kinds=(EventKind.DEPLOY,))
-        if e.time + params.settle_seconds + params.after_seconds <= now
-        and (
+    changes = ctx.events(
+        since=since - SUPERSEDED_LOOKBACK_SECONDS, kinds=(EventKind.DEPLOY, EventKind.ROLLBACK)
+    )
+    serving = {d.name: d.version for d in ctx.deployments()}
+    ended = {
+        (e.time, e.subject): end
+        for e in changes
+        if e.kind is EventKind.DEPLOY
+        and (end := superseded_by(e, changes, serving.get(e.subject))) is not None
+    }
+    deploys = []
+    for e in changes:
+        if e.kind is not EventKind.DEPLOY or not (
             not rule.selector.models
             or any(fnmatch.fnmatchcase(e.subject, m) for m in rule.selector.models)
-        )
-    ]
+        ):
+            continue
+        end = ended.get((e.time, e.subject))
+        if end is None:
+            if since <= e.time and e.time + params.settle_seconds + params.after_seconds <= now:
+                deploys.append(e)
+        # superseded: clear while it would be judged, and for a while after what ended it
+        elif e.time >= since or (end[1] is not None and end[1] >= now - params.after_seconds):
+            deploys.append(e)
     if not deploys:
         return []
+    judged = [e for e in deploys if (e.time, e.subject) not in ended]
     labels = dict(rule.selector.labels) or None
     findings = []
     for metric in rule.selector.metrics:
@@ -101,16 +128,70 @@ def run_deploy_regression(
             ctx.store,
             metric,
             selector=labels,
-            start=min(e.time for e in deploys) - params.before_seconds - sample_seconds,
+            start=min((e.time for e in judged), default=now)
+            - params.before_seconds
+            - sample_seconds,
             end=now,
             bin_seconds=sample_seconds,
         )
         by_model = {s.model: s for s in subjects}
         for event in deploys:
+            end = ended.get((event.time, event.subject))
+            if end is not None:
+                findings.append(not_serving(event, metric, end, params, rule))
+                continue
             subject = by_model.get(event.subject)
             if subject is not None:
                 findings.append(judge_deploy(subject, event, params, rule))
     return findings
+
+
+def deployed_version(event: Event) -> str | None:
+    """The version a deploy or rollback event put in service (``to``, else ``version``)."""
+    value = event.attributes.get("to", event.attributes.get("version"))
+    return str(value) if value not in (None, "") else None
+
+
+def superseded_by(
+    event: Event, changes: Sequence[Event], serving: str | None
+) -> tuple[str, float | None] | None:
+    """What ended ``event``'s tenure as the serving version, and when: the model's next deploy
+    or rollback (``("deploy" | "rollback", time)``), or its deployment record naming another
+    version (``("deployment", None)``: the time is not known); ``None`` while it serves."""
+    later = [e for e in changes if e.subject == event.subject and e.time > event.time]
+    if later:
+        first = min(later, key=lambda e: e.time)
+        return str(first.kind), first.time
+    version = deployed_version(event)
+    if serving is not None and version is not None and serving != version:
+        return "deployment", None
+    return None
+
+
+def not_serving(
+    event: Event, metric: str, end: tuple[str, float | None], params: DeployParams, rule: Rule
+) -> Finding:
+    """The CLEAR finding of a deploy whose version no longer serves."""
+    kind, when = end
+    model, version = event.subject, deployed_version(event)
+    how = f"a {kind} at {when:.0f}" if when is not None else "its deployment record"
+    return new_finding(
+        rule,
+        subject=f"{model}/{metric}/{params.statistic}@deploy:{event.time:.0f}",
+        verdict=Verdict.CLEAR,
+        window=(event.time - params.before_seconds, event.time + params.span_seconds),
+        facts=Facts(model=model),
+        summary=f"{model} {version or '(version unknown)'} is no longer serving ({how} ended it)",
+        evidence={
+            "model": model,
+            "metric": metric,
+            "statistic": params.statistic,
+            "deploy_time": event.time,
+            "version": version,
+            "superseded_by": kind,
+            "superseded_time": when,
+        },
+    )
 
 
 def judge_deploy(subject: Binned, event: Event, params: DeployParams, rule: Rule) -> Finding:
@@ -126,7 +207,9 @@ def judge_deploy(subject: Binned, event: Event, params: DeployParams, rule: Rule
         "statistic": params.statistic,
         "direction": params.direction,
         "deploy_time": event.time,
-        "version": str(event.attributes.get("version", "")) or None,
+        "version": deployed_version(event),
+        "version_after": deployed_version(event),
+        "version_before": str(event.attributes.get("from", "")) or None,
         "before_seconds": params.before_seconds,
         "after_seconds": params.after_seconds,
         "settle_seconds": params.settle_seconds,

@@ -3,17 +3,17 @@
 Each cycle reads every selected series at the store's full resolution: a ``baseline_seconds``
 history and the ``window_seconds`` after it, the newest slot excluded (not complete yet).
 
-1. **Screen** (:func:`screen_shifts`, numpy over all rows at once, in blocks): a row is a
-   candidate when it shifted *and* the shift looks like a break. Shifted: the EWMA-smoothed
-   window is more than ``z_above`` robust sigmas (of the smoothed baseline) away for
-   ``hold_seconds`` of known slots in a row, or the window's mean AR(1) one-step residual lies
-   where the confirm's 99 % prediction interval would put it outside (``screen.ar1_tests``: a
-   bursty series with wide robust sigmas still shifts its mean). Break: the CUSUM of the raw
-   robust z alarms, and the confirm's break statistic on prewhitened residuals passes
-   ``BREAK_SUP`` (well under the confirm's 1.63). Optionally only one direction counts, and
-   only a change of at least ``min_change`` (in the metric's unit) between the baseline's mean
-   and the mean of the newest ``hold_seconds``, and only to a new level of at least
-   ``ignore_below`` (utilisation that fell to idle is the idle rules' finding, not this one's).
+0. **Tenure** (:mod:`.level_shift_jobs`): a series of a GPU is judged from its holder's newest
+   change on (a job starting or ending is not a shift); a tenure that covers less than half of
+   the baseline or the window is UNKNOWN.
+1. **Screen** (:func:`.level_shift_screen.screen_shifts`, numpy over all rows at once, in
+   blocks): shifted, like a break, on the rule's ``direction`` (the level now against the
+   baseline's median *and* the window's mean residual), by at least ``min_change``, to a level
+   of at least ``ignore_below`` (utilisation fallen to idle is the idle rules' finding), and for
+   longer than twice the longest phase the series came back from (a training job's checkpoints
+   and evaluations). A serving job's candidate goes on only when its model's request rate does
+   not explain it (:func:`.level_shift_jobs.traffic_explains`); without a request rate it is
+   UNKNOWN.
 2. **Confirm** (:func:`.confirm.confirm_shifts`) the candidates only, with statsmodels: STL
    (when ``season_seconds`` is set), a break test on the deseasonalised, AR(1)-prewhitened
    residuals and the interval of an AR(1)+constant SARIMAX. The fits are kept per series, one
@@ -21,7 +21,11 @@ history and the ``window_seconds`` after it, the newest slot excluded (not compl
    judged in one numpy pass. At most ``max_fits`` fits run per cycle (about 70 ms each with
    STL): new series first, then refits that are due, the strongest candidates first. A new
    series over the budget is UNKNOWN until a later cycle fits it; a due refit over it reuses
-   its fit once more, so refits spread over cycles instead of all landing in one.
+   its fit once more, so refits spread over cycles instead of all landing in one. The confirm
+   holds the direction too: a window whose mean residual lies on the other side is not
+   confirmed.
+3. **Fold by job**: the GPUs of one job make one finding about the job (subject ``job:<key>``,
+   evidence listing the GPUs that shifted); a series nobody holds keeps its own finding.
 
 ``bench/detect_bench.py`` measures exactly this screen and confirm on 10,000 series against
 the naive loop (statsmodels on every series).
@@ -38,129 +42,49 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy.stats import norm
 
 from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
 from gpuwarden.collector.detect.drift import DIRECTIONS
 from gpuwarden.collector.detect.findings import Finding, Verdict, new_finding
+from gpuwarden.collector.detect.level_shift_jobs import (
+    Judged,
+    Tenure,
+    fold_by_job,
+    model_rates,
+    tenures,
+    traffic_explains,
+    traffic_ratio,
+)
+from gpuwarden.collector.detect.level_shift_screen import (
+    BLOCK_ROWS,
+    Screened,
+    ShiftScreen,
+    screen_shifts,
+)
 from gpuwarden.collector.detect.metric_anomaly import (
     series_facts,
     series_identity,
     series_selected,
     series_subject,
 )
-from gpuwarden.collector.detect.numerics import screen
 from gpuwarden.collector.detect.numerics.confirm import Confirmation, FitCache, confirm_shifts
 from gpuwarden.collector.rules.durations import format_duration
 from gpuwarden.collector.rules.model import Rule, Subject
 from gpuwarden.collector.rules.params import duration, integer, number, text
 from gpuwarden.collector.store.types import SeriesInfo
 
+__all__ = ["BLOCK_ROWS", "DETECTOR", "LevelShiftParams", "Screened", "ShiftScreen", "screen_shifts"]
+
 FloatMatrix = npt.NDArray[np.float64]
 FloatVector = npt.NDArray[np.float64]
 BoolVector = npt.NDArray[np.bool_]
 
-EWMA_ALPHA = 0.1
-CUSUM_DRIFT, CUSUM_THRESHOLD, CUSUM_CLIP = 1.0, 20.0, 5.0
-INTERVAL_ALPHA = 0.01
-"""The confirm's prediction interval is 99 %: the screen's mean-residual branch uses the same."""
-BREAK_SUP = 1.0
-"""Screen cut on the break statistic, well below the confirm's (1.63, p = 0.01): the confirm
-tests the STL remainder, the screen the raw series; measured on both of ``detect_bench``'s
-backgrounds to keep every shift the confirm finds."""
-BLOCK_ROWS = 2000
-"""Rows per screen block: block-sized temporaries are recycled by the allocator, where each fresh
-full-size one (29 MB for 10,000 × 720) costs about 60 ms of page faults the first time."""
 MIN_KNOWN = 0.5
 POINTS = 120
 REFIT_EVERY = 20
 FIT_CAPACITY = 16_384
 """Fits kept per store (all level_shift rules): a few hundred bytes each (the seasonal profile
 and three parameters), so the candidates of a 10,000-GPU fleet stay in memory between cycles."""
-
-
-@dataclass(frozen=True, slots=True)
-class ShiftScreen:
-    """Stage one's parameters, in slots and the metric's unit."""
-
-    hold_slots: int = 36
-    z_above: float = 6.0
-    min_scale: float = 0.01
-    min_change: float = 0.0
-    direction: str = "both"
-    ignore_below: float = -math.inf
-    """A series whose new level (mean of the newest ``hold_slots``) is below this is not a
-    candidate: e.g. utilisation that fell to idle, which the idle rules own."""
-
-    def __post_init__(self) -> None:
-        if self.hold_slots < 1 or self.z_above <= 0 or self.min_scale <= 0 or self.min_change < 0:
-            raise ValueError("hold_slots, z_above and min_scale must be > 0, min_change >= 0")
-        if self.direction not in ("both", "increase", "decrease"):
-            raise ValueError(f"direction must be both, increase or decrease, not {self.direction}")
-
-
-@dataclass(frozen=True, slots=True)
-class Screened:
-    """Per row: candidate or not, and the screen's numbers (NaN where not computed)."""
-
-    candidate: BoolVector
-    shift_z: FloatVector
-    """z of the window's mean AR(1) residual against the baseline (sign = direction)."""
-    break_sup: FloatVector
-    level: FloatVector
-    """Mean of the newest ``hold_slots``: the level now."""
-    baseline_mean: FloatVector
-    """Mean of the baseline: the level before."""
-
-    @property
-    def change(self) -> FloatVector:
-        """The level now minus the level before, in the metric's unit."""
-        return self.level - self.baseline_mean
-
-
-def screen_shifts(baseline: FloatMatrix, window: FloatMatrix, params: ShiftScreen) -> Screened:
-    """Stage one on every row of ``baseline`` and ``window`` (series × slots, NaN = missing)."""
-    if baseline.shape[0] != window.shape[0]:
-        raise ValueError(f"baseline has {baseline.shape[0]} rows, window has {window.shape[0]}")
-    parts = [
-        _screen_block(baseline[i : i + BLOCK_ROWS], window[i : i + BLOCK_ROWS], params)
-        for i in range(0, baseline.shape[0], BLOCK_ROWS)
-    ]
-    if not parts:
-        empty = np.zeros(0)
-        return Screened(np.zeros(0, dtype=np.bool_), empty, empty, empty, empty)
-    return Screened(*(np.concatenate(column) for column in zip(*parts, strict=True)))
-
-
-def _screen_block(
-    baseline: FloatMatrix, window: FloatMatrix, params: ShiftScreen
-) -> tuple[BoolVector, FloatVector, FloatVector, FloatVector, FloatVector]:
-    split = baseline.shape[1]
-    smooth = screen.ewma(np.concatenate([baseline, window], axis=1), alpha=EWMA_ALPHA)
-    z_smooth = screen.robust_z(smooth[:, split:], smooth[:, :split], min_scale=params.min_scale)
-    window_known = ~np.isnan(window)
-    held = screen.held_for(np.abs(z_smooth) > params.z_above, params.hold_slots, known=window_known)
-    tests = screen.ar1_tests(baseline, window, min_scale=params.min_scale)
-    # The confirm's interval (window residuals only) cuts at q; shift_z also counts the
-    # baseline level's error, so the same cut is q / sqrt(1 + n / m).
-    ratio = window.shape[1] / max(split - 1, 1)
-    interval_z = float(norm.ppf(1 - INTERVAL_ALPHA / 2)) / math.sqrt(1 + ratio)
-    z = screen.robust_z(window, baseline, min_scale=params.min_scale)
-    drift = screen.cusum(np.clip(z, -CUSUM_CLIP, CUSUM_CLIP), CUSUM_DRIFT, CUSUM_THRESHOLD)
-    with np.errstate(invalid="ignore"):
-        level, before = screen.row_mean(window[:, -params.hold_slots :]), screen.row_mean(baseline)
-        change = level - before
-        shifted = held.any(axis=1) | (np.abs(tests.shift_z) > interval_z)
-        candidate = shifted & drift.alarm.any(axis=1) & (tests.break_sup > BREAK_SUP)
-        if params.min_change > 0:
-            candidate &= np.abs(change) >= params.min_change
-        if params.ignore_below > -math.inf:
-            candidate &= level >= params.ignore_below
-        if params.direction == "increase":
-            candidate &= tests.shift_z > 0
-        elif params.direction == "decrease":
-            candidate &= tests.shift_z < 0
-    return candidate, tests.shift_z, tests.break_sup, level, before
 
 
 def new_fit_cache() -> FitCache:
@@ -231,7 +155,8 @@ def _check(p: LevelShiftParams) -> tuple[str, str] | None:
 def run_level_shift(
     ctx: DetectionContext, rule: Rule, p: LevelShiftParams, now: float
 ) -> list[Finding]:
-    """Engine runner: one finding per selected series of the rule's metrics."""
+    """Engine runner: one finding per job holding a selected series' GPU, and one per series
+    whose GPU nobody holds (see :mod:`.level_shift_jobs`)."""
     store = ctx.store
     step = float(store.step_seconds)
     window_s, baseline_s, season_s = p.window_seconds, p.baseline_seconds, p.season_seconds
@@ -242,12 +167,12 @@ def run_level_shift(
         min_change=p.min_change,
         direction=p.direction,
         ignore_below=p.ignore_below,
+        season_slots=round(season_s / step) if season_s > 0 else 0,
     )
-    max_fits = p.max_fits
     end = math.floor(now / step) * step  # the current slot is not complete yet
     start = end - baseline_s - window_s
     labels = dict(rule.selector.labels) or None
-    findings: list[Finding] = []
+    judged: list[Judged] = []
     for metric in rule.selector.metrics:
         matrix = store.matrix(metric, selector=labels, start=start, end=end)
         rows = [i for i, info in enumerate(matrix.series) if series_selected(rule, info.attributes)]
@@ -255,14 +180,98 @@ def run_level_shift(
             continue
         values = np.asarray(matrix.values[rows], dtype=np.float64)
         infos = [matrix.series[i] for i in rows]
+        held = tenures(ctx, infos, values, matrix.times, step, (start, end))
+        for i, tenure in enumerate(held):
+            values[i, ~tenure.mask] = np.nan  # judged within the current holder's tenure
+        served = {m for m in (_serving_model(ctx, t.holder) for t in held) if m is not None}
+        rates = model_rates(ctx, served, start, end, values.shape[1])
         split = int(np.sum(matrix.times < end - window_s))
-        findings += _judge_metric(
+        judged += _judge_metric(
             ctx, rule, infos, matrix.times + step, values, split, params,
             period=round(season_s / step) if season_s > 0 else None,
             first_slot=round(float(matrix.times[0]) / step) if len(matrix.times) else 0,
-            max_fits=max_fits, step=step,
+            max_fits=p.max_fits, step=step, held=held, rates=rates,
         )  # fmt: skip
-    return findings
+    return fold_by_job(ctx, rule, judged)
+
+
+def _serving_model(ctx: DetectionContext, holder: str) -> str | None:
+    job = ctx.job(holder) if holder else None
+    return job.model if job is not None and job.model else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Traffic:
+    """The traffic check of a metric's candidates held by serving jobs (row → ...)."""
+
+    ratio: dict[int, float]
+    explained: set[int]
+    unknown: set[int]
+
+
+def _traffic(
+    ctx: DetectionContext,
+    screened: Screened,
+    rows: npt.NDArray[np.int64],
+    values: FloatMatrix,
+    split: int,
+    held: list[Tenure],
+    rates: dict[str, FloatVector],
+    params: ShiftScreen,
+) -> _Traffic:
+    """A serving job's candidate is judged further only when its traffic does not explain it."""
+    ratio: dict[int, float] = {}
+    for i in rows.tolist():
+        model = _serving_model(ctx, held[i].holder)
+        if model is not None:
+            before = np.zeros(values.shape[1], dtype=np.bool_)
+            before[:split] = ~np.isnan(values[i, :split])
+            ratio[i] = traffic_ratio(rates.get(model), before, params.hold_slots)
+    explained = {
+        i for i, r in ratio.items()
+        if math.isfinite(r) and traffic_explains(
+            float(screened.level[i]), float(screened.baseline_level[i]), r,
+            params.direction, params.min_change,
+        )
+    }  # fmt: skip
+    return _Traffic(ratio, explained, {i for i, r in ratio.items() if not math.isfinite(r)})
+
+
+def _confirm(
+    ctx: DetectionContext,
+    keys: list[Hashable],
+    baseline: FloatMatrix,
+    window: FloatMatrix,
+    candidates: npt.NDArray[np.int64],
+    strength: FloatVector,
+    *,
+    period: int | None,
+    first_slot: int,
+    max_fits: int,
+    direction: str,
+) -> tuple[dict[int, Confirmation], set[int]]:
+    """The confirm's verdicts of the candidates it ran on, and the new series it deferred.
+
+    Candidates with a young kept fit cost next to nothing. Fits cost ~70 ms each, so at most
+    ``max_fits`` run: new series first, then refits that are due, strongest first in each. A
+    due refit over the budget reuses its fit once more; a new series over it waits (UNKNOWN).
+    """
+    cache = ctx.cache(new_fit_cache)
+    young = np.array([cache.peek(keys[i], period) for i in candidates], dtype=np.bool_)
+    kept = np.array([cache.kept(keys[i], period) for i in candidates], dtype=np.bool_)
+    order = np.argsort(-np.nan_to_num(np.abs(strength[candidates]), nan=0.0), kind="stable")
+    new, due = candidates[order][~kept[order]], candidates[order][(kept & ~young)[order]]
+    for i in due[max(max_fits - new.size, 0) :].tolist():
+        cache.postpone(keys[i])
+    deferred = set(new[max_fits:].tolist())
+    chosen = np.array(sorted(set(candidates.tolist()) - deferred), dtype=np.int64)
+    if not chosen.size:
+        return {}, deferred
+    results = confirm_shifts(
+        baseline[chosen], window[chosen], period,
+        keys=[keys[i] for i in chosen], cache=cache, start=first_slot, direction=direction,
+    )  # fmt: skip
+    return dict(zip(chosen.tolist(), results, strict=True)), deferred
 
 
 def _judge_metric(
@@ -278,68 +287,95 @@ def _judge_metric(
     first_slot: int,
     max_fits: int,
     step: float,
-) -> list[Finding]:
+    held: list[Tenure],
+    rates: dict[str, FloatVector],
+) -> list[Judged]:
     baseline, window = values[:, :split], values[:, split:]
     known_base = np.mean(~np.isnan(baseline), axis=1) if split else np.zeros(len(infos))
     known_window = np.mean(~np.isnan(window), axis=1) if window.shape[1] else np.zeros(len(infos))
     fresh = ~np.isnan(window[:, -params.hold_slots :]).all(axis=1)
     judged = (known_base >= MIN_KNOWN) & (known_window >= MIN_KNOWN) & fresh
     screened = screen_shifts(baseline, window, params)
-    candidates = np.flatnonzero(screened.candidate & judged)
-    cache = ctx.cache(new_fit_cache)
+    screened_rows = np.flatnonzero(screened.candidate & judged)
+    traffic = _traffic(ctx, screened, screened_rows, values, split, held, rates, params)
+    blocked = traffic.explained | traffic.unknown
+    candidates = np.array([i for i in screened_rows.tolist() if i not in blocked], dtype=np.int64)
     keys: list[Hashable] = [(rule.id, series_subject(info)) for info in infos]
-    # Candidates with a young kept fit cost next to nothing. Fits cost ~70 ms each, so at most
-    # max_fits run: new series first, then refits that are due, strongest first in each. A due
-    # refit over the budget reuses its fit once more; a new series over it waits (UNKNOWN).
-    young = np.array([cache.peek(keys[i], period) for i in candidates], dtype=np.bool_)
-    kept = np.array([cache.kept(keys[i], period) for i in candidates], dtype=np.bool_)
-    strength = np.nan_to_num(np.abs(screened.shift_z[candidates]), nan=0.0)
-    order = np.argsort(-strength, kind="stable")
-    new, due = candidates[order][~kept[order]], candidates[order][(kept & ~young)[order]]
-    for i in due[max(max_fits - new.size, 0) :].tolist():
-        cache.postpone(keys[i])
-    deferred = set(new[max_fits:].tolist())
-    chosen = np.array(sorted(set(candidates.tolist()) - deferred), dtype=np.int64)
-    verdicts: dict[int, Confirmation] = {}
-    if chosen.size:
-        results = confirm_shifts(
-            baseline[chosen], window[chosen], period,
-            keys=[keys[i] for i in chosen], cache=cache, start=first_slot,
-        )  # fmt: skip
-        verdicts = dict(zip(chosen.tolist(), results, strict=True))
+    verdicts, deferred = _confirm(
+        ctx, keys, baseline, window, candidates, screened.shift_z,
+        period=period, first_slot=first_slot, max_fits=max_fits, direction=params.direction,
+    )  # fmt: skip
     window_start = float(times[split - 1]) if split else float(times[0])
     out = []
     for i, info in enumerate(infos):
+        tenure = held[i]
         evidence = _base_evidence(info, known_base[i], known_window[i])
+        if tenure.holder:
+            evidence["job"] = tenure.holder
+        if i in traffic.ratio:
+            evidence["traffic_ratio"] = _num(traffic.ratio[i])
+        pending = i in deferred or i in traffic.unknown
         if not judged[i]:
-            verdict, summary = Verdict.UNKNOWN, "too little data in the baseline or the window"
+            verdict, summary = Verdict.UNKNOWN, _unjudged(tenure, evidence)
         elif i in deferred:
             verdict, summary = Verdict.UNKNOWN, f"screened, not confirmed yet (max_fits={max_fits})"
+        elif i in traffic.unknown:
+            model = _serving_model(ctx, tenure.holder)
+            verdict, summary = (
+                Verdict.UNKNOWN,
+                (
+                    f"serving job {tenure.holder} ({model}): no request rate of its model to tell "
+                    "its traffic from a change of its own"
+                ),
+            )
         else:
+            evidence |= _screen_evidence(screened, i, candidate=i in verdicts)
+            evidence["traffic_explains"] = i in traffic.explained
             verdict, summary = Verdict.CLEAR, ""
-            evidence |= {
-                "level": _num(screened.level[i]),
-                "baseline_mean": _num(screened.baseline_mean[i]),
-                "change": _num(screened.change[i]),
-                "shift_z": _num(screened.shift_z[i]),
-                "break_sup": _num(screened.break_sup[i]),
-                "candidate": bool(i in verdicts),
-            }
             result = verdicts.get(i)
             if result is not None:
                 evidence |= _confirm_evidence(result)
                 if result.confirmed:
                     verdict = Verdict.FIRING
-                    hold = format_duration(params.hold_slots * step)
-                    level, before = screened.level[i], screened.baseline_mean[i]
-                    summary = (
-                        f"{series_subject(info)}: {level:.4g} over the last {hold}, against "
-                        f"{before:.4g} over the baseline ({level - before:+.4g}); break "
-                        f"p={result.p_value:.2g}, mean residual at {result.score:.1f}× the "
-                        "99 % prediction interval's half-width"
-                    )
-        out.append(_finding(rule, info, verdict, summary, evidence, times, values[i], window_start))
+                    summary = _firing_summary(info, screened, i, result, params, step)
+        finding = _finding(rule, info, verdict, summary, evidence, times, values[i], window_start)
+        out.append(Judged(info, tenure.holder, verdict, summary, evidence, pending, finding))
     return out
+
+
+def _unjudged(tenure: Tenure, evidence: dict[str, object]) -> str:
+    """Why a series with too little data is UNKNOWN (its holder changed, or data is missing)."""
+    if tenure.since is None:
+        return "too little data in the baseline or the window"
+    evidence["tenure_start"] = tenure.since
+    return (
+        f"the GPU changed holder ({tenure.previous or 'nobody'} -> {tenure.holder or 'nobody'}): "
+        "judged once the new tenure covers half the baseline and the window"
+    )
+
+
+def _screen_evidence(screened: Screened, i: int, *, candidate: bool) -> dict[str, object]:
+    return {
+        "level": _num(screened.level[i]),
+        "baseline_level": _num(screened.baseline_level[i]),
+        "change": _num(screened.change[i]),
+        "shift_z": _num(screened.shift_z[i]),
+        "break_sup": _num(screened.break_sup[i]),
+        "candidate": candidate,
+    }
+
+
+def _firing_summary(
+    info: SeriesInfo, screened: Screened, i: int, result: Confirmation, params: ShiftScreen,
+    step: float,
+) -> str:  # fmt: skip
+    hold = format_duration(params.hold_slots * step)
+    level, before = screened.level[i], screened.baseline_level[i]
+    return (
+        f"{series_subject(info)}: {level:.4g} over the last {hold}, against {before:.4g} over "
+        f"the baseline ({level - before:+.4g}); break p={result.p_value:.2g}, mean residual at "
+        f"{result.score:.1f}× the 99 % prediction interval's half-width"
+    )
 
 
 def _num(value: float) -> float | None:

@@ -14,7 +14,8 @@ points), both 1-D, NaN = missing:
 
 A candidate is confirmed when both agree: a break somewhere (p < ``alpha``) *and* the window's
 level outside the prediction interval, so a break elsewhere in the history does not confirm a
-quiet window.
+quiet window. With a ``direction`` (``increase`` or ``decrease``) the window's mean residual must
+also lie on that side: a rise is never a confirmed decrease.
 
 **Fits are reused, not refitted.** The engine runs every cycle and a shifted series stays a
 candidate for many cycles. With a ``cache`` and a ``key``, what was fitted (STL's seasonal
@@ -59,6 +60,21 @@ from gpuwarden.collector.detect.numerics import screen
 FloatVector = npt.NDArray[np.float64]
 FloatMatrix = npt.NDArray[np.float64]
 MIN_HISTORY = 20
+DIRECTIONS = ("both", "increase", "decrease")
+
+
+def _on_side(mean_residual: float, direction: str) -> bool:
+    """Whether the window's mean one-step residual lies on the side ``direction`` asks for."""
+    if direction == "increase":
+        return mean_residual > 0
+    if direction == "decrease":
+        return mean_residual < 0
+    return True
+
+
+def _check_direction(direction: str) -> None:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, not {direction!r}")
 
 
 @dataclass(frozen=True)
@@ -169,6 +185,7 @@ def confirm_shift(
     key: Hashable | None = None,
     cache: FitCache | None = None,
     start: int = 0,
+    direction: str = "both",
 ) -> Confirmation:
     """Confirm (or not) that ``window`` departs from ``history``.
 
@@ -182,7 +199,9 @@ def confirm_shift(
         cache: where fits are kept between calls.
         start: absolute sample index of ``history[0]`` (aligns the seasonal phase of a kept
             fit when the window has moved on).
+        direction: ``increase`` or ``decrease`` confirms a shift to that side only.
     """
+    _check_direction(direction)
     past_raw = np.asarray(history, dtype=np.float64).ravel()
     both_raw = np.concatenate([past_raw, np.asarray(window, dtype=np.float64).ravel()])
     known = np.isfinite(both_raw)
@@ -229,8 +248,9 @@ def confirm_shift(
     sigma = math.sqrt(max(float(params[-1]), 1e-12))
     # The mean of n AR(1) one-step residuals has sd sigma / sqrt(n) (they are white).
     half_width = norm.ppf(1 - interval_alpha / 2) * sigma / math.sqrt(len(resid))
-    score = float(abs(float(resid.mean())) / half_width)
-    confirmed = bool(p_value < alpha and score > 1.0)
+    mean_residual = float(resid.mean())
+    score = float(abs(mean_residual) / half_width)
+    confirmed = bool(p_value < alpha and score > 1.0 and _on_side(mean_residual, direction))
     return Confirmation(
         confirmed=confirmed,
         p_value=float(p_value),
@@ -239,6 +259,7 @@ def confirm_shift(
         detail={
             "phi": float(phi[0]),
             "sigma": sigma,
+            "mean_residual": mean_residual,
             "window_mean": float(np.mean(both_raw[known][n_past:])),
             "seasonal_amplitude": float(np.ptp(seasonal)) if seasonal.size else 0.0,
             "reused_fit": 1.0 if kept is not None else 0.0,
@@ -257,14 +278,16 @@ def confirm_shifts(
     start: int = 0,
     alpha: float = 0.01,
     interval_alpha: float = 0.01,
+    direction: str = "both",
 ) -> list[Confirmation]:
     """:func:`confirm_shift` on every row of ``history`` and ``window`` (series × time).
 
     ``keys[i]`` is row ``i``'s identity in ``cache``; rows with a kept fit young enough to reuse
     are judged together (the same verdict, p-value and score as one by one, in one numpy pass),
     the others fitted one by one and their fits kept. Without ``cache`` or ``keys`` every row
-    is fitted.
+    is fitted. ``direction`` as in :func:`confirm_shift`.
     """
+    _check_direction(direction)
     past = np.atleast_2d(np.asarray(history, dtype=np.float64))
     ahead = np.atleast_2d(np.asarray(window, dtype=np.float64))
     if past.shape[0] != ahead.shape[0]:
@@ -284,15 +307,16 @@ def confirm_shifts(
             key = keys[i] if keys is not None else None
             results[i] = confirm_shift(
                 past[i], ahead[i], period, alpha=alpha, interval_alpha=interval_alpha,
-                key=key, cache=cache, start=start,
+                key=key, cache=cache, start=start, direction=direction,
             )  # fmt: skip
         else:
             kept.append((i, fit))
     if kept:
         rows = np.array([i for i, _ in kept])
         batch = _reuse_fits(
-            past[rows], ahead[rows], [fit for _, fit in kept], usable, start, alpha, interval_alpha
-        )
+            past[rows], ahead[rows], [fit for _, fit in kept], usable, start,
+            alpha, interval_alpha, direction,
+        )  # fmt: skip
         for i, result in zip(rows.tolist(), batch, strict=True):
             results[i] = result
     return [r for r in results if r is not None]
@@ -306,6 +330,7 @@ def _reuse_fits(
     start: int,
     alpha: float,
     interval_alpha: float,
+    direction: str,
 ) -> list[Confirmation]:
     """The kept-fit path of :func:`confirm_shift` for many rows (each with >= ``MIN_HISTORY``
     known history points and a known window point): the same arithmetic, row-wise."""
@@ -361,13 +386,18 @@ def _reuse_fits(
         raw_window = raw[r, pos[n_past[r] :]]
         results.append(
             Confirmation(
-                confirmed=bool(p_values[r] < alpha and scores[r] > 1.0),
+                confirmed=bool(
+                    p_values[r] < alpha
+                    and scores[r] > 1.0
+                    and _on_side(float(resid_mean[r]), direction)
+                ),
                 p_value=float(p_values[r]),
                 score=float(scores[r]),
                 baseline=float(baseline[r]),
                 detail={
                     "phi": float(phi[r]),
                     "sigma": float(sigma[r]),
+                    "mean_residual": float(resid_mean[r]),
                     "window_mean": float(np.mean(raw_window)),
                     "seasonal_amplitude": float(np.ptp(seasonal_known)),
                     "reused_fit": 1.0,

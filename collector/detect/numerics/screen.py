@@ -297,6 +297,44 @@ def cusum(z: npt.ArrayLike, drift: float, threshold: float) -> Cusum:
     return Cusum(upper=upper_out, lower=lower_out, alarm=alarm)
 
 
+@dataclass(frozen=True)
+class Excursions:
+    """Per row: how long the newest excursion has lasted, and the longest one before it."""
+
+    current: npt.NDArray[np.int64]
+    """Known slots in the excursion the row is in at its end (0 when it is not in one)."""
+    longest_before: npt.NDArray[np.int64]
+    """Known slots of the longest excursion that ended before: a phase the row came back from."""
+
+
+def excursions(x: npt.ArrayLike, enter: npt.ArrayLike, leave: npt.ArrayLike) -> Excursions:
+    """Excursions below a per-row level, with hysteresis, on each row of ``x``.
+
+    A row enters an excursion at a known slot below ``enter`` and leaves it at a known slot above
+    ``leave`` (``leave >= enter``: noise around ``enter`` neither ends one nor starts a new one).
+    Missing slots neither count nor end one. For excursions above a level, pass ``-x``,
+    ``-enter`` and ``-leave``.
+    """
+    values = as_matrix(x)
+    rows = values.shape[0]
+    low = np.broadcast_to(np.asarray(enter, dtype=np.float64), (rows,))
+    high = np.broadcast_to(np.asarray(leave, dtype=np.float64), (rows,))
+    by_time = np.ascontiguousarray(values.T)
+    inside = np.zeros(rows, dtype=np.bool_)
+    run = np.zeros(rows, dtype=np.int64)
+    longest = np.zeros(rows, dtype=np.int64)
+    with np.errstate(invalid="ignore"):
+        for col in by_time:
+            known = ~np.isnan(col)
+            ended = inside & known & (col > high)
+            np.maximum(longest, np.where(ended, run, 0), out=longest)
+            inside &= ~ended
+            run[ended] = 0
+            inside |= known & (col < low)
+            run += inside & known
+    return Excursions(current=np.where(inside, run, 0), longest_before=longest)
+
+
 def held_for(mask: npt.ArrayLike, slots: int, *, known: npt.ArrayLike | None = None) -> BoolMatrix:
     """True where ``mask`` has held for the last ``slots`` known slots in a row (per row).
 
