@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpuwarden import __version__
 from gpuwarden.agent.config import AgentConfig, ConfigError
-from gpuwarden.agent.daemon import Agent, Attribution, EventProbe
+from gpuwarden.agent.daemon import Agent, Attribution, EventProbe, HostProbe
 from gpuwarden.agent.http import AgentHttpServer
 from gpuwarden.agent.model import GpuEvent, GpuSource, JobRef, ProcessSample
 from gpuwarden.agent.sender import OtlpHttpSender
@@ -139,8 +139,13 @@ def build_agent(
     clock: Callable[[], float] = time.time,
     with_host: bool = True,
     machine_id_file: Path = Path("/etc/machine-id"),
+    host: HostProbe | None = None,
 ) -> AgentRuntime:
-    """Build every part of the agent; nothing starts until ``Agent.run``/``http.start``."""
+    """Build every part of the agent; nothing starts until ``Agent.run``/``http.start``.
+
+    ``host`` replaces the ``/proc`` reader (the demo's simulated hosts); ``with_host=False``
+    drops host data altogether.
+    """
     gpu_source, attribution, events = source if source is not None else build_source(config, clock)
     cache = SampleCache()
     readers = []
@@ -157,8 +162,8 @@ def build_agent(
         version=__version__,
         extra_readers=readers,
     )
-    host_probe = None
-    if with_host:
+    host_probe = host
+    if with_host and host_probe is None:
         from gpuwarden.agent.host import HostReader
 
         host_probe = HostReader(config.proc_root, config.sys_root).sample

@@ -78,9 +78,11 @@ def run_agent(config: AgentConfig, *, once: bool = False, push: bool = False) ->
         raise
     agent = runtime.agent
     if once:
-        result = agent.sample_once()
-        print(json.dumps(snapshot_summary(result.snapshot), indent=2))
-        agent.shutdown(flush_timeout_seconds=config.collector.timeout_seconds)
+        try:
+            result = agent.sample_once()
+            print(json.dumps(snapshot_summary(result.snapshot), indent=2), flush=True)
+        finally:  # a reader gone (``| head``) must not skip the push of the round
+            agent.shutdown(flush_timeout_seconds=config.collector.timeout_seconds)
         return 0
     stop = threading.Event()
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from gpuwarden import __version__
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+EXIT_BROKEN_PIPE = 128 + 13
+"""What a shell reports for a command that SIGPIPE ended (``gpuwarden agent --once | head -1``)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -238,7 +240,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=getattr(logging, args.log_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return _COMMANDS[args.command](args)
+    try:
+        code = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # a reader that went away shows here, not at interpreter exit
+    except BrokenPipeError:
+        return _reader_gone()
+    return code
+
+
+def _reader_gone() -> int:
+    """The reader of stdout closed the pipe (``| head``): stop quietly, as ``cat`` would.
+
+    Python ignores SIGPIPE, so a write to a closed pipe raises instead of ending the process.
+    stdout is pointed at ``/dev/null`` so the interpreter's final flush has nowhere to fail.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -51,21 +51,25 @@ from gpuwarden.collector.build import build_remediation, build_service, load_con
 from gpuwarden.collector.config import CollectorConfig as ServerConfig
 from gpuwarden.collector.config import ModelServer
 from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.jobs.model import JobState
 from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.remediate.actuators.base import Actuator
 from gpuwarden.collector.remediate.actuators.http_router import HttpRouterActuator
 from gpuwarden.collector.remediate.actuators.settings import RouteSpec
 from gpuwarden.collector.remediate.policy import SETTLE_SECONDS, PolicyConfig, RemediationSettings
-from gpuwarden.collector.storage.records import Event, EventKind
+from gpuwarden.collector.storage.records import Event, EventKind, IncidentState
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.demo_fleet import (
     FALLBACK_MODEL,
+    HOST_CPU_BUSY,
     NODES,
     SERVICE_MODEL,
     ConsoleNotifier,
     DemoScheduler,
+    SimulatedHost,
     deployment,
     jobs,
+    peak_hour,
     preempt,
     scaled_rules,
     scenario,
@@ -77,8 +81,8 @@ from gpuwarden.demo_serving import ServingProfile, SimulatedModelServer
 STEP_SECONDS = 1
 DEPLOY_AT, XID_AT, PREEMPT_AT = 0.30, 0.20, 0.45
 """When the slow deploy, the XID and the spot preemption happen, as shares of the duration."""
-ROLLBACK_AFTER_SECONDS = 12.0
-"""How long after the degrade the paged on-call rolls the slow version back."""
+ROLLBACK_AT_LATEST = 0.70
+"""When the on-call rolls the slow version back if no deploy-regression page came first."""
 
 
 def _free_port() -> int:
@@ -204,14 +208,15 @@ class _Demo:
         self.clock = _compressed_clock(speed, self.started)
         self.service.registry.put(jobs(self.started))
         self.service.storage.upsert_model(deployment())
+        peak = peak_hour(self.started, duration * speed)
         self.sources = {
-            node: SimulatedSource(scenario(node, XID_AT * duration * speed), clock=self.clock)
+            node: SimulatedSource(scenario(node, XID_AT * duration * speed, peak), clock=self.clock)
             for node in NODES
         }
         self.router = RouterState({SERVICE_MODEL: {SERVICE_MODEL: 100.0, FALLBACK_MODEL: 0.0}})
         self.router_port = _free_port()
         self.serving = SimulatedModelServer(
-            ServingProfile(model=SERVICE_MODEL, fallback_model=FALLBACK_MODEL),
+            ServingProfile(model=SERVICE_MODEL, fallback_model=FALLBACK_MODEL, peak_hour_utc=peak),
             clock=self.clock,
             fallback_share=lambda: self.router.share(SERVICE_MODEL, FALLBACK_MODEL),
         )
@@ -267,6 +272,7 @@ class _Demo:
                 _agent_config(node, self.port, self.token, spool, self.interval),
                 source=(sim, job_hints(sim.jobs), sim.events),
                 clock=self.clock,
+                host=SimulatedHost(HOST_CPU_BUSY[node]).sample,
             )
             self.runtimes.append(runtime)
             thread = threading.Thread(target=runtime.agent.run, args=(self.stop,), name=node)
@@ -292,11 +298,12 @@ class _Demo:
             self.done["restored"] = True
             _say(f"router: all {SERVICE_MODEL} traffic is back on {SERVICE_MODEL}")
         if (
-            self.degraded_at is not None
+            self.done["deploy"]
             and not self.done["rollback"]
-            and elapsed >= self.degraded_at + ROLLBACK_AFTER_SECONDS
+            and (self._regression_paged() or elapsed >= ROLLBACK_AT_LATEST * self.duration)
         ):
-            # the paged on-call rolls the slow version back; the degrade is then undone
+            # paged for the regression, the on-call rolls the slow version back; the degrade
+            # is undone once the SLO burn has ended
             self.done["rollback"] = True
             self.serving.deploy("v1")
             self.service.storage.upsert_model(deployment("v1"))
@@ -308,6 +315,17 @@ class _Demo:
             self.done["preempt"] = True
             key = preempt(self.service, self.sources["gpu-node-b"], time.time())
             _say(f"spot: {key} preempted (capacity reclaimed)")
+
+    def _regression_paged(self) -> bool:
+        """Whether the deploy-regression incident opened (the story's cue for the rollback).
+
+        Waiting for it, rather than for a number of wall seconds, keeps the story in order
+        however slowly a loaded machine runs the detection cycles.
+        """
+        return any(
+            incident.rule_id == "deploy-regression"
+            for incident in self.service.storage.incidents(state=IncidentState.OPEN)
+        )
 
     async def run(self) -> None:
         """Tick the model server, play the timeline and the operator, print a summary."""
@@ -345,15 +363,26 @@ class _Demo:
         await asyncio.to_thread(stop_agents)
 
     async def report(self) -> None:
-        """Account for the last period and print the report."""
+        """End the run's jobs, account for the last period and print the report.
+
+        The jobs end with the run (the demo's cluster goes away with it): otherwise the last
+        accounting period, which reaches past the agents' last samples, would charge them for
+        GPU time the run never had.
+        """
         await self.stop_agents()
         service = self.service
-        service.run_accounting(now=time.time() + service.period_seconds)
+        ended = time.time()
+        service.registry.put(
+            dataclasses.replace(job, state=JobState.COMPLETED, end_time=ended)
+            for job in service.registry.jobs()
+            if job.state is JobState.RUNNING
+        )
+        service.run_accounting(now=ended + service.period_seconds)
         await asyncio.to_thread(
             print_report,
             service,
             self.started,
-            time.time(),
+            ended,
             self.speed,
             self.base,
             self.scheduler.requeued,

@@ -20,8 +20,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
-from gpuwarden.agent.model import JobRef
+from gpuwarden.agent.model import HostSample, JobRef
 from gpuwarden.agent.sources.scenario import (
     H100_SXM,
     Assignment,
@@ -83,20 +84,68 @@ NODES = ("gpu-node-a", "gpu-node-b", "gpu-node-c", "gpu-node-d")
 XID_NODE, XID_GPU, XID_CODE = "gpu-node-d", 3, 79
 
 
-def _workload(job: DemoJob) -> Assignment:
+HOST_CPU_BUSY: Mapping[str, float] = MappingProxyType(
+    {"gpu-node-a": 0.95, "gpu-node-b": 0.2, "gpu-node-c": 0.35, "gpu-node-d": 0.3}
+)
+"""Each node's host CPU load: the starved training job's data loader saturates gpu-node-a."""
+HOST_CPUS = 96
+
+
+class SimulatedHost:
+    """The host of a demo node: ``/proc``-like CPU counters at a fixed load, and memory.
+
+    The demo's agents would otherwise read the machine that runs the demo, whose CPU load (a
+    busy laptop, a shared CI runner) would decide which jobs look input-bound. The counters
+    advance on ``clock``, the clock that stamps the agents' samples (the wall clock), so the
+    collector reads ``busy_ratio`` as the utilisation whatever the demo's speed.
+    """
+
+    def __init__(self, busy_ratio: float, *, clock: Callable[[], float] = time.time) -> None:
+        self._busy_ratio = busy_ratio
+        self._clock = clock
+        self._start = clock()
+
+    def sample(self) -> HostSample:
+        """The counters since the host's start."""
+        cpu_seconds = HOST_CPUS * max(0.0, self._clock() - self._start)
+        busy = cpu_seconds * self._busy_ratio
+        return HostSample(
+            cpu_time_seconds={
+                "user": busy * 0.9,
+                "system": busy * 0.1,
+                "idle": cpu_seconds - busy,
+                "iowait": 0.0,
+            },
+            cpu_count=HOST_CPUS,
+            memory_bytes={"used": 600 * 2**30, "free": 1400 * 2**30},
+            memory_limit_bytes=2048 * 2**30,
+        )
+
+
+def _workload(job: DemoJob, peak_hour_utc: float) -> Assignment:
     ref = JobRef(scheduler="slurm", job_id=job.job_id)
     workloads = {
         "input_bound": InputBound(job=ref, duty_ratio=0.3, period_seconds=600.0),
         "idle_allocated": IdleAllocated(job=ref),
         "training": Training(job=ref),
-        "inference": Inference(job=ref, peak_hour_utc=14.0),
+        "inference": Inference(job=ref, peak_hour_utc=peak_hour_utc),
     }
     return Assignment(gpus=job.gpus, workload=workloads[job.kind])
 
 
-def scenario(node: str, xid_at_seconds: float) -> Scenario:
+def peak_hour(start: float, simulated_seconds: float) -> float:
+    """The UTC hour of the serving load's daily peak: the middle of the simulated run.
+
+    The daily curve then looks the same whatever the hour the demo is run at (near its peak,
+    where it is flattest), instead of a falling evening or a rising morning by chance.
+    """
+    return ((start % 86400) + simulated_seconds / 2) / 3600 % 24
+
+
+def scenario(node: str, xid_at_seconds: float, peak_hour_utc: float = 14.0) -> Scenario:
     """The scenario of one node; the XID fires ``xid_at_seconds`` of simulated time in, and the
-    GPU is lost a few simulated seconds later (XID 79: it fell off the bus)."""
+    GPU is lost a few simulated seconds later (XID 79: it fell off the bus); the inference
+    load peaks at ``peak_hour_utc``."""
     faults = (
         XidFault(gpu=XID_GPU, xid=XID_CODE, at_seconds=xid_at_seconds),
         LostFault(gpu=XID_GPU, at_seconds=xid_at_seconds + 5),
@@ -105,7 +154,7 @@ def scenario(node: str, xid_at_seconds: float) -> Scenario:
         node_name=node,
         gpu_count=GPUS_PER_NODE,
         model=H100_SXM,
-        assignments=tuple(_workload(job) for job in JOBS if job.node == node),
+        assignments=tuple(_workload(job, peak_hour_utc) for job in JOBS if job.node == node),
         faults=faults if node == XID_NODE else (),
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import IncidentState
@@ -32,6 +33,57 @@ def print_status(service: CollectorService, elapsed: float, speed: float) -> Non
     )
 
 
+@dataclass(frozen=True, slots=True)
+class SimulatedTotals:
+    """One job's accounting on the demo's simulated clock.
+
+    The agents' workloads run ``speed`` times faster than the wall clock that stamps their
+    samples: the collector counts wall GPU-seconds, but its energy (counter deltas) already
+    holds simulated joules, and carbon follows the energy. GPU-seconds and dollars are scaled
+    by ``speed`` here, so every figure of the report is on the one simulated clock.
+    """
+
+    job: str
+    team: str
+    gpu_hours: float
+    idle_gpu_hours: float
+    kwh: float
+    co2_kg: float
+    idle_usd: float
+    usd: float
+
+
+def simulated_totals(
+    service: CollectorService, started: float, ended: float, speed: float
+) -> list[SimulatedTotals]:
+    """Each job's totals over the run, on simulated time, most idle first."""
+    rollups = service.storage.rollups(since=started - 60, until=ended + 60, by=("job_key", "team"))
+    rows = []
+    for total in rollups:
+        if total.group.get("job_key") is None:
+            continue
+        share = (
+            total.gpu_seconds_idle / total.gpu_seconds_allocated
+            if total.gpu_seconds_allocated
+            else 0.0
+        )
+        usd = (total.cost_usd or 0.0) * speed
+        rows.append(
+            SimulatedTotals(
+                job=str(total.group["job_key"]),
+                team=str(total.group.get("team") or "-"),
+                gpu_hours=total.gpu_seconds_allocated * speed / 3600,
+                idle_gpu_hours=total.gpu_seconds_idle * speed / 3600,
+                kwh=(total.energy_joules or 0.0) / 3.6e6,
+                co2_kg=(total.carbon_grams or 0.0) / 1000,
+                idle_usd=usd * share,
+                usd=usd,
+            )
+        )
+    rows.sort(key=lambda r: -r.idle_gpu_hours)
+    return rows
+
+
 def print_report(
     service: CollectorService,
     started: float,
@@ -42,35 +94,27 @@ def print_report(
 ) -> None:
     """The end of the demo: waste found, incidents, actions, and where to look."""
     storage = service.storage
+    wall = ended - started
     print("\n" + "=" * 78)
-    print(f"gpuwarden demo report: {ended - started:.0f} s of wall time at {speed:g}x")
+    print(f"gpuwarden demo report: {wall:.0f} s of wall time at {speed:g}x")
+    print(f"all figures on simulated time: {wall * speed / 3600:.2f} h")
     print("=" * 78)
-    totals = storage.rollups(since=started - 60, until=ended + 60, by=("job_key", "team"))
-    idle_h = allocated_h = idle_usd = cost = 0.0
+    rows = simulated_totals(service, started, ended, speed)
     print("\nwaste found (accounting: allocated GPU time with utilisation below the idle line)")
-    print(f"  {'job':<24} {'team':<10} {'GPU-h':>8} {'idle GPU-h':>11} {'idle $':>9} {'$':>9}")
-    for total in sorted(totals, key=lambda t: -t.gpu_seconds_idle):
-        if total.group.get("job_key") is None:
-            continue
-        share = (
-            total.gpu_seconds_idle / total.gpu_seconds_allocated
-            if total.gpu_seconds_allocated
-            else 0.0
-        )
-        job_cost = total.cost_usd or 0.0
-        idle_h += total.gpu_seconds_idle / 3600
-        allocated_h += total.gpu_seconds_allocated / 3600
-        idle_usd += job_cost * share
-        cost += job_cost
+    print(
+        f"  {'job':<20} {'team':<9} {'GPU-h':>7} {'idle GPU-h':>10} {'kWh':>7} "
+        f"{'kg CO2':>7} {'idle $':>8} {'$':>8}"
+    )
+    for row in rows:
         print(
-            f"  {total.group['job_key']!s:<24} {total.group.get('team') or '-':<10} "
-            f"{total.gpu_seconds_allocated / 3600:>8.3f} {total.gpu_seconds_idle / 3600:>11.3f} "
-            f"{job_cost * share:>9.2f} {job_cost:>9.2f}"
+            f"  {row.job:<20} {row.team:<9} {row.gpu_hours:>7.2f} {row.idle_gpu_hours:>10.2f} "
+            f"{row.kwh:>7.2f} {row.co2_kg:>7.2f} {row.idle_usd:>8.2f} {row.usd:>8.2f}"
         )
     print(
-        f"  {'total':<35} {allocated_h:>8.3f} {idle_h:>11.3f} {idle_usd:>9.2f} {cost:>9.2f}"
-        f"   (x{speed:g} = {idle_h * speed:.1f} idle GPU-h, ${idle_usd * speed:,.0f} of "
-        "simulated time)"
+        f"  {'total':<30} {sum(r.gpu_hours for r in rows):>7.2f} "
+        f"{sum(r.idle_gpu_hours for r in rows):>10.2f} {sum(r.kwh for r in rows):>7.2f} "
+        f"{sum(r.co2_kg for r in rows):>7.2f} {sum(r.idle_usd for r in rows):>8.2f} "
+        f"{sum(r.usd for r in rows):>8.2f}"
     )
     incidents = storage.incidents()
     print(f"\nincidents: {len(incidents)}")

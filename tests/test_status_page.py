@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,12 @@ from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.remediate.policy import RemediationSettings
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.records import Incident
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.remediation_setup import create_remediation
-from gpuwarden.collector.web.status_svg import Series, line_chart
+from gpuwarden.collector.web.status_charts import P_VALUE, UTILIZATION, incident_axes
+from gpuwarden.collector.web.status_page import incident_view
+from gpuwarden.collector.web.status_svg import Axis, Series, Threshold, date, line_chart
 from tests.collector_server import CollectorThread
 from tests.test_accounting_scenario import END, HOURS, T0, service  # noqa: F401 - the fixture
 
@@ -63,6 +67,13 @@ async def test_status_page_shows_fleet_incidents_waste_actions_and_audit(
     assert page.count('class="incident"') == 4
     assert page.count('<svg class="chart"') == 5  # the fleet chart and one per incident
     assert "idle-gpu" in page
+    # the fleet chart: one legend entry per node, the axis in %, the times as dates
+    fleet = page[page.index('id="fleet"') : page.index('id="incidents"')]
+    legend = fleet[fleet.index('<g class="legend">') : fleet.index("</svg>")]
+    nodes = re.findall(r'class="tick">([^<]*)</text>', legend)
+    assert nodes == sorted(service.nodes)
+    assert 'class="unit">%</text>' in fleet
+    assert re.search(r'class="tick">\d{4}-\d\d-\d\d \d\d:\d\d UTC</text>', fleet)
     assert "training-straggler" in page
     # the waste leaderboard names the idle jobs and their idle cost, in the table's currency
     waste = page[page.index('id="waste"') : page.index('id="actions"')]
@@ -100,14 +111,108 @@ def test_charts_escape_labels_and_say_when_empty():
     svg = line_chart(
         [Series("<script>alert(1)</script>", [(0.0, 1.0), (60.0, float("nan")), (120.0, 2.0)])],
         title='a "title" & <b>',
-        threshold=1.5,
+        thresholds=[Threshold(1.5, "<i>limit</i>", Axis())],
     )
     assert "<script>" not in svg
     assert "&lt;script&gt;" in svg
     assert "&quot;title&quot; &amp; &lt;b&gt;" in svg
+    assert "<i>" not in svg
     assert svg.count("<circle") == 2  # a gap splits the line: two single points
     empty = line_chart([Series("x", [])], title="nothing")
     assert "no data in this window" in empty
+
+
+def _texts(svg: str, cls: str) -> list[str]:
+    return re.findall(rf'class="{cls}">([^<]*)</text>', svg)
+
+
+def _legend(svg: str) -> list[str]:
+    block = svg[svg.index('<g class="legend">') :]
+    return re.findall(r"<text[^>]*>([^<]*)</text>", block)
+
+
+T = 1_764_000_000.0  # 2025-11-24 16:00 UTC
+
+
+def test_a_threshold_in_another_unit_gets_its_own_axis():
+    """A deploy's p-value is not drawn on the latency axis: it has a right axis of its own."""
+    latency = [(T + 60 * i, 0.3 + 0.6 * i / 10) for i in range(11)]  # 0.3 .. 0.9 s
+    svg = line_chart(
+        [Series("p99 latency", latency)],
+        title="deploy-regression",
+        axis=Axis("s"),
+        thresholds=[Threshold(0.01, "p-value below", P_VALUE)],
+    )
+    ticks = _texts(svg, "tick")
+    # the left axis spans the latencies only (0.3 .. 0.9 s), not down to the p-value
+    assert ticks[:3] == ["0.3", "0.6", "0.9"]
+    assert _texts(svg, "unit") == ["s", "p-value"]  # one unit per axis
+    legend = _legend(svg)
+    assert legend[0] == "p99 latency"
+    assert legend[1] == "p-value below: 0.01 p-value (right axis)"
+
+
+def test_a_threshold_in_the_series_unit_shares_its_axis_and_ratios_show_in_percent():
+    util = [(T + 60 * i, 0.5 + 0.04 * i) for i in range(11)]  # 50 % .. 90 %
+    svg = line_chart(
+        [Series("gpu-node-a", util, "#2f6fb0"), Series("gpu-node-b", util, "#c2410c")],
+        title="utilisation",
+        axis=UTILIZATION,
+        thresholds=[Threshold(0.05, "idle below", UTILIZATION)],
+    )
+    ticks = _texts(svg, "tick")
+    assert ticks[:3] == ["5", "48", "90"]  # the 5 % threshold is on this axis: it stretches it
+    assert _texts(svg, "unit") == ["%"]
+    assert _legend(svg) == ["gpu-node-a", "gpu-node-b", "idle below: 5 %"]
+    assert svg.count('class="threshold"') == 1
+
+
+def test_chart_times_are_utc_dates_not_unix_seconds():
+    points = [(T, 1.0), (T + 3 * 3600, 2.0)]
+    svg = line_chart([Series("x", points)], title="dates")
+    dates = [t for t in _texts(svg, "tick") if ":" in t]
+    assert dates == [f"{date(T)} UTC", date(T + 1.5 * 3600), date(T + 3 * 3600)]
+    assert dates[0].startswith(time.strftime("%Y-%m-%d", time.gmtime(T)))
+    assert str(int(T)) not in svg
+
+
+def test_incident_units_come_from_the_evidence():
+    deploy = {
+        "metric": "vllm:e2e_request_latency_seconds",
+        "test": "mannwhitney",
+        "threshold": 0.01,
+    }
+    axis, marks = incident_axes(deploy)
+    assert axis.unit == "s"
+    assert [(m.value, m.axis) for m in marks] == [(0.01, P_VALUE)]
+    idle = {"threshold_ratio": 0.05, "mean_utilization_ratio": 0.01}
+    assert incident_axes(idle) == (UTILIZATION, [Threshold(0.05, "idle below", UTILIZATION)])
+    util_axis, _ = incident_axes({"metric": "hw.gpu.utilization", "p_value": 0.001})
+    assert util_axis == UTILIZATION  # the catalog's unit "1": a ratio, shown in %
+
+
+def test_incident_facts_show_times_as_dates():
+    incident = Incident(
+        fingerprint="f",
+        rule_id="deploy-regression",
+        severity="critical",
+        first_seen=T,
+        last_seen=T + 60,
+        evidence={
+            "subject": "llama-70b",
+            "metric": "vllm:e2e_request_latency_seconds",
+            "deploy_time": T - 600,
+            "threshold": 0.01,
+            "test": "mannwhitney",
+            "points": [[T - 600 + 60 * i, 0.4 + 0.05 * i] for i in range(10)],
+        },
+        incident_id=7,
+    )
+    view = incident_view(incident)
+    assert dict(view.facts)["deploy_time"] == time.strftime(
+        "%Y-%m-%d %H:%M:%S", time.gmtime(T - 600)
+    )
+    assert "(right axis)" in view.chart
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")

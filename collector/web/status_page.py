@@ -26,9 +26,10 @@ from gpuwarden.collector.storage.base import ActionRecord
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.gpus import gpu_statuses
 from gpuwarden.collector.web.keys import SERVICE, STATUS_TEMPLATES, Access, add_route
+from gpuwarden.collector.web.status_charts import fleet_chart, incident_chart
 from gpuwarden.collector.web.status_nodes import node_freshness
 from gpuwarden.collector.web.status_prices import prices_context
-from gpuwarden.collector.web.status_svg import Series, line_chart
+from gpuwarden.collector.web.status_svg import Series
 
 REFRESH_SECONDS = 15
 CHART_WINDOW_SECONDS = 3600.0
@@ -51,6 +52,16 @@ def _when(unix_seconds: float | None) -> str:
     if unix_seconds is None:
         return "—"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(unix_seconds))
+
+
+def _is_time(key: str, value: Any) -> bool:
+    """A fact that is a point in time (``deploy_time``, ``breach_at``): shown as a date."""
+    return (
+        (key.endswith(("_time", "_at")) or key == "time")
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
 
 
 def _fact(value: Any) -> str:
@@ -90,20 +101,12 @@ def incident_view(incident: Incident) -> IncidentView:
         if isinstance(p, list | tuple) and len(p) == 2
         if isinstance(p[0], int | float) and isinstance(p[1], int | float)
     ]
-    threshold = None
-    for key in ("threshold_ratio", "threshold", "utilization_below"):
-        value = evidence.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            threshold = float(value)
-            break
     subject = str(evidence.get("subject", incident.fingerprint))
-    chart = line_chart(
-        [Series(subject, points)],
-        title=f"{incident.rule_id}: {subject}",
-        threshold=threshold,
-    )
+    chart = incident_chart(incident.rule_id, subject, evidence, points)
     facts = tuple(
-        (key, _fact(value)) for key, value in evidence.items() if key not in _HIDDEN_FACTS
+        (key, _when(value) if _is_time(key, value) else _fact(value))
+        for key, value in evidence.items()
+        if key not in _HIDDEN_FACTS
     )
     return IncidentView(
         id=incident.incident_id or 0,
@@ -180,9 +183,7 @@ def _fleet(service: CollectorService, now: float) -> dict[str, object]:
                     PALETTE[i % len(PALETTE)],
                 )
             )
-    chart = line_chart(
-        series, title="mean GPU utilisation per node, last hour", y_min=0.0, y_max=1.0
-    )
+    chart = fleet_chart(series)
     return {
         **node_freshness(service, now, gpus, rows),  # silent nodes: marked, their GPUs not counted
         "utilization": f"{sum(util) / len(util):.0%}" if util else "—",
