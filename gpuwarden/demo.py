@@ -436,6 +436,10 @@ async def _demo(
         await demo.report()
         if db_kept:
             print(f"database kept at {db}: gpuwarden report costs --db {db} --since 1h --by team")
+            print(
+                "  (the collector's own accounting is on the wall clock: its GPU-h and $ are "
+                f"1/{demo.speed:g} of the report's, its kWh are the simulated ones)"
+            )
         else:
             print(f"database {db} is removed at exit (--db PATH keeps one)")
         if linger > 0 and not demo.interrupted.is_set():
