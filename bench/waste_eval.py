@@ -46,6 +46,7 @@ from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.catalog import DETECTORS, load_rules
 from gpuwarden.collector.detect.findings import Verdict
+from gpuwarden.collector.detect.idle_gpu import BUSY_FRACTION_TOLERATED
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
@@ -183,7 +184,9 @@ def raw_truth(
         if coverage < min_coverage:
             return UNKNOWN, holder
         return (IDLE if float(values.mean()) < threshold else BUSY), holder
-    if (values >= threshold).any():
+    # as the shipped rule: a few busy samples (heartbeats) in an idle window are tolerated
+    tolerated = math.floor(BUSY_FRACTION_TOLERATED * window_seconds / cadence_seconds + 1e-9)
+    if int((values >= threshold).sum()) > tolerated:
         return BUSY, holder
     return (IDLE if coverage >= min_coverage else UNKNOWN), holder
 
@@ -270,8 +273,13 @@ def evaluate(
     view = svc.detection_view
     for c, t in enumerate(cycles):
         for f in DETECTORS[detector].detect(view, rule, float(t)):
-            if f.verdict is Verdict.FIRING:
-                fired[(holder_row if forgotten else row)[f.subject], c] = True
+            if f.verdict is not Verdict.FIRING:
+                continue
+            if forgotten:
+                fired[holder_row[f.subject], c] = True
+            else:  # one idle finding per job: its evidence lists the idle GPUs
+                for gpu in str(f.evidence["gpu_ids"]).split(","):
+                    fired[row[gpu], c] = True
 
     def onset(r: int, first: float) -> float:
         raw = raws[r]
