@@ -5,7 +5,8 @@ Three real agents (``build_agent`` with a ``SimulatedSource``) feed a real colle
 
 * ``steady`` (8 GPUs, on-demand) runs the whole hour but its agent is silent for ten minutes
   in the middle (a hung agent): that is no-data time, never billed;
-* ``late`` (4 GPUs, spot) joins after twenty minutes: nothing before its first sample is charged;
+* ``late`` (4 GPUs, spot, in a region with its own prices) joins after twenty minutes: nothing
+  before its first sample is charged;
 * ``early`` (8 GPUs, reserved; 4 train, 4 idle and held by no job) leaves after forty minutes:
   nothing after its last sample is charged.
 
@@ -47,6 +48,7 @@ OFFSET = 3.0  # agents sample 3 s into each slot, as a real one would, off the s
 SPAN = 3600.0
 PERIOD = 60.0
 PRICES = {"on-demand": 3.70, "spot": 1.50, "reserved": 2.40}  # EUR per H100-hour
+REGION_PRICES = {"eu-north-1": {"on-demand": 3.20, "spot": 1.20, "reserved": 3.20}}
 CONFIG = """\
 step_seconds: 10
 accounting_period_seconds: 60
@@ -55,6 +57,9 @@ prices:
   models:
     H100: {on-demand: 3.70, spot: 1.50, reserved: 2.40}
   default: {on-demand: 1.00}
+  regions:
+    eu-north-1:
+      models: {H100: {on-demand: 3.20, spot: 1.20}}
 """
 
 
@@ -69,6 +74,12 @@ class Node:
     stop: float
     job_gpus: tuple[int, ...]
     silent: tuple[float, float] | None = None  # agent hung: no rounds in [a, b)
+    region: str | None = None
+
+    @property
+    def price(self) -> float:
+        """EUR per GPU-hour of this node's H100s, as the config above writes it."""
+        return REGION_PRICES.get(self.region or "", PRICES)[self.tier]
 
     def ran(self, t: float) -> bool:
         return self.start <= t - T0 < self.stop
@@ -84,7 +95,7 @@ class Node:
 
 NODES = (
     Node("steady", 8, "on-demand", 0, SPAN, tuple(range(8)), silent=(1200, 1800)),
-    Node("late", 4, "spot", 1200, SPAN, tuple(range(4))),
+    Node("late", 4, "spot", 1200, SPAN, tuple(range(4)), region="eu-north-1"),
     Node("early", 8, "reserved", 0, 2400, tuple(range(4))),
 )
 
@@ -140,7 +151,7 @@ def make_agent(node: Node, clock: Clock, tmp: Path) -> Agent:
         node_name=node.name,
         interval_seconds=STEP,
         source="simulated",
-        resource=ResourceConfig(price_tier=node.tier),  # type: ignore[arg-type]
+        resource=ResourceConfig(price_tier=node.tier, region=node.region),  # type: ignore[arg-type]
         collector=CollectorConfig(endpoint=None),  # the test hands requests over: no spool
         http=HttpConfig(enabled=False),
     )
@@ -206,7 +217,7 @@ def truth(agent: Agent) -> Truth:
         gpu_hours=node.gpus * reporting / 3600,
         no_data_gpu_hours=node.gpus * node.silent_seconds / 3600,
         kwh=node.gpus * mean_watts * (node.stop - node.start) / 3.6e6,
-        cost=len(node.job_gpus) * reporting / 3600 * PRICES[node.tier],
+        cost=len(node.job_gpus) * reporting / 3600 * node.price,
     )
 
 
