@@ -39,8 +39,10 @@ from gpuwarden.agent.sources.simulated import SimulatedSource
 from gpuwarden.cli import main
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import load_collector_config
+from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.store.types import AttrValue
 
 T0 = 1_767_225_600.0  # a whole hour, so accounting periods start on it
 STEP = 10.0  # the agents' interval and the store's slot
@@ -295,3 +297,43 @@ def test_no_data_is_never_billed_to_a_job(fleet, capsys):
         assert group["gpu_hours_unknown"] == 0
     billed = sum(g[COST_KEY] for g in jobs.values())
     assert billed == pytest.approx(sum(truth(a).cost for a in agents), rel=0.01)
+
+
+def test_a_node_that_ran_156_seconds_is_charged_156_seconds(tmp_path, capsys):
+    """The issue's case: an 8-GPU node that ran 156 s was charged 1.47 GPU-h (the ten minutes
+    before its first sample counted as no data); at most 8 x 156 s (+ one slot) is possible."""
+    config_path = tmp_path / "collector.yaml"
+    config_path.write_text(CONFIG + f"database: {tmp_path / 'c.db'}\n", encoding="utf-8")
+    clock = Clock(T0 + 1800)
+    service = build_service(load_collector_config(config_path), clock=clock)
+    resource: dict[str, AttrValue] = {"host.name": "brief"}
+    try:
+        for k in range(16):  # a round every 10 s from 1803 s to 1953 s: it ran 156 s
+            clock.now = T0 + 1803 + k * STEP
+            ns = int(clock.now * 1e9)
+            batch = []
+            for gpu in range(8):
+                attrs: dict[str, AttrValue] = {"hw.id": f"GPU-brief-{gpu}"}
+                info = {**attrs, "hw.model": H100_SXM.name, "gpuwarden.gpu.index": gpu}
+                energy = {**attrs, "hw.type": "gpu"}
+                batch += [
+                    NumberPoint(
+                        resource, "hw.gpu.utilization", "1", "gauge", False, attrs, ns, 0.9
+                    ),
+                    NumberPoint(resource, "gpuwarden.gpu.info", "1", "gauge", False, info, ns, 1.0),
+                    NumberPoint(resource, "hw.energy", "J", "sum", True, energy, ns, 600.0 * k),
+                ]
+            assert service.accept(batch, "brief") == 0
+            service.run_accounting(now=clock.now)
+        for minute in range(1, 12):  # the collector keeps recomputing after the node is gone
+            service.run_accounting(now=clock.now + 60 * minute)
+        (total,) = service.storage.rollups(since=T0, until=T0 + SPAN)
+    finally:
+        service.storage.close()
+    charged_h = (total.gpu_seconds_allocated + total.gpu_seconds_unknown) / 3600
+    with capsys.disabled():
+        print(f"\n156 s node: charged {charged_h:.4f} GPU-h, at most {8 * 156 / 3600:.4f}")
+    assert 8 * 150 / 3600 <= charged_h <= 8 * (156 + STEP) / 3600
+    assert total.gpu_seconds_unknown == 0
+    # 60 W per GPU (60 J per 10 s round): energy per GPU-hour is the power the GPUs drew
+    assert total.energy_joules == pytest.approx(60.0 * total.gpu_seconds_allocated)
