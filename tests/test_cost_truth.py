@@ -5,7 +5,8 @@ Three real agents (``build_agent`` with a ``SimulatedSource``) feed a real colle
 
 * ``steady`` (8 GPUs, on-demand) runs the whole hour but its agent is silent for ten minutes
   in the middle (a hung agent): that is no-data time, never billed;
-* ``late`` (4 GPUs, spot) joins after twenty minutes: nothing before its first sample is charged;
+* ``late`` (4 GPUs, spot, in a region with its own prices) joins after twenty minutes: nothing
+  before its first sample is charged;
 * ``early`` (8 GPUs, reserved; 4 train, 4 idle and held by no job) leaves after forty minutes:
   nothing after its last sample is charged.
 
@@ -38,8 +39,10 @@ from gpuwarden.agent.sources.simulated import SimulatedSource
 from gpuwarden.cli import main
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import load_collector_config
+from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.store.types import AttrValue
 
 T0 = 1_767_225_600.0  # a whole hour, so accounting periods start on it
 STEP = 10.0  # the agents' interval and the store's slot
@@ -47,6 +50,7 @@ OFFSET = 3.0  # agents sample 3 s into each slot, as a real one would, off the s
 SPAN = 3600.0
 PERIOD = 60.0
 PRICES = {"on-demand": 3.70, "spot": 1.50, "reserved": 2.40}  # EUR per H100-hour
+REGION_PRICES = {"eu-north-1": {"on-demand": 3.20, "spot": 1.20, "reserved": 3.20}}
 CONFIG = """\
 step_seconds: 10
 accounting_period_seconds: 60
@@ -55,6 +59,9 @@ prices:
   models:
     H100: {on-demand: 3.70, spot: 1.50, reserved: 2.40}
   default: {on-demand: 1.00}
+  regions:
+    eu-north-1:
+      models: {H100: {on-demand: 3.20, spot: 1.20}}
 """
 
 
@@ -69,6 +76,12 @@ class Node:
     stop: float
     job_gpus: tuple[int, ...]
     silent: tuple[float, float] | None = None  # agent hung: no rounds in [a, b)
+    region: str | None = None
+
+    @property
+    def price(self) -> float:
+        """EUR per GPU-hour of this node's H100s, as the config above writes it."""
+        return REGION_PRICES.get(self.region or "", PRICES)[self.tier]
 
     def ran(self, t: float) -> bool:
         return self.start <= t - T0 < self.stop
@@ -84,7 +97,7 @@ class Node:
 
 NODES = (
     Node("steady", 8, "on-demand", 0, SPAN, tuple(range(8)), silent=(1200, 1800)),
-    Node("late", 4, "spot", 1200, SPAN, tuple(range(4))),
+    Node("late", 4, "spot", 1200, SPAN, tuple(range(4)), region="eu-north-1"),
     Node("early", 8, "reserved", 0, 2400, tuple(range(4))),
 )
 
@@ -140,7 +153,7 @@ def make_agent(node: Node, clock: Clock, tmp: Path) -> Agent:
         node_name=node.name,
         interval_seconds=STEP,
         source="simulated",
-        resource=ResourceConfig(price_tier=node.tier),  # type: ignore[arg-type]
+        resource=ResourceConfig(price_tier=node.tier, region=node.region),  # type: ignore[arg-type]
         collector=CollectorConfig(endpoint=None),  # the test hands requests over: no spool
         http=HttpConfig(enabled=False),
     )
@@ -206,7 +219,7 @@ def truth(agent: Agent) -> Truth:
         gpu_hours=node.gpus * reporting / 3600,
         no_data_gpu_hours=node.gpus * node.silent_seconds / 3600,
         kwh=node.gpus * mean_watts * (node.stop - node.start) / 3.6e6,
-        cost=len(node.job_gpus) * reporting / 3600 * PRICES[node.tier],
+        cost=len(node.job_gpus) * reporting / 3600 * node.price,
     )
 
 
@@ -284,3 +297,43 @@ def test_no_data_is_never_billed_to_a_job(fleet, capsys):
         assert group["gpu_hours_unknown"] == 0
     billed = sum(g[COST_KEY] for g in jobs.values())
     assert billed == pytest.approx(sum(truth(a).cost for a in agents), rel=0.01)
+
+
+def test_a_node_that_ran_156_seconds_is_charged_156_seconds(tmp_path, capsys):
+    """The issue's case: an 8-GPU node that ran 156 s was charged 1.47 GPU-h (the ten minutes
+    before its first sample counted as no data); at most 8 x 156 s (+ one slot) is possible."""
+    config_path = tmp_path / "collector.yaml"
+    config_path.write_text(CONFIG + f"database: {tmp_path / 'c.db'}\n", encoding="utf-8")
+    clock = Clock(T0 + 1800)
+    service = build_service(load_collector_config(config_path), clock=clock)
+    resource: dict[str, AttrValue] = {"host.name": "brief"}
+    try:
+        for k in range(16):  # a round every 10 s from 1803 s to 1953 s: it ran 156 s
+            clock.now = T0 + 1803 + k * STEP
+            ns = int(clock.now * 1e9)
+            batch = []
+            for gpu in range(8):
+                attrs: dict[str, AttrValue] = {"hw.id": f"GPU-brief-{gpu}"}
+                info = {**attrs, "hw.model": H100_SXM.name, "gpuwarden.gpu.index": gpu}
+                energy = {**attrs, "hw.type": "gpu"}
+                batch += [
+                    NumberPoint(
+                        resource, "hw.gpu.utilization", "1", "gauge", False, attrs, ns, 0.9
+                    ),
+                    NumberPoint(resource, "gpuwarden.gpu.info", "1", "gauge", False, info, ns, 1.0),
+                    NumberPoint(resource, "hw.energy", "J", "sum", True, energy, ns, 600.0 * k),
+                ]
+            assert service.accept(batch, "brief") == 0
+            service.run_accounting(now=clock.now)
+        for minute in range(1, 12):  # the collector keeps recomputing after the node is gone
+            service.run_accounting(now=clock.now + 60 * minute)
+        (total,) = service.storage.rollups(since=T0, until=T0 + SPAN)
+    finally:
+        service.storage.close()
+    charged_h = (total.gpu_seconds_allocated + total.gpu_seconds_unknown) / 3600
+    with capsys.disabled():
+        print(f"\n156 s node: charged {charged_h:.4f} GPU-h, at most {8 * 156 / 3600:.4f}")
+    assert 8 * 150 / 3600 <= charged_h <= 8 * (156 + STEP) / 3600
+    assert total.gpu_seconds_unknown == 0
+    # 60 W per GPU (60 J per 10 s round): energy per GPU-hour is the power the GPUs drew
+    assert total.energy_joules == pytest.approx(60.0 * total.gpu_seconds_allocated)

@@ -29,7 +29,13 @@ from tests.test_collector_api import AUTH, GIB, H100, NOW, collector_app, fleet,
 
 A0 = {"node": "node-a", "gpu": "GPU-A0", "gpu_model": H100, "job_key": "api:train-1",
       "team": "vision", "model": "resnet"}  # fmt: skip
-PRICE_H100_SPOT = {"gpu_model": "h100", "tier": "spot", "currency": "USD", "cluster": ""}
+PRICE_H100_SPOT = {
+    "gpu_model": "h100",
+    "tier": "spot",
+    "currency": "USD",
+    "cluster": "",
+    "region": "",
+}
 A1 = {**A0, "gpu": "GPU-A1", "job_key": "slurm:77", "team": "", "model": ""}
 B0 = {"node": "node-b", "gpu": "GPU-B0", "gpu_model": "NVIDIA L4", "job_key": "", "team": "",
       "model": ""}  # fmt: skip
@@ -479,7 +485,7 @@ async def test_a_configured_price_table_with_a_cluster_override(aiohttp_client, 
         text = await scrape(aiohttp_client, service)
     finally:
         service.storage.close()
-    labels = {"currency": "EUR", "cluster": ""}
+    labels = {"currency": "EUR", "cluster": "", "region": ""}
     assert samples(text, PRICE_FAMILY) == expect(
         *(
             (PRICE_FAMILY, {**labels, "gpu_model": "H100", "tier": tier}, price)
@@ -492,7 +498,13 @@ async def test_a_configured_price_table_with_a_cluster_override(aiohttp_client, 
         *(
             (
                 PRICE_FAMILY,
-                {"currency": "EUR", "cluster": "onprem", "gpu_model": "(default)", "tier": tier},
+                {
+                    "currency": "EUR",
+                    "cluster": "onprem",
+                    "region": "",
+                    "gpu_model": "(default)",
+                    "tier": tier,
+                },
                 0.9,
             )
             for tier in TIERS

@@ -198,8 +198,8 @@ def test_idle_gpu_calls_a_silent_idle_gpu_unknown_not_idle(tmp_path):
     assert [Verdict(int(v)) for v in raw_verdicts] == [Verdict.FIRING, Verdict.FIRING]
     found = run_idle_gpu(svc.detection_view, make_rule("idle_gpu"), IdleGpuParams(), end)
     assert {f.subject: f.verdict for f in found} == {
-        "a/GPU-a-0": Verdict.FIRING,
-        "b/GPU-b-0": Verdict.UNKNOWN,
+        "slurm:c:1": Verdict.FIRING,  # idle-gpu judges per job
+        "slurm:c:2": Verdict.UNKNOWN,
     }
     svc.storage.close()
 

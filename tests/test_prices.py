@@ -79,6 +79,42 @@ def test_lookup_order(tmp_path, model, tier, cluster, price):
     assert prices.price(model, tier, cluster) == pytest.approx(price)
 
 
+REGIONS = """\
+  regions:                      # the agents' cloud.region
+    eu-north-1:
+      models: {H100: {on-demand: 3.20, spot: 1.20}}
+    us-east-1:
+      default: {on-demand: 2.00}
+"""
+
+
+@pytest.mark.parametrize(
+    ("model", "tier", "cluster", "region", "price"),
+    [
+        (H100, "spot", None, "eu-north-1", 1.20),  # the region's models before the fleet's
+        (H100, "spot", "onprem", "eu-north-1", 0.90),  # the cluster's before the region's
+        ("NVIDIA L4", "spot", None, "eu-north-1", 0.70),  # no region default: the fleet's
+        (H100, "spot", None, "us-east-1", 2.00),  # the region's default: spot not written
+        (H100, "spot", None, "ap-south-1", 1.50),  # a region without overrides: the fleet's
+    ],
+)
+def test_regions_sit_between_clusters_and_the_fleet(tmp_path, model, tier, cluster, region, price):
+    prices = load_collector_config(config_file(tmp_path, EUR_PRICES + REGIONS)).prices
+    assert prices.price(model, tier, cluster, region) == pytest.approx(price)
+    rows = {(r.cluster, r.region, r.gpu_model, r.tier): r.price_per_hour for r in prices.rows()}
+    assert rows["", "eu-north-1", "H100", "reserved"] == 3.20
+    assert rows["", "us-east-1", "(default)", "spot"] == 2.00
+
+
+def test_a_region_is_validated_like_a_cluster(tmp_path):
+    text = "prices: {regions: {eu: {models: {H100: {on-demand: 1}, H100 NVL: {on-demand: 2}}}}}"
+    path = config_file(tmp_path, text + "\n")
+    with pytest.raises(ConfigError) as exc:
+        load_collector_config(path)
+    assert str(exc.value).startswith(f"{path}: prices.regions.eu")
+    assert "'H100 NVL' can never match" in str(exc.value)
+
+
 def test_a_cluster_model_beats_the_cluster_default_and_keys_left_out_stay_built_in(tmp_path):
     text = (
         "prices:\n  clusters:\n    lab:\n      models: {A100: {on-demand: 1.10}}\n"
@@ -255,12 +291,13 @@ def test_rollups_and_report_costs_explain(service, tmp_path):
     assert head.splitlines() == [
         f"prices per GPU-hour in EUR, from {path}",
         "(a GPU model matches every hw.model containing it, ignoring case, first match in this "
-        "order; a cluster's rows override the fleet's; a tier not written costs on-demand)",
-        "cluster  gpu model  on-demand  spot  reserved",
-        "(fleet)  H100 NVL        4.40  1.80      4.40",
-        "(fleet)  h100            3.70  1.50      2.40",
-        "(fleet)  (default)       1.80  0.70      1.20",
-        "onprem   (default)       0.90  0.90      0.90",
+        "order; a cluster's rows override its region's, which override the fleet's; a tier not "
+        "written costs on-demand)",
+        "scope           gpu model  on-demand  spot  reserved",
+        "(fleet)         H100 NVL        4.40  1.80      4.40",
+        "(fleet)         h100            3.70  1.50      2.40",
+        "(fleet)         (default)       1.80  0.70      1.20",
+        "cluster onprem  (default)       0.90  0.90      0.90",
     ]
     assert report.splitlines()[0].split()[-5:] == ["kWh", "cost", "EUR", "kg", "CO2e"]
     teams = {line.split()[0]: line.split() for line in report.splitlines()[1:]}
@@ -275,9 +312,13 @@ def test_rollups_and_report_costs_explain(service, tmp_path):
     assert doc["currency"] == "EUR"  # the costs' currency, kept with the rows
     assert doc["prices"]["source"] == BUILTIN_SOURCE  # no --config: the built-in table
     assert doc["prices"]["currency"] == "USD"
-    assert {"cluster": "", "gpu_model": "h100", "tier": "spot", "price_per_hour": 1.6} in doc[
-        "prices"
-    ]["rows"]
+    assert {
+        "cluster": "",
+        "gpu_model": "h100",
+        "tier": "spot",
+        "price_per_hour": 1.6,
+        "region": "",
+    } in doc["prices"]["rows"]
 
 
 def test_explain_refuses_csv_and_a_bad_config(service, tmp_path, capsys):
@@ -299,8 +340,8 @@ def test_the_status_page_section_shows_the_effective_table(tmp_path):
     got = prices_context(prices)
     assert (got["currency"], got["tiers"]) == ("EUR", ("on-demand", "spot", "reserved"))
     assert got["rows"] == [
-        {"cluster": "(fleet)", "model": "H100 NVL", "prices": ["4.40", "1.80", "4.40"]},
-        {"cluster": "(fleet)", "model": "h100", "prices": ["3.70", "1.50", "2.40"]},
-        {"cluster": "(fleet)", "model": "(default)", "prices": ["1.80", "0.70", "1.20"]},
-        {"cluster": "onprem", "model": "(default)", "prices": ["0.90", "0.90", "0.90"]},
+        {"scope": "(fleet)", "model": "H100 NVL", "prices": ["4.40", "1.80", "4.40"]},
+        {"scope": "(fleet)", "model": "h100", "prices": ["3.70", "1.50", "2.40"]},
+        {"scope": "(fleet)", "model": "(default)", "prices": ["1.80", "0.70", "1.20"]},
+        {"scope": "cluster onprem", "model": "(default)", "prices": ["0.90", "0.90", "0.90"]},
     ]

@@ -71,6 +71,8 @@ class Fleet:
                     model=str(attrs.get("hw.model", "unknown")),
                     parent_uuid=str(parent) if parent is not None else None,
                     cluster=self.cluster_of(str(attrs.get("host.name", ""))),
+                    region=self.nodes.get(str(attrs.get("host.name", "")), {}).get("cloud.region")
+                    or None,
                 )
             )
         return refs
@@ -109,6 +111,7 @@ class Fleet:
                     energy_joules=by_gpu_energy.get(key, np.full(n, np.nan)).astype(np.float64),
                     process_jobs=tuple(frozenset(s) for s in seen.get(key, [])),
                     cluster=ref.cluster,
+                    region=ref.region,
                 )
             )
         return times, timelines
@@ -181,6 +184,7 @@ class Fleet:
                     energy_joules=_padded(joules[window], pad, np.nan),
                     process_jobs=tuple(frozenset(s) for s in seen.get(key, [])),
                     cluster=ref.cluster,
+                    region=ref.region,
                     present=_padded(present[window], pad, False),
                 )
             )

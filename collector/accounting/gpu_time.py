@@ -15,8 +15,8 @@ exactly.
 - energy comes from the energy counter's increases spread over the time they cover
   (:func:`.presence.spread_back`), never power samples × time.
 - cost is a job's GPU-hours × the price of that GPU model at the job's price tier (on-demand,
-  spot, reserved) on the node's cluster (:mod:`.prices`), in the table's currency; carbon is
-  kWh × the grid's intensity.
+  spot, reserved) on the node's cluster or region (:mod:`.prices`), in the table's currency;
+  carbon is kWh × the grid's intensity.
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ class GpuRef:
     parent_uuid: str | None = None
     #: the node's cluster (its agent's ``gpuwarden.cluster``), for per-cluster prices
     cluster: str | None = None
+    #: the node's region (its agent's ``cloud.region``), for per-region prices
+    region: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,8 @@ class GpuTimeline:
     cluster: str | None = None
     #: slots between the GPU's first and last sample (None: every slot); only they are charged
     present: npt.NDArray[np.bool_] | None = None
+    #: the node's region (its agent's ``cloud.region``), for per-region prices
+    region: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +236,9 @@ def account(
             cost = (
                 0.0
                 if key == UNALLOCATED
-                else allocated / 3600 * config.prices.price(gpu.model, tier, gpu.cluster)
+                else allocated
+                / 3600
+                * config.prices.price(gpu.model, tier, gpu.cluster, gpu.region)
             )
             rows.append(
                 Usage(

@@ -1,7 +1,8 @@
 """Prices per GPU-hour: the collector config's ``prices:`` section and the table it becomes.
 
 A price is looked up by GPU model, price tier (``on-demand``, ``spot``, ``reserved``) and,
-optionally, the node's cluster (its agent's ``gpuwarden.cluster`` resource attribute)::
+optionally, the node's cluster (its agent's ``gpuwarden.cluster`` resource attribute) or region
+(its agent's ``cloud.region``)::
 
     prices:
       currency: EUR                  # ISO 4217 code; default USD
@@ -13,6 +14,9 @@ optionally, the node's cluster (its agent's ``gpuwarden.cluster`` resource attri
       clusters:                      # per-cluster overrides, same keys
         onprem:
           default: {on-demand: 0.90}
+      regions:                       # per-region overrides (cloud.region), same keys
+        eu-north-1:
+          models: {H100: {on-demand: 3.20}}
 
 **How a GPU model matches.** A key of ``models`` matches every NVML model name (``hw.model``,
 e.g. ``NVIDIA H100 80GB HBM3``) that contains it, ignoring case; the first key that matches, in
@@ -20,9 +24,10 @@ the order written, wins. Write the specific names first (``H100 NVL`` before ``H
 that an earlier key already covers could never match and is a load error.
 
 **Which price applies**, first found: the cluster's ``models``, the cluster's ``default``, the
-fleet's ``models``, the fleet's ``default``. Within an entry a tier not written costs the
-entry's ``on-demand`` price (required in every entry), and so does a tier the table does not
-know (a job label such as ``preemptible``).
+region's ``models``, the region's ``default``, the fleet's ``models``, the fleet's
+``default``. Within an entry a tier not written costs the entry's ``on-demand`` price (required
+in every entry), and so does a tier the table does not know (a job label such as
+``preemptible``).
 
 **Without the section** (or for the keys left out) the built-in table applies:
 :data:`BUILTIN_MODELS` and :data:`BUILTIN_DEFAULT`, in US dollars. They cannot be mixed with
@@ -85,12 +90,13 @@ class ClusterPrices:
 
 @dataclass(frozen=True, slots=True)
 class PriceRow:
-    """One line of the effective table (``cluster`` "" = the whole fleet)."""
+    """One line of the effective table (``cluster`` and ``region`` "" = the whole fleet)."""
 
     cluster: str
     gpu_model: str
     tier: str
     price_per_hour: float
+    region: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,27 +111,35 @@ class PriceTable:
     currency: str = "USD"
     clusters: Mapping[str, ClusterPrices] = field(default_factory=lambda: MappingProxyType({}))
     source: str = BUILTIN_SOURCE
+    #: per-region overrides (the agents' ``cloud.region``), below a cluster's
+    regions: Mapping[str, ClusterPrices] = field(default_factory=lambda: MappingProxyType({}))
 
-    def price(self, model: str, tier: str, cluster: str | None = None) -> float:
-        """Price per GPU-hour of this model at this tier, on a node of ``cluster`` if known."""
-        local = self.clusters.get(cluster) if cluster else None
-        if local is not None:
-            tiers = _lookup(local.models, model) or local.default
-            if tiers is not None:
-                return _tier(tiers, tier)
+    def price(
+        self, model: str, tier: str, cluster: str | None = None, region: str | None = None
+    ) -> float:
+        """Price per GPU-hour of this model at this tier, on a node of ``cluster`` and
+        ``region`` if known."""
+        for scope, name in ((self.clusters, cluster), (self.regions, region)):
+            local = scope.get(name) if name else None
+            if local is not None:
+                tiers = _lookup(local.models, model) or local.default
+                if tiers is not None:
+                    return _tier(tiers, tier)
         return _tier(_lookup(self.models, model) or self.default, tier)
 
     def rows(self) -> list[PriceRow]:
-        """The table as written, fleet first, then each cluster's overrides (sorted)."""
+        """The table as written: the fleet, then each cluster's, then each region's overrides
+        (sorted)."""
         out: list[PriceRow] = []
-        scopes: list[tuple[str, Mapping[str, Tiers], Tiers | None]] = [
-            ("", self.models, self.default)
+        scopes: list[tuple[str, str, Mapping[str, Tiers], Tiers | None]] = [
+            ("", "", self.models, self.default)
         ]
-        scopes += [(name, c.models, c.default) for name, c in sorted(self.clusters.items())]
-        for cluster, models, default in scopes:
+        scopes += [(name, "", c.models, c.default) for name, c in sorted(self.clusters.items())]
+        scopes += [("", name, r.models, r.default) for name, r in sorted(self.regions.items())]
+        for cluster, region, models, default in scopes:
             entries = [*models.items(), *([(DEFAULT_MODEL, default)] if default else [])]
             for gpu_model, tiers in entries:
-                out += [PriceRow(cluster, gpu_model, t, tiers[t]) for t in TIERS]
+                out += [PriceRow(cluster, gpu_model, t, tiers[t], region) for t in TIERS]
         return out
 
 
@@ -170,7 +184,7 @@ def _shadowed(models: Mapping[str, TierPricesSection] | None) -> str | None:
 
 
 class ClusterPricesSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``prices.clusters.<name>``: the cluster's ``models`` and ``default``."""
+    """``prices.clusters.<name>`` or ``prices.regions.<name>``: its ``models`` and ``default``."""
 
     models: Mapping[ModelKey, TierPricesSection] = msgspec.field(
         default_factory=lambda: MappingProxyType({})
@@ -189,6 +203,9 @@ class PricesSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     models: Mapping[ModelKey, TierPricesSection] | None = None
     default: TierPricesSection | None = None
     clusters: Mapping[Annotated[str, msgspec.Meta(min_length=1)], ClusterPricesSection] = (
+        msgspec.field(default_factory=lambda: MappingProxyType({}))
+    )
+    regions: Mapping[Annotated[str, msgspec.Meta(min_length=1)], ClusterPricesSection] = (
         msgspec.field(default_factory=lambda: MappingProxyType({}))
     )
 
@@ -214,14 +231,19 @@ class PricesSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             models=models,
             default=BUILTIN_DEFAULT if self.default is None else self.default.tiers(),
             currency=self.currency,
-            clusters=MappingProxyType(
-                {
-                    name: ClusterPrices(
-                        models=MappingProxyType({k: v.tiers() for k, v in c.models.items()}),
-                        default=None if c.default is None else c.default.tiers(),
-                    )
-                    for name, c in self.clusters.items()
-                }
-            ),
+            clusters=_scopes(self.clusters),
             source=source,
+            regions=_scopes(self.regions),
         )
+
+
+def _scopes(written: Mapping[str, ClusterPricesSection]) -> Mapping[str, ClusterPrices]:
+    return MappingProxyType(
+        {
+            name: ClusterPrices(
+                models=MappingProxyType({k: v.tiers() for k, v in c.models.items()}),
+                default=None if c.default is None else c.default.tiers(),
+            )
+            for name, c in written.items()
+        }
+    )

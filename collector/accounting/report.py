@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from gpuwarden.collector.accounting.prices import PriceTable
+    from gpuwarden.collector.accounting.prices import PriceRow, PriceTable
     from gpuwarden.collector.storage.base import Storage
     from gpuwarden.collector.storage.records import RollupDimension, RollupTotal
 
@@ -210,8 +210,16 @@ def line_record(line: CostLine) -> dict[str, object]:
 
 PRICE_MATCHING = (
     "a GPU model matches every hw.model containing it, ignoring case, first match in this order; "
-    "a cluster's rows override the fleet's; a tier not written costs on-demand"
+    "a cluster's rows override its region's, which override the fleet's; a tier not written "
+    "costs on-demand"
 )
+
+
+def price_scope(price: PriceRow) -> str:
+    """Where a price row applies: ``(fleet)``, ``cluster <name>`` or ``region <name>``."""
+    if price.cluster:
+        return f"cluster {price.cluster}"
+    return f"region {price.region}" if price.region else "(fleet)"
 
 
 def explain_prices(prices: PriceTable, out: TextIO) -> None:
@@ -222,10 +230,10 @@ def explain_prices(prices: PriceTable, out: TextIO) -> None:
     out.write(f"({PRICE_MATCHING})\n")
     cells: dict[tuple[str, str], dict[str, float]] = {}
     for price in prices.rows():
-        cells.setdefault((price.cluster or "(fleet)", price.gpu_model), {})[price.tier] = (
+        cells.setdefault((price_scope(price), price.gpu_model), {})[price.tier] = (
             price.price_per_hour
         )
-    rows = [["cluster", "gpu model", *TIERS]]
+    rows = [["scope", "gpu model", *TIERS]]
     rows += [[c, m, *(f"{tiers[t]:.2f}" for t in TIERS)] for (c, m), tiers in cells.items()]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:

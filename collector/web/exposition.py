@@ -63,7 +63,7 @@ GPU_LABELS = ("node", "gpu", "gpu_model", "job_key", "team", "model")
 """``job_key``, not ``job``: Prometheus owns ``job`` (the scrape job) and would rename ours."""
 KINDS = ("allocated", "busy", "idle")
 PRICE_FAMILY = "gpuwarden_price_per_gpu_hour"
-PRICE_LABELS = ("gpu_model", "tier", "currency", "cluster")
+PRICE_LABELS = ("gpu_model", "tier", "currency", "cluster", "region")
 _JOB_MEASURES = (  # RollupTotal field, family, what it is, divisor to the family's unit
     ("energy_joules", "gpuwarden_job_energy_kwh", "Energy in kWh", 3.6e6),
     # the family keeps its released name; its unit is gpuwarden_price_per_gpu_hour's currency
@@ -238,12 +238,14 @@ class FleetMetrics:
             PRICE_FAMILY,
             "Price per GPU-hour the accounting charges, by GPU model (a "
             f"case-insensitive substring of hw.model; {DEFAULT_MODEL} for models not listed), "
-            "tier and cluster (empty: the whole fleet; a cluster's rows override it).",
+            "tier, cluster and region (both empty: the whole fleet; a cluster's rows override its "
+            "region's, which override the fleet's).",
             labels=list(PRICE_LABELS),
         )
         for row in table.rows():
             family.add_metric(
-                [row.gpu_model, row.tier, table.currency, row.cluster], row.price_per_hour
+                [row.gpu_model, row.tier, table.currency, row.cluster, row.region],
+                row.price_per_hour,
             )
         return [family]
 
