@@ -1,4 +1,4 @@
-"""``idle_gpu``: a GPU allocated to a job stayed idle for a whole window.
+"""``idle_gpu``: GPUs allocated to a job stayed idle for a whole window (one finding per job).
 
 Screened for every GPU at once on the store's series × time matrix. A GPU is idle when a job holds
 it for the whole window and its samples stay below the threshold, but for at most
