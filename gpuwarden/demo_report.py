@@ -67,7 +67,7 @@ def simulated_totals(
             if total.gpu_seconds_allocated
             else 0.0
         )
-        usd = (total.cost_usd or 0.0) * speed
+        usd = (total.cost or 0.0) * speed  # the demo's table is the built-in one, in USD
         rows.append(
             SimulatedTotals(
                 job=str(total.group["job_key"]),

@@ -159,12 +159,6 @@ class RollupTotal:
     carbon_grams: float | None
     currency: str | None = None
 
-    @property
-    def cost_usd(self) -> float | None:
-        """Deprecated name of :attr:`cost` (which is in :attr:`currency`, not always USD),
-        kept for callers not yet renamed; use ``cost`` and ``currency``."""
-        return self.cost
-
 
 @dataclass(frozen=True, slots=True)
 class Incident:
