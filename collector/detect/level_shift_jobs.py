@@ -28,6 +28,7 @@ import numpy.typing as npt
 from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, GpuTimeline, ownership
 from gpuwarden.collector.detect.contract import DetectionContext
 from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
+from gpuwarden.collector.detect.model_series import model_of
 from gpuwarden.collector.detect.numerics import screen
 from gpuwarden.collector.jobs.model import Job
 from gpuwarden.collector.rules.model import Rule
@@ -108,7 +109,8 @@ def tenures(
 def model_rates(
     ctx: DetectionContext, models: set[str], start: float, end: float, width: int
 ) -> dict[str, FloatVector]:
-    """Requests per second served of each model (all outcomes and replicas), per slot."""
+    """Requests per second served of each model (all outcomes and replicas), per slot; a
+    series' model is read as the model detectors read it (``model_series.model_of``)."""
     if not models:
         return {}
     matrix = ctx.store.matrix(REQUESTS_METRIC, start=start, end=end)
@@ -116,7 +118,7 @@ def model_rates(
         return {}
     rows: dict[str, list[int]] = {}
     for i, info in enumerate(matrix.series):
-        model = str(info.attributes.get("model", ""))
+        model = model_of(info)
         if model in models:
             rows.setdefault(model, []).append(i)
     rates = {}
