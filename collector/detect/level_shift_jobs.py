@@ -162,6 +162,8 @@ class Judged:
 
     info: SeriesInfo
     holder: str
+    previous: str | None
+    """The holder before the newest change in the span (None: no change)."""
     verdict: Verdict
     summary: str
     evidence: dict[str, object]
@@ -184,6 +186,7 @@ def fold_by_job(ctx: DetectionContext, rule: Rule, rows: Sequence[Judged]) -> li
     for r in rows:
         if r.holder:
             groups.setdefault(r.holder, []).append(r)
+    out += _left(ctx, rule, rows, set(groups))
     for key, members in groups.items():
         fired = [r for r in members if r.verdict is Verdict.FIRING]
         if fired:
@@ -222,6 +225,34 @@ def fold_by_job(ctx: DetectionContext, rule: Rule, rows: Sequence[Judged]) -> li
                 points=lead.finding.points if verdict is Verdict.FIRING else (),
             )
         )
+    return out
+
+
+def _left(
+    ctx: DetectionContext, rule: Rule, rows: Sequence[Judged], holding: set[str]
+) -> list[Finding]:
+    """A CLEAR finding for each job that held some of the rows' GPUs earlier in the span and
+    holds none of them now: its incident resolves instead of waiting for a job that is gone."""
+    gone: dict[str, list[Judged]] = {}
+    for r in rows:
+        if r.previous and r.previous not in holding:
+            gone.setdefault(r.previous, []).append(r)
+    out = []
+    for key, members in gone.items():
+        nodes = sorted({str(r.info.attributes.get("host.name", "")) for r in members} - {""})
+        gpus = sorted({str(r.info.attributes.get("hw.id", "")) for r in members} - {""})
+        out.append(
+            new_finding(
+                rule,
+                subject=f"job:{key}",
+                verdict=Verdict.CLEAR,
+                window=(members[0].finding.window_start, members[0].finding.window_end),
+                facts=Facts.of_job(key, ctx.job(key), nodes),
+                summary=f"job {key} no longer holds its GPUs",
+                evidence={"job": key, "node": ", ".join(nodes), "gpu": ", ".join(gpus),
+                          "gpus": len(members), "left": True},
+            )
+        )  # fmt: skip
     return out
 
 
