@@ -19,6 +19,7 @@ from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.model import Job
 from gpuwarden.collector.rules.model import ParamValue, Rule, Selector
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.records import Incident
 from tests.detectors import run_rule
 from tests.test_detect_waste import T0, feed, gpu_points, job, make_service, rule_for
 
@@ -296,7 +297,7 @@ def test_a_job_that_leaves_its_gpus_clears_its_incident(tmp_path: Path):
     assert [(f.subject, f.verdict) for f in first] == [(f"job:{key}", F)]
     (opened,) = tracker.fold(first).opened
     svc.registry.put([job(key, "n1", (0,), START - 60, END - 300)])
-    resolved = []
+    resolved: list[Incident] = []
     for k in range(3):
         found = run_rule(svc, rule, END + 10 * k)
         assert (f"job:{key}", C) in [(f.subject, f.verdict) for f in found]
