@@ -57,7 +57,6 @@ from gpuwarden.collector.detect.level_shift_jobs import (
 )
 from gpuwarden.collector.detect.level_shift_screen import (
     BLOCK_ROWS,
-    EWMA_ALPHA,
     Screened,
     ShiftScreen,
     screen_shifts,
@@ -68,7 +67,6 @@ from gpuwarden.collector.detect.metric_anomaly import (
     series_selected,
     series_subject,
 )
-from gpuwarden.collector.detect.numerics import screen
 from gpuwarden.collector.detect.numerics.confirm import Confirmation, FitCache, confirm_shifts
 from gpuwarden.collector.rules.durations import format_duration
 from gpuwarden.collector.rules.model import Rule, Subject
@@ -303,9 +301,8 @@ def _judge_metric(
     blocked = traffic.explained | traffic.unknown
     candidates = np.array([i for i in screened_rows.tolist() if i not in blocked], dtype=np.int64)
     keys: list[Hashable] = [(rule.id, series_subject(info)) for info in infos]
-    history = _without_phases(values, candidates, screened)
     verdicts, deferred = _confirm(
-        ctx, keys, history[:, :split], history[:, split:], candidates, screened.shift_z,
+        ctx, keys, baseline, window, candidates, screened.shift_z,
         period=period, first_slot=first_slot, max_fits=max_fits, direction=params.direction,
     )  # fmt: skip
     window_start = float(times[split - 1]) if split else float(times[0])
@@ -347,33 +344,6 @@ def _judge_metric(
                 info, tenure.holder, tenure.previous, verdict, summary, evidence, pending, finding
             )
         )
-    return out
-
-
-def _without_phases(
-    values: FloatMatrix, rows: npt.NDArray[np.int64], screened: Screened
-) -> FloatMatrix:
-    """``values`` with the candidates' completed excursions to their new level (phases the
-    series came back from: checkpoints, evaluations) missing, for the confirm: its AR(1) fit
-    on a history with such phases takes them for the noise a shift must beat (phi 0.95 on a
-    training GPU with 4-minute checkpoints, and a drop confirmed only once it filled most of
-    the window). Read on the EWMA-smoothed row with the screen's hysteresis."""
-    out = values.copy()
-    smooth = screen.ewma(values[rows], alpha=EWMA_ALPHA) if rows.size else values[:0]
-    for r, i in enumerate(rows.tolist()):
-        before, change = float(screened.baseline_level[i]), float(screened.change[i])
-        side = 1.0 if change > 0 else -1.0
-        x = side * smooth[r]
-        enter, leave = side * (before + change / 2), side * (before + change / 4)
-        start = None
-        for t, v in enumerate(x.tolist()):
-            if math.isnan(v):
-                continue
-            if start is None and v > enter:
-                start = t
-            elif start is not None and v < leave:
-                out[i, start:t] = np.nan
-                start = None
     return out
 
 
