@@ -19,6 +19,7 @@ from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.model import Job
 from gpuwarden.collector.rules.model import ParamValue, Rule, Selector
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.records import Incident
 from tests.detectors import run_rule
 from tests.test_detect_waste import T0, feed, gpu_points, job, make_service, rule_for
 
@@ -104,10 +105,14 @@ def test_a_new_job_on_the_gpu_at_a_lower_level_is_not_a_drop(tmp_path: Path):
     at = START + change * STEP
     jobs = [job("slurm:c:1", "n1", (0,), START - 60, at), job("slurm:c:2", "n1", (0,), at)]
     svc = service_with(tmp_path, {("n1", 0): util}, jobs)
-    (finding,) = run_rule(svc, default_rule(), END)
+    found = {f.subject: f for f in run_rule(svc, default_rule(), END)}
+    assert set(found) == {"job:slurm:c:1", "job:slurm:c:2"}
+    finding = found["job:slurm:c:2"]
     assert finding.verdict is U, (finding.summary, dict(finding.evidence))
     assert "holder" in finding.summary
     assert finding.evidence["job"] == "slurm:c:2"
+    assert found["job:slurm:c:1"].verdict is C  # the job that left: nothing of it stays open
+    assert found["job:slurm:c:1"].evidence["left"] is True
     # without jobs the same series is a confirmed drop: the tenure is what stops it
     bare = service_with(tmp_path / "bare", {("n1", 0): util}, [])
     (alone,) = run_rule(bare, default_rule(), END)
@@ -123,8 +128,10 @@ def test_a_job_ending_is_not_a_drop(tmp_path: Path):
     util[change:] = 0.2 + ar_noise(rng, n=SLOTS - change)
     jobs = [job("slurm:c:1", "n1", (0,), START - 60, START + change * STEP)]
     svc = service_with(tmp_path, {("n1", 0): util}, jobs)
-    (finding,) = run_rule(svc, default_rule(), END)
-    assert finding.verdict is U, finding.summary
+    found = {f.subject: f for f in run_rule(svc, default_rule(), END)}
+    series = [f for s, f in found.items() if s.startswith(METRIC)]
+    assert [f.verdict for f in series] == [U], [f.summary for f in series]
+    assert found["job:slurm:c:1"].verdict is C
 
 
 # --- one finding per job --------------------------------------------------------------------
@@ -274,3 +281,25 @@ def test_a_serving_job_without_request_metrics_is_unknown_not_judged(tmp_path: P
     (finding,) = run_rule(svc, default_rule(), END)
     assert finding.verdict is U, finding.summary
     assert "request rate" in finding.summary
+
+
+def test_a_job_that_leaves_its_gpus_clears_its_incident(tmp_path: Path):
+    """The job's GPU drops and fires; the job then ends: its incident resolves (the job's
+    subject reports clear) instead of staying open for a job that is gone."""
+    rng = np.random.default_rng(11)
+    x = 0.85 + ar_noise(rng)
+    x[SLOTS - 240 :] -= 0.4
+    key = "slurm:c:1"
+    svc = service_with(tmp_path, {("n1", 0): x}, [job(key, "n1", (0,), START - 60)])
+    tracker = IncidentTracker(svc.storage, clock=lambda: END, resolve_after=3)
+    rule = default_rule()
+    first = run_rule(svc, rule, END - 600)
+    assert [(f.subject, f.verdict) for f in first] == [(f"job:{key}", F)]
+    (opened,) = tracker.fold(first).opened
+    svc.registry.put([job(key, "n1", (0,), START - 60, END - 300)])
+    resolved: list[Incident] = []
+    for k in range(3):
+        found = run_rule(svc, rule, END + 10 * k)
+        assert (f"job:{key}", C) in [(f.subject, f.verdict) for f in found]
+        resolved += tracker.fold(found).resolved
+    assert [i.incident_id for i in resolved] == [opened.incident_id]

@@ -307,3 +307,21 @@ def test_shapes_rejected():
 def test_row_mean_skips_gaps_and_is_nan_without_a_known_value():
     got = screen.row_mean([[1.0, np.nan, 3.0], [np.nan, np.nan, np.nan], [0.5, 0.5, 0.5]])
     np.testing.assert_array_equal(got, [2.0, np.nan, 0.5])
+
+
+N_ = np.nan
+EXCURSION_CASES = [
+    # row, enter, leave, (current, longest before)
+    ([1, 1, 0, 0, 1, 1, 0, 0, 0], 0.5, 0.75, (3, 2)),  # a phase, back, then a longer one now
+    ([1, 0, 0, 0, 1, 0], 0.5, 0.75, (1, 3)),  # the one now is shorter than the one before
+    ([1, 0, 0.6, 0, 0, 1], 0.5, 0.75, (0, 4)),  # 0.6: noise between enter and leave, not back
+    ([1, 0, N_, N_, 0, 0], 0.5, 0.75, (3, 0)),  # a gap neither counts nor ends it
+    ([1, 1, 1], 0.5, 0.75, (0, 0)),  # never below
+    ([0, 0, 0], 0.5, 0.75, (3, 0)),  # below from the start
+]
+
+
+@pytest.mark.parametrize(("row", "enter", "leave", "want"), EXCURSION_CASES)
+def test_excursions(row, enter, leave, want):
+    found = screen.excursions(np.array([row], dtype=float), enter, leave)
+    assert (int(found.current[0]), int(found.longest_before[0])) == want

@@ -339,7 +339,11 @@ def _judge_metric(
                     verdict = Verdict.FIRING
                     summary = _firing_summary(info, screened, i, result, params, step)
         finding = _finding(rule, info, verdict, summary, evidence, times, values[i], window_start)
-        out.append(Judged(info, tenure.holder, verdict, summary, evidence, pending, finding))
+        out.append(
+            Judged(
+                info, tenure.holder, tenure.previous, verdict, summary, evidence, pending, finding
+            )
+        )
     return out
 
 

@@ -28,6 +28,7 @@ import numpy.typing as npt
 from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, GpuTimeline, ownership
 from gpuwarden.collector.detect.contract import DetectionContext
 from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
+from gpuwarden.collector.detect.model_series import model_of
 from gpuwarden.collector.detect.numerics import screen
 from gpuwarden.collector.jobs.model import Job
 from gpuwarden.collector.rules.model import Rule
@@ -108,7 +109,8 @@ def tenures(
 def model_rates(
     ctx: DetectionContext, models: set[str], start: float, end: float, width: int
 ) -> dict[str, FloatVector]:
-    """Requests per second served of each model (all outcomes and replicas), per slot."""
+    """Requests per second served of each model (all outcomes and replicas), per slot; a
+    series' model is read as the model detectors read it (``model_series.model_of``)."""
     if not models:
         return {}
     matrix = ctx.store.matrix(REQUESTS_METRIC, start=start, end=end)
@@ -116,7 +118,7 @@ def model_rates(
         return {}
     rows: dict[str, list[int]] = {}
     for i, info in enumerate(matrix.series):
-        model = str(info.attributes.get("model", ""))
+        model = model_of(info)
         if model in models:
             rows.setdefault(model, []).append(i)
     rates = {}
@@ -160,6 +162,8 @@ class Judged:
 
     info: SeriesInfo
     holder: str
+    previous: str | None
+    """The holder before the newest change in the span (None: no change)."""
     verdict: Verdict
     summary: str
     evidence: dict[str, object]
@@ -182,6 +186,7 @@ def fold_by_job(ctx: DetectionContext, rule: Rule, rows: Sequence[Judged]) -> li
     for r in rows:
         if r.holder:
             groups.setdefault(r.holder, []).append(r)
+    out += _left(ctx, rule, rows, set(groups))
     for key, members in groups.items():
         fired = [r for r in members if r.verdict is Verdict.FIRING]
         if fired:
@@ -220,6 +225,34 @@ def fold_by_job(ctx: DetectionContext, rule: Rule, rows: Sequence[Judged]) -> li
                 points=lead.finding.points if verdict is Verdict.FIRING else (),
             )
         )
+    return out
+
+
+def _left(
+    ctx: DetectionContext, rule: Rule, rows: Sequence[Judged], holding: set[str]
+) -> list[Finding]:
+    """A CLEAR finding for each job that held some of the rows' GPUs earlier in the span and
+    holds none of them now: its incident resolves instead of waiting for a job that is gone."""
+    gone: dict[str, list[Judged]] = {}
+    for r in rows:
+        if r.previous and r.previous not in holding:
+            gone.setdefault(r.previous, []).append(r)
+    out = []
+    for key, members in gone.items():
+        nodes = sorted({str(r.info.attributes.get("host.name", "")) for r in members} - {""})
+        gpus = sorted({str(r.info.attributes.get("hw.id", "")) for r in members} - {""})
+        out.append(
+            new_finding(
+                rule,
+                subject=f"job:{key}",
+                verdict=Verdict.CLEAR,
+                window=(members[0].finding.window_start, members[0].finding.window_end),
+                facts=Facts.of_job(key, ctx.job(key), nodes),
+                summary=f"job {key} no longer holds its GPUs",
+                evidence={"job": key, "node": ", ".join(nodes), "gpu": ", ".join(gpus),
+                          "gpus": len(members), "left": True},
+            )
+        )  # fmt: skip
     return out
 
 
