@@ -13,7 +13,7 @@ import sys
 import time
 
 from bench.truth.evaluate import evaluate, rules_by_detector
-from bench.truth.report import table
+from bench.truth.report import table, trace_table
 from bench.truth.splits import SPLITS
 
 
@@ -23,15 +23,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--detectors", nargs="*", default=[], help="detector names (default: all)")
     parser.add_argument("--seed-count", type=int, default=2, help="seeds per fleet family (1-50)")
     parser.add_argument("--quick", action="store_true", help="one seed of the quick families")
+    parser.add_argument("--workers", type=int, default=2, help="fleets replayed at once")
+    parser.add_argument("--verbose", action="store_true", help="also list every fleet's run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     began = time.perf_counter()
-    result = evaluate(args.split, args.seed_count, args.detectors, quick=args.quick)
+    result = evaluate(
+        args.split, args.seed_count, args.detectors, quick=args.quick, workers=args.workers
+    )
     for note in result.notes:
         print(note)
     for detector, rules in rules_by_detector(args.detectors).items():
         scores = [result.scores[r] for r in rules if r in result.scores]
         print(table(detector, scores), end="\n\n")
+    if result.traces:
+        rules = [r for rules in rules_by_detector(args.detectors).values() for r in rules]
+        print(trace_table([t.outcome for t in result.traces], rules), end="\n\n")
+    if args.verbose:
+        for r in (*result.fleets, *result.traces):
+            o = r.outcome
+            print(f"{o.name:24} {len(o.episodes):3d} episodes {len(o.incidents):4d} incidents "
+                  f"{r.cycles:4d} cycles {r.seconds:6.1f} s")  # fmt: skip
     print(
         f"split {args.split}, seeds {result.seeds}; {len(result.fleets)} fleets, "
         f"{result.gpu_days:.2f} GPU-days; {time.perf_counter() - began:.0f} s"

@@ -44,8 +44,9 @@ class Canvas:
 
     def span(self, start: float, end: float) -> slice:
         """The grid indices of ``[start, end)``."""
-        lo = max(0, int(np.ceil((start - self.start) / self.cadence)))
-        hi = max(lo, int(np.ceil((end - self.start) / self.cadence)))
+        n = len(next(iter(self.util.values())))
+        lo = min(n, max(0, int(np.ceil((start - self.start) / self.cadence))))
+        hi = min(n, max(lo, int(np.ceil((end - self.start) / self.cadence))))
         return slice(lo, hi)
 
     def paint(

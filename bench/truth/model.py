@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
 from gpuwarden.collector.jobs.model import JobState
 from gpuwarden.collector.storage.records import Event, ModelDeployment
 
@@ -77,6 +77,9 @@ class Episode:
 PointsAt = Callable[[float], list[NumberPoint]]
 """The telemetry every agent (and model server) sends at one time, as OTLP points."""
 
+HistogramsAt = Callable[[float], list[HistogramPoint]]
+"""Cumulative histogram points (model latency, TTFT) scraped or pushed at one time."""
+
 
 @dataclass(frozen=True, slots=True)
 class Fleet:
@@ -97,6 +100,12 @@ class Fleet:
         deployments: model deployments in storage from the start.
         episodes: the planted truth; empty for a busy fleet.
         recent_hours: the store's full-resolution ring (the collector's ``recent_hours``).
+        step_seconds: the store's slot.
+        histograms: model-server histograms (latency, TTFT), for model-metric fleets.
+
+    Model-metric fleets (deploy regressions, drift, SLO burn, demand, anomalies) carry their
+    model series in ``points``/``histograms``, deploys and rollbacks in ``events`` and
+    ``deployments``, and episodes whose subject is ``model``.
     """
 
     name: str
@@ -114,6 +123,10 @@ class Fleet:
     cycle_seconds: float = 60.0
     warmup_seconds: float = 0.0
     recent_hours: int = 6
+    step_seconds: int = 10
+    """The store's slot (the collector's ``step_seconds``; 10 s is its default)."""
+    histograms: HistogramsAt | None = None
+    """Model-metric fleets: histogram points at a time (``CollectorService.accept_histograms``)."""
 
     @property
     def busy(self) -> bool:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from bench.truth.score import RuleScore
+from bench.truth.score import FleetOutcome, RuleScore
+from bench.truth.traces import FALSE_ON_SERVING
 
 FOCUS_FAMILIES = ("busy-diurnal", "busy-checkpoint")
 """Busy families reported on their own (the issue's target there is 0 false incidents)."""
@@ -38,4 +39,20 @@ def table(detector: str, scores: Sequence[RuleScore]) -> str:
             f"{_minutes(s.delay(0.5)):>10} {_minutes(s.delay(0.9)):>9} "
             f"{(_num(s.false_per_gpu_day) + f' ({s.busy_false})'):>14} " + " ".join(focus)
         )
+    return "\n".join(lines)
+
+
+def trace_table(outcomes: Sequence[FleetOutcome], rules: Sequence[str]) -> str:
+    """Incidents per GPU-day of every rule on the real traces (no labels; see bench.truth.traces:
+    rules marked ``false`` cannot be right on serving pods, the others are shown, not judged)."""
+    lines = []
+    for fleet in outcomes:
+        lines.append(f"== real trace {fleet.name} ({len(fleet.incidents)} incidents, "
+                     f"{fleet.gpu_days:.2f} GPU-days; unlabelled)")  # fmt: skip
+        lines.append(f"{'rule':28} {'incidents':>9} {'per GPU-day':>12}  judged")
+        for rule in rules:
+            n = sum(1 for i in fleet.incidents if i.rule == rule)
+            rate = n / fleet.gpu_days if fleet.gpu_days else math.nan
+            verdict = "false" if rule in FALSE_ON_SERVING else "not judged"
+            lines.append(f"{rule:28} {n:>9} {_num(rate):>12}  {verdict}")
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """Replays one fleet through the collector's real path and records every incident it opens.
 
-Telemetry → ``CollectorService.accept`` (the OTLP intake) → WindowStore; jobs → the job
+Telemetry → ``CollectorService.accept`` (the OTLP intake; histograms through
+``accept_histograms``) → WindowStore; jobs → the job
 registry as the scheduler would report them at each time; events → SQLite storage; the shipped
 ``rules/default.yaml``, loaded unmodified, → ``DetectionEngine.run_cycle`` every
 ``fleet.cycle_seconds`` on a simulated clock, with the real ``IncidentTracker`` over SQLite.
@@ -90,7 +91,9 @@ def run_fleet(fleet: Fleet, rules: RuleSet | None = None) -> FleetRun:
     with tempfile.TemporaryDirectory(prefix="gpuwarden-truth-") as tmp:
         now = [fleet.start]
         config = CollectorConfig(
-            database=Path(tmp) / "collector.db", step_seconds=10, recent_hours=fleet.recent_hours
+            database=Path(tmp) / "collector.db",
+            step_seconds=fleet.step_seconds,
+            recent_hours=fleet.recent_hours,
         )
         svc = build_service(config, clock=lambda: now[0])
         try:
@@ -127,10 +130,12 @@ def _replay(fleet: Fleet, svc: CollectorService, rules: RuleSet, now: list[float
         if changed:
             svc.registry.put(changed)
         batch = fleet.points(t)
-        if batch:
-            rejected = svc.accept(batch, "agents")
-            if rejected:
-                raise RuntimeError(f"{fleet.name}: the store rejected {rejected} point(s) at {t}")
+        rejected = svc.accept(batch, "agents") if batch else 0
+        if fleet.histograms is not None:
+            histograms = fleet.histograms(t)
+            rejected += svc.accept_histograms(histograms, "models") if histograms else 0
+        if rejected:
+            raise RuntimeError(f"{fleet.name}: the store rejected {rejected} point(s) at {t}")
         if t >= first_cycle and k % per_cycle == 0:
             result = engine.run_cycle(t)
             cycles += 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from bench.truth import waste_fleets
+from bench.truth import fault_fleets, serving_fleets, training_fleets, waste_fleets
 from bench.truth.model import Fleet
 
 SPLITS = {"tune": 1, "heldout": 101}
@@ -32,9 +32,18 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("idle", waste_fleets.idle_fleet, ("idle_gpu",), quick=True),
+    Family("idle", waste_fleets.idle_fleet, ("idle_gpu", "level_shift"), quick=True),
+    Family("forgotten", waste_fleets.forgotten_fleet, ("forgotten_gpu",)),
+    Family("straggler", training_fleets.straggler_fleet, ("straggler", "level_shift")),
+    Family("level-drop", training_fleets.level_drop_fleet, ("level_shift",)),
+    Family("input-bound", training_fleets.input_bound_fleet, ("input_bound", "level_shift")),
+    Family("hardware-fault", fault_fleets.hardware_fault_fleet, ("hardware_fault",)),
+    Family("preemption", fault_fleets.preemption_fleet, ("preemption",)),
+    Family("orphaned", fault_fleets.orphaned_fleet, ("orphaned_memory",)),
+    Family("overprovisioned", serving_fleets.overprovisioned_fleet, ("overprovisioned_inference",)),
     Family("busy-checkpoint", waste_fleets.checkpoint_fleet, ()),
     Family("busy-boundaries", waste_fleets.boundaries_fleet, ()),
+    Family("busy-diurnal", serving_fleets.diurnal_fleet, ()),
 )
 
 
@@ -47,15 +56,20 @@ def seeds(split: str, count: int) -> list[int]:
     return [SPLITS[split] + i for i in range(count)]
 
 
-def fleets(
-    split: str, count: int, detectors: Sequence[str] = (), *, quick: bool = False
-) -> list[Fleet]:
-    """The fleets of ``split``: every busy family and the families of ``detectors`` (all when
-    empty), ``count`` seeds each; ``quick`` keeps the quick families and one seed."""
-    chosen = [
+def chosen_families(detectors: Sequence[str] = (), *, quick: bool = False) -> list[Family]:
+    """Every busy family and the families of ``detectors`` (all when empty); ``quick`` keeps
+    the quick ones."""
+    return [
         f
         for f in FAMILIES
         if (not f.detectors or not detectors or set(f.detectors) & set(detectors))
         and (f.quick or not quick)
     ]
+
+
+def fleets(
+    split: str, count: int, detectors: Sequence[str] = (), *, quick: bool = False
+) -> list[Fleet]:
+    """The fleets of ``split`` for ``detectors``: ``count`` seeds of each chosen family."""
+    chosen = chosen_families(detectors, quick=quick)
     return [f.build(seed) for f in chosen for seed in seeds(split, 1 if quick else count)]

@@ -72,3 +72,12 @@ def ecc_point(gpu: Gpu, t: float, count: float) -> NumberPoint:
     attrs: dict[str, AttrValue] = {"hw.id": gpu.uuid, "error.type": "uncorrected", "hw.type": "gpu"}
     return _point("hw.errors", gpu.node, t, count, attrs, kind="sum", monotonic=True,
                   unit="{error}")  # fmt: skip
+
+
+def requests_point(
+    node: str, model: str, t: float, total: float, outcome: str = "success"
+) -> NumberPoint:
+    """A model server's cumulative request count of one outcome (``success``, ``failure``)."""
+    attrs: dict[str, AttrValue] = {"model": model, "outcome": outcome}
+    return _point("gpuwarden.model.requests", node, t, total, attrs, kind="sum",
+                  monotonic=True, unit="{request}")  # fmt: skip
