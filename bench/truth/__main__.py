@@ -13,7 +13,7 @@ import sys
 import time
 
 from bench.truth.evaluate import evaluate, rules_by_detector
-from bench.truth.report import table, trace_table
+from bench.truth.report import false_incidents, summary, table, trace_table
 from bench.truth.splits import SPLITS
 
 
@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one seed of the quick families")
     parser.add_argument("--workers", type=int, default=2, help="fleets replayed at once")
     parser.add_argument("--verbose", action="store_true", help="also list every fleet's run")
+    parser.add_argument(
+        "--show-false", action="store_true", help="also list every incident that matched no episode"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     began = time.perf_counter()
@@ -36,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     for detector, rules in rules_by_detector(args.detectors).items():
         scores = [result.scores[r] for r in rules if r in result.scores]
         print(table(detector, scores), end="\n\n")
+    print(summary(list(result.scores.values())), end="\n\n")
+    if args.show_false:
+        outcomes = [r.outcome for r in result.fleets]
+        print(false_incidents(outcomes, list(result.scores)), end="\n\n")
     if result.traces:
         rules = [r for rules in rules_by_detector(args.detectors).values() for r in rules]
         print(trace_table([t.outcome for t in result.traces], rules), end="\n\n")

@@ -42,7 +42,7 @@ class FleetResult:
 def outcome(run: FleetRun, seconds: float) -> FleetResult:
     f = run.fleet
     return FleetResult(
-        FleetOutcome(f.name, f.family, f.episodes, run.incidents, f.gpu_days),
+        FleetOutcome(f.name, f.family, f.episodes, run.incidents, f.gpu_days, f.start),
         run.cycles,
         run.failed_rules,
         seconds,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from bench.truth.score import FleetOutcome, RuleScore
+from bench.truth.score import FleetOutcome, RuleScore, matches
 from bench.truth.traces import FALSE_ON_SERVING
 
 FOCUS_FAMILIES = ("busy-diurnal", "busy-checkpoint")
@@ -55,4 +55,33 @@ def trace_table(outcomes: Sequence[FleetOutcome], rules: Sequence[str]) -> str:
             rate = n / fleet.gpu_days if fleet.gpu_days else math.nan
             verdict = "false" if rule in FALSE_ON_SERVING else "not judged"
             lines.append(f"{rule:28} {n:>9} {_num(rate):>12}  {verdict}")
+    return "\n".join(lines)
+
+
+def summary(scores: Sequence[RuleScore]) -> str:
+    """False incidents per GPU-day on the busy fleets, all rules together (the issue's target:
+    at most 0.1 overall, 0 on diurnal serving and checkpoint dips)."""
+    if not scores or not scores[0].busy_gpu_days:
+        return "no busy fleet ran"
+    days = scores[0].busy_gpu_days  # the same busy fleets for every rule
+    total = sum(s.busy_false for s in scores)
+    parts = [f"all rules on busy fleets: {total / days:.3f} false incidents per GPU-day "
+             f"({total} over {days:.2f} GPU-days)"]  # fmt: skip
+    for family in sorted(scores[0].by_family):
+        fam_days = scores[0].by_family[family][1]
+        n = sum(s.by_family.get(family, (0, 0.0))[0] for s in scores)
+        parts.append(f"  {family}: {n / fam_days:.3f} per GPU-day ({n} over {fam_days:.2f})")
+    return "\n".join(parts)
+
+
+def false_incidents(outcomes: Sequence[FleetOutcome], rules: Sequence[str]) -> str:
+    """Every incident that matched no episode: fleet, rule, minute after the fleet's start,
+    subject (for whoever fixes the detector)."""
+    lines = ["== incidents that matched no episode"]
+    for fleet in outcomes:
+        lines.extend(
+            f"{fleet.name:24} {i.rule:28} +{(i.time - fleet.start) / 60:7.1f} min  {i.subject}"
+            for i in fleet.incidents
+            if i.rule in rules and not any(matches(i, e) for e in fleet.episodes)
+        )
     return "\n".join(lines)

@@ -123,6 +123,8 @@ class FleetOutcome:
     episodes: tuple[Episode, ...]
     incidents: tuple[OpenedIncident, ...]
     gpu_days: float
+    start: float = 0.0
+    """When the fleet's telemetry starts (for listing incidents by minute)."""
 
 
 @dataclass(frozen=True, slots=True)
