@@ -29,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
         "--show-false", action="store_true", help="also list every incident that matched no episode"
     )
     args = parser.parse_args(argv)
+    unknown = set(args.detectors) - set(rules_by_detector())
+    if unknown:
+        known = ", ".join(sorted(rules_by_detector()))
+        parser.error(f"unknown detector(s) {', '.join(sorted(unknown))}: one of {known}")
+    if not 1 <= args.seed_count <= 50:
+        parser.error("--seed-count is 1-50")
     logging.basicConfig(level=logging.ERROR)
     began = time.perf_counter()
     result = evaluate(

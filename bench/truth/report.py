@@ -65,7 +65,7 @@ def summary(scores: Sequence[RuleScore]) -> str:
         return "no busy fleet ran"
     days = scores[0].busy_gpu_days  # the same busy fleets for every rule
     total = sum(s.busy_false for s in scores)
-    parts = [f"all rules on busy fleets: {total / days:.3f} false incidents per GPU-day "
+    parts = [f"the rules above on busy fleets: {total / days:.3f} false incidents per GPU-day "
              f"({total} over {days:.2f} GPU-days)"]  # fmt: skip
     for family in sorted(scores[0].by_family):
         fam_days = scores[0].by_family[family][1]
