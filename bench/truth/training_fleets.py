@@ -58,17 +58,15 @@ def straggler_fleet(seed: int) -> Fleet:
         s = canvas.span(onset, end)
         if role == "slow":
             canvas.util[odd][s] *= rng.uniform(0.55, 0.8)
-            episodes.append(
-                Episode(
-                    "training-straggler",
-                    "slower worker",
-                    onset,
-                    end,
-                    job=key,
-                    gpus=(odd.uuid,),
-                    nodes=(odd.node,),
+            # the slower worker's own level fell for good too: the slowdown gpu-utilization-drop
+            # describes ("a straggling peer"), so both rules have an episode on that GPU
+            for rule, kind in (
+                ("training-straggler", "slower worker"),
+                ("gpu-utilization-drop", "a worker's level fell"),
+            ):
+                episodes.append(
+                    Episode(rule, kind, onset, end, job=key, gpus=(odd.uuid,), nodes=(odd.node,))
                 )
-            )
         elif role == "fast":
             canvas.util[odd][s] = np.clip(canvas.util[odd][s] * rng.uniform(1.05, 1.15), 0, 1)
     return Fleet(
@@ -159,17 +157,22 @@ def input_bound_fleet(seed: int) -> Fleet:
             for g in group:
                 canvas.util[g][s] = _duty_cycle(rng, s.stop - s.start, compute, stall)
             busy[s] = rng.uniform(0.9, 0.97, s.stop - s.start)
-            episodes.append(
-                Episode(
-                    "input-bound-job",
-                    f"{role} stalls, CPU saturated",
-                    onset,
-                    end,
-                    job=key,
-                    gpus=tuple(g.uuid for g in group),
-                    nodes=(node,),
+            # the mean falls from ~90 % to 50-70 %: a level drop as well as an input-bound job
+            for rule, kind in (
+                ("input-bound-job", f"{role} stalls, CPU saturated"),
+                ("gpu-utilization-drop", f"level fell to {role} stall cycles"),
+            ):
+                episodes.append(
+                    Episode(
+                        rule,
+                        kind,
+                        onset,
+                        end,
+                        job=key,
+                        gpus=tuple(g.uuid for g in group),
+                        nodes=(node,),
+                    )
                 )
-            )
         elif role == "inference":
             for g in group:
                 u = noisy(rng, n, 0.3, 0.08)
