@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
 from gpuwarden.collector.jobs.model import JobState
 from gpuwarden.collector.storage.records import Event, ModelDeployment
 
@@ -77,6 +77,9 @@ class Episode:
 PointsAt = Callable[[float], list[NumberPoint]]
 """The telemetry every agent (and model server) sends at one time, as OTLP points."""
 
+HistogramsAt = Callable[[float], list[HistogramPoint]]
+"""The cumulative histograms (request latency) model servers send at one time."""
+
 
 @dataclass(frozen=True, slots=True)
 class Fleet:
@@ -97,6 +100,7 @@ class Fleet:
         deployments: model deployments in storage from the start.
         episodes: the planted truth; empty for a busy fleet.
         recent_hours: the store's full-resolution ring (the collector's ``recent_hours``).
+        histograms: cumulative histogram points at a time (None: the fleet sends none).
     """
 
     name: str
@@ -114,6 +118,7 @@ class Fleet:
     cycle_seconds: float = 60.0
     warmup_seconds: float = 0.0
     recent_hours: int = 6
+    histograms: HistogramsAt | None = None
 
     @property
     def busy(self) -> bool:

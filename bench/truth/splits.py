@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from bench.truth import waste_fleets
+from bench.truth import model_fleets, waste_fleets
 from bench.truth.model import Fleet
 
 SPLITS = {"tune": 1, "heldout": 101}
@@ -35,6 +35,15 @@ FAMILIES: tuple[Family, ...] = (
     Family("idle", waste_fleets.idle_fleet, ("idle_gpu",), quick=True),
     Family("busy-checkpoint", waste_fleets.checkpoint_fleet, ()),
     Family("busy-boundaries", waste_fleets.boundaries_fleet, ()),
+    Family("deploy-rollback", model_fleets.deploy_rollback_fleet, ("deploy_regression",)),
+    Family("slo-burn", model_fleets.slo_burn_fleet, ("slo_burn",)),
+    Family("demand-growth", model_fleets.demand_growth_fleet, ("demand_forecast",)),
+    Family(
+        "latency-drift", model_fleets.latency_drift_fleet, ("model_drift", "distribution_drift")
+    ),
+    Family("busy-deploy", model_fleets.busy_deploy_fleet, ()),
+    Family("busy-slo-blips", model_fleets.busy_slo_blips_fleet, ()),
+    Family("busy-model-diurnal", model_fleets.busy_model_diurnal_fleet, ()),
 )
 
 
