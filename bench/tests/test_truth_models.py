@@ -70,6 +70,7 @@ def test_error_blips_are_benign_and_the_burn_is_not(seed):
         burn = hour_ratio / budget
         if fleet.busy:
             assert burn.max() < 14.4 / 2  # blips alone never come near the fast-burn line
+            assert failed[-1] / requests[-1] < budget  # nor spend the budget over the run
         else:
             (episode,) = fleet.episodes
             inside = (times[60:] > episode.start) & (times[60:] <= episode.end + 600)

@@ -26,7 +26,7 @@ from bench.truth.evaluate import outcome
 from bench.truth.model import Fleet
 from bench.truth.report import table
 from bench.truth.runner import FleetRun, run_fleet, shipped_rules
-from bench.truth.score import score_rule
+from bench.truth.score import matches, score_rule
 from bench.truth.splits import SPLITS, seeds
 from gpuwarden.collector.rules.model import RuleSet
 
@@ -91,6 +91,16 @@ def main(argv: list[str] | None = None) -> int:
             waits = ", ".join(f"{m:.0f}" for m in minutes) or "-"
             print(f"  rolled back: {total}; incident resolved within 2 h of the rollback: "
                   f"{resolved} (minutes after the rollback: {waits})")  # fmt: skip
+        if detector == "demand_forecast":
+            leads = [
+                (episode.end - incident.time) / 60
+                for run in runs
+                for episode in run.fleet.episodes
+                for incident in run.incidents
+                if matches(incident, episode)
+            ]
+            shown = ", ".join(f"{m:.0f}" for m in leads) or "-"
+            print(f"  minutes from each matching incident to demand reaching 80 %: {shown}")
         days = sum(run.fleet.gpu_days for run in runs)
         print(f"  split {args.split}, seeds {seed_list}; {len(runs)} fleets, {days:.2f} GPU-days "
               f"(2 GPUs per model: model-days = GPU-days / 2); "

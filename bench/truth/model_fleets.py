@@ -12,11 +12,14 @@ changed, never by a detector's rule:
   the deploy to the rollback. After the rollback the incident must resolve: the runner records
   resolutions and :func:`rollback_resolutions` reports them.
 - ``busy-deploy`` (3.5 h): the same deploys, but nothing gets slower. No episode.
-- ``slo-burn`` (7 h): a steady 0.01-0.04 % of requests fail, with benign blips (1-2 min at
-  2-10 % every 40-120 min); at 3-5 h, 3-6 % fail for 40-60 min: episode ``slo-burn-fast`` (a
+- ``slo-burn`` (7 h): a steady 0.01-0.04 % of requests fail, with benign blips (20-60 s at
+  2-10 % every 60-180 min; with the base, about 0.6x the budget of a 99.9 % SLO over a day);
+  at 3-5 h, 3-6 % fail for 40-60 min: episode ``slo-burn-fast`` (a
   99.9 % SLO burnt 30-60x, 2.8-8 % of a 30-day budget in under an hour: page-worthy by the SRE
-  workbook's 2 %-in-1-h line). The blips alone stay under half of a 14.4x hour (by
-  construction: at most 2 min x 10 % per 40 min).
+  workbook's 2 %-in-1-h line). The blips alone stay far under a 14.4x hour (by
+  construction: at most 1 min x 10 % per hour). The first version had blips of 1-2 min every
+  40-120 min, which averaged about 1-1.5x the budget: a real slow burn, which ``slo-burn-slow``
+  rightly reported on held-out seed 101; they were made smaller after that run.
 - ``busy-slo-blips`` (7 h): the base errors and the blips only. No episode.
 - ``demand-growth`` (2.5 days; detection runs in the last 12 h, once two days of history
   exist): a daily curve peaking at 40-55 % of capacity, then from 2-6 h into day 3 demand grows
@@ -80,12 +83,12 @@ def _deployment() -> ModelDeployment:
 
 
 def _blips(rng: np.random.Generator, shape: Shape) -> None:
-    """Benign error blips: 1-2 min at 2-10 % errors, every 40-120 min."""
+    """Benign error blips: 20-60 s at 2-10 % errors, every 60-180 min."""
     t = shape.times[0] + rng.uniform(20, 60) * 60
     while t < shape.times[-1]:
-        span = (shape.times >= t) & (shape.times < t + rng.uniform(1, 2) * 60)
+        span = (shape.times >= t) & (shape.times < t + rng.uniform(20, 60))
         shape.errors[span] = rng.uniform(0.02, 0.10)
-        t += rng.uniform(40, 120) * 60
+        t += rng.uniform(60, 180) * 60
 
 
 def _flat(rng: np.random.Generator, hours: float) -> Shape:
