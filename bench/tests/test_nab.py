@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import nab
+from bench import nab, nab_split
 from bench.nab import DetectorOutput, Profile, Window
 
 NAB_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "nab"
@@ -372,9 +372,9 @@ def test_sweep_agrees_with_direct_scoring(corpus):
 # ------------------------------------------------------------- ours: the project's detector
 
 
-@needs_nab
-@pytest.mark.slow
-def test_our_detector_on_nab_with_the_fixed_threshold(corpus):
+@pytest.fixture(scope="module")
+def ours(corpus):
+    """``anomaly.score_series`` on every labelled file, file-at-once (about 15 s on one core)."""
     from gpuwarden.collector.detect.numerics import anomaly
 
     outputs = {}
@@ -382,12 +382,55 @@ def test_our_detector_on_nab_with_the_fixed_threshold(corpus):
         stamps, values = nab.load_data_file(NAB_DIR / "data" / name)
         scores = anomaly.score_series(stamps, values)
         outputs[name] = DetectorOutput(stamps, np.nan_to_num(scores, nan=0.0))
+    return outputs
+
+
+def test_the_split_is_a_partition_by_name():
+    names = [f"artificialX/a{i}.csv" for i in range(3)] + [f"realY/r{i}.csv" for i in range(5)]
+    split_a, split_b = nab_split.split_files(reversed(names))
+    assert split_a == [*names[:3], "realY/r0.csv", "realY/r2.csv", "realY/r4.csv"]
+    assert split_b == ["realY/r1.csv", "realY/r3.csv"]
+    assert nab_split.split_of("realY/r3.csv", names) == nab_split.SPLIT_B
+    with pytest.raises(KeyError):
+        nab_split.split_of("realY/r9.csv", names)
+
+
+@needs_nab
+def test_nab_split_sizes(corpus):
+    split_a, split_b = nab_split.split_files(corpus["windows"])
+    assert (len(split_a), len(split_b)) == (35, 23)
+    assert not set(split_a) & set(split_b)
+    assert all(not name.startswith("artificial") for name in split_b)
+    assert sum(len(corpus["windows"][n]) for n in split_b) == 58
+
+
+@needs_nab
+@pytest.mark.slow
+def test_the_threshold_is_the_split_a_optimum_rounded_down(corpus, ours):
+    # Nothing of split B chose it: the standard-profile optimum over split A alone, to 4 places.
+    from gpuwarden.collector.detect.numerics import anomaly
+
+    split_a, _ = nab_split.split_files(corpus["windows"])
+    sweep = nab.sweep_thresholds(
+        ours, windows=corpus["windows"], profile=corpus["profiles"]["standard"], files=split_a
+    )
+    best, _ = sweep.best()
+    assert math.floor(best * 10_000) / 10_000 == anomaly.DEFAULT_THRESHOLD
+
+
+@needs_nab
+@pytest.mark.slow
+def test_our_detector_on_the_held_out_split(corpus, ours):
+    from gpuwarden.collector.detect.numerics import anomaly
+
+    _, split_b = nab_split.split_files(corpus["windows"])
     result = nab.score_detector(
-        outputs,
+        ours,
         windows=corpus["windows"],
         profile=corpus["profiles"]["standard"],
         threshold=anomaly.DEFAULT_THRESHOLD,
+        files=split_b,
     )
-    # Measured 61.77 (bench/nab_score.py), threshold fixed on split A; the target is >= 58.
-    assert result.normalized >= 58.0
-    assert result.tp + result.fn == 116
+    # Measured 59.90 on split B (python -m bench.nab_score); HTM scores 71.98 on the same files.
+    assert result.normalized >= 55.0
+    assert result.tp + result.fn == 58

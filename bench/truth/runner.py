@@ -42,6 +42,8 @@ class RecordingTracker(IncidentTracker):
     """The real tracker; it also remembers, for each incident it opens, its finding's names."""
 
     opened_log: list[OpenedIncident] = field(default_factory=list)
+    resolved_log: list[tuple[str, str, float]] = field(default_factory=list)
+    """(rule, subject, resolved time) of every incident it resolved."""
 
     def fold(self, findings: Sequence[Finding]) -> FoldResult:
         result = super().fold(findings)
@@ -49,6 +51,11 @@ class RecordingTracker(IncidentTracker):
         for incident in result.opened:
             finding = by_fp[incident.fingerprint]
             self.opened_log.append(OpenedIncident.of(finding, incident.first_seen))
+        for incident in result.resolved:
+            finding = by_fp[incident.fingerprint]
+            self.resolved_log.append(
+                (finding.rule_id, finding.subject, incident.resolved_time or 0.0)
+            )
         return result
 
 
@@ -83,6 +90,8 @@ class FleetRun:
     incidents: tuple[OpenedIncident, ...]
     cycles: int
     failed_rules: tuple[str, ...]
+    resolved: tuple[tuple[str, str, float], ...] = ()
+    """(rule, subject, time) of every incident that resolved during the run."""
 
 
 def run_fleet(fleet: Fleet, rules: RuleSet | None = None) -> FleetRun:
@@ -145,4 +154,5 @@ def _replay(fleet: Fleet, svc: CollectorService, rules: RuleSet, now: list[float
         incidents=tuple(replace(i, fleet=fleet.name) for i in tracker.opened_log),
         cycles=cycles,
         failed_rules=tuple(sorted(failed)),
+        resolved=tuple(tracker.resolved_log),
     )
