@@ -24,7 +24,7 @@ from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
 from gpuwarden.collector.ingest.scrape import ModelServerScraper
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.storage.base import Storage
-from gpuwarden.collector.storage.records import AccountingRow
+from gpuwarden.collector.storage.records import AccountingRow, Event
 from gpuwarden.collector.store.window import WindowStore
 from gpuwarden.collector.views import DetectionView
 
@@ -123,6 +123,10 @@ class CollectorService:
     def accept_histograms(self, points: Sequence[HistogramPoint], source: str) -> int:
         """Store cumulative histogram points (bucket counts); return the rejected count."""
         return self.intake.accept_histograms(points, source)
+
+    def record_events(self, events: Iterable[Event]) -> int:
+        """Store events; a model's newest deploy or rollback updates its record (``Intake``)."""
+        return self.intake.record_events(events)
 
     def scrape_models(self) -> int:
         """Scrape the configured model servers into the store (blocking); points stored."""

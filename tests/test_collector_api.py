@@ -573,3 +573,35 @@ async def test_a_skipped_rule_does_not_hide_what_makes_it_unready(
         "storage: :memory:: the store is closed",
     ]
     assert len(body["skipped_rules"]) == 1
+
+
+async def test_a_posted_deploy_moves_its_models_record_and_an_older_one_does_not(client):
+    """deploy_regression judges the version actually serving, read from the model's record:
+    a deploy posted by a CD pipeline names the version now serving, unless a later change
+    already did."""
+    model = {"name": "chat", "version": "v1", "replicas": 2}
+    assert (await client.post("/v1/models", json=model, headers=AUTH)).status == 200
+
+    async def version() -> str:
+        resp = await client.get("/v1/models", headers=AUTH)
+        return next(m["version"] for m in (await resp.json())["models"] if m["name"] == "chat")
+
+    deploy = {"time": NOW - 600, "kind": "deploy", "subject": "chat", "attributes": {"to": "v2"}}
+    assert await (await client.post("/v1/events", json=deploy, headers=AUTH)).json() == {
+        "accepted": 1,
+        "recorded": 1,
+    }
+    assert await version() == "v2"
+    rollback = {"time": NOW - 60, "kind": "rollback", "subject": "chat",
+                "attributes": {"from": "v2", "to": "v1"}}  # fmt: skip
+    await client.post("/v1/events", json=rollback, headers=AUTH)
+    assert await version() == "v1"
+    late = {"time": NOW - 300, "kind": "deploy", "subject": "chat", "attributes": {"version": "v3"}}
+    await client.post(
+        "/v1/events", json=late, headers=AUTH
+    )  # reported late: older than the rollback
+    assert await version() == "v1"
+    other = {"time": NOW, "kind": "deploy", "subject": "unknown-model", "attributes": {"to": "v9"}}
+    await client.post("/v1/events", json=other, headers=AUTH)  # no record: nothing to move
+    models = await (await client.get("/v1/models", headers=AUTH)).json()
+    assert "unknown-model" not in {m["name"] for m in models["models"]}

@@ -128,7 +128,7 @@ def _replay(fleet: Fleet, svc: CollectorService, rules: RuleSet, now: list[float
         t = fleet.start + k * fleet.cadence_seconds
         now[0] = t
         while events and events[0].time <= t:
-            svc.storage.record_event(events.pop(0))
+            svc.record_events([events.pop(0)])  # as POST /v1/events records them
         changed = []
         for planned in fleet.jobs:
             if planned.start <= t:

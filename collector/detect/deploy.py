@@ -44,7 +44,7 @@ from gpuwarden.collector.detect.model_series import (
 )
 from gpuwarden.collector.rules.model import Rule, Subject
 from gpuwarden.collector.rules.params import duration, number, text
-from gpuwarden.collector.storage.records import Event, EventKind
+from gpuwarden.collector.storage.records import Event, EventKind, deployed_version
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -144,12 +144,6 @@ def run_deploy_regression(
             if subject is not None:
                 findings.append(judge_deploy(subject, event, params, rule))
     return findings
-
-
-def deployed_version(event: Event) -> str | None:
-    """The version a deploy or rollback event put in service (``to``, else ``version``)."""
-    value = event.attributes.get("to", event.attributes.get("version"))
-    return str(value) if value not in (None, "") else None
 
 
 def superseded_by(

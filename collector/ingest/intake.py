@@ -18,7 +18,7 @@ from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint, histogr
 from gpuwarden.collector.ingest.workloads import announcement
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.storage.base import Storage
-from gpuwarden.collector.storage.records import Event, EventKind
+from gpuwarden.collector.storage.records import Event, EventKind, deployed_version
 from gpuwarden.collector.store.types import IngestCounts
 from gpuwarden.collector.store.window import WindowStore
 
@@ -112,6 +112,32 @@ class Intake:
         return Accepted(
             points=result.points, rejected=rejected, stored_rejected=result.counts.rejected
         )
+
+    def record_events(self, events: Iterable[Event]) -> int:
+        """Store events (a repeat is a no-op); return how many were new.
+
+        A deploy or rollback that is its model's newest change names the version now serving, so
+        the model's deployment record follows it: detectors that judge "the version actually
+        serving" (``deploy_regression``) read the record, and an event posted by a CD pipeline
+        must not leave it naming the version the deploy replaced.
+        """
+        recorded = 0
+        for event in events:
+            recorded += self.storage.record_event(event)
+            if event.kind in (EventKind.DEPLOY, EventKind.ROLLBACK):
+                self._follow_deploy(event)
+        return recorded
+
+    def _follow_deploy(self, event: Event) -> None:
+        version, current = deployed_version(event), self.storage.model(event.subject)
+        if version is None or current is None or current.version == version:
+            return
+        changes = self.storage.events(
+            since=event.time, kinds=(EventKind.DEPLOY, EventKind.ROLLBACK), subject=event.subject
+        )
+        if any(change.time > event.time for change in changes):
+            return  # a later deploy or rollback already says what serves
+        self.storage.upsert_model(replace(current, version=version))
 
     def accept_histograms(self, points: Sequence[HistogramPoint], source: str) -> int:
         """Store cumulative histogram points (bucket counts); return the rejected count."""

@@ -72,6 +72,12 @@ class Event:
     attributes: JsonObject = field(default_factory=_empty)
 
 
+def deployed_version(event: Event) -> str | None:
+    """The version a deploy or rollback event put in service (``to``, else ``version``)."""
+    value = event.attributes.get("to", event.attributes.get("version"))
+    return str(value) if value not in (None, "") else None
+
+
 @dataclass(frozen=True, slots=True)
 class AccountingRow:
     """One GPU's share of one period for one job (``job_key=None``: allocated to no job).

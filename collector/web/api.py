@@ -390,7 +390,7 @@ async def post_events(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     now = service.clock()
     events = [parse_event(item, where, now) for item, where in await _items(request, "events")]
-    recorded = await asyncio.to_thread(_count, service.storage.record_event, events)
+    recorded = await asyncio.to_thread(service.record_events, events)
     return web.json_response({"accepted": len(events), "recorded": recorded})
 
 
