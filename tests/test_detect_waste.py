@@ -336,6 +336,17 @@ def test_overprovisioned_inference_recommends_replicas_and_saving(tmp_path: Path
     assert ev["saving_usd_per_30_days"] == pytest.approx(6 * 4.00 * 24 * 30)
 
 
+@pytest.mark.parametrize(("minimum", "want"), [(8, C), (10, C), (7, F)])
+def test_overprovisioned_inference_at_its_min_replicas_is_clear(tmp_path: Path, minimum, want):
+    """Model "sd" runs 8 replicas at a 15 % peak: with min_replicas 8 (or more) none can go, so
+    there is no saving and no finding; with 7 one can."""
+    svc = serving_fleet(tmp_path)
+    rule = rule_for("overprovisioned_inference", window_seconds=3600.0, min_replicas=minimum)
+    found = {f.subject: f for f in run_rule(svc, rule, SERVE_END)}
+    assert found["model:sd"].verdict is want
+    assert found["model:sd"].evidence["freed_gpus"] == (1 if want is F else 0)
+
+
 # --- orphaned memory --------------------------------------------------------------------------
 
 ORPHAN_END = T0 + 1800
