@@ -139,6 +139,12 @@ INPUT_CASES = [
     ([0.9, 0.95, 0.9, 0.92], [0.99] * 4, [0.0] * 4, C),  # busy GPU, busy host: fine
     ([0.2, 0.25, 0.2, 0.3], [N] * 4, [N] * 4, U),  # host unknown: no verdict
     ([N, N, 0.2, N], [0.99] * 4, [0.0] * 4, U),  # GPU mostly unknown
+    # issue 14: a loader duty cycle (busy ~95 %, stalled a third of the time) averages 64 %,
+    # above gpu_below, but the stalled third is the waste: it fires, with the host or without
+    ([0.95, 0.95, 0.02, 0.95, 0.95, 0.02], [0.95] * 6, [0.0] * 6, F),
+    ([0.95, 0.95, 0.02, 0.95, 0.95, 0.02], [0.3] * 6, [0.0] * 6, F),
+    # one pause (a checkpoint) in a busy window: not cycling, busy on the mean
+    ([0.95, 0.95, 0.95, 0.95, 0.95, 0.02], [0.95] * 6, [0.0] * 6, C),
 ]
 
 
@@ -156,6 +162,7 @@ SERVING_CASES = [
     ([0.9, 0.0, 0.9, 0.0], [0.3] * 4, [0.0] * 4, C),
     ([0.9, 0.0, 0.9, 0.0], [N] * 4, [N] * 4, U),
     ([0.2, 0.25, 0.2, 0.3], [0.95, 0.97, 0.9, 0.96], [0.0] * 4, F),
+    ([0.95, 0.95, 0.02, 0.95, 0.95, 0.02], [0.95] * 6, [0.0] * 6, C),  # busy on the mean
 ]
 
 

@@ -233,7 +233,8 @@ PARAMS: dict[str, dict[str, Case]] = {
     },
     "input_bound": {
         "window_seconds": Fires(HOUR, 0),  # 30 min of data: the jobs are not seen held
-        "gpu_utilization_below": Fires(0.1, 0),
+        # job 1 (20 %) is over 0.1; job 3 (stalled every other sample) fires on its stalls
+        "gpu_utilization_below": Fires(0.1, 1),
         "cpu_utilization_above": Fires(0.99, 1),  # job 1's host is at 95 %; job 3 oscillates
         # over 30 min the first CPU-counter slot has no rate: coverage just under 1
         "min_coverage": Fires(1.0, 1, given={"window_seconds": 1800.0}, given_firing=2),
@@ -242,10 +243,11 @@ PARAMS: dict[str, dict[str, Case]] = {
         "window_seconds": Fires(3 * HOUR, 0),  # 2 h of data: under the peak coverage
         # llm (2 replicas, median 35 %) can go to one replica only under a floor of 1
         "quantile": Fires(
-            0.5, 2,
+            0.5,
+            2,
             given={"peak_utilization_below": 0.5, "min_replicas": 1, "target_utilization": 0.9},
             given_firing=1,
-        ),  # fmt: skip
+        ),
         "peak_utilization_below": Fires(0.1, 0),  # sd peaks at 15 %
         "target_utilization": Records(
             0.3, "suggested_replicas", 4, "the verdict is the peak's; the target sizes the fix"
