@@ -12,6 +12,7 @@ from gpuwarden.collector.accounting.gpu_time import (
     AccountingConfig,
     GpuTimeline,
     account,
+    main_holders,
     ownership,
     slot_overlap,
     totals,
@@ -210,6 +211,31 @@ def test_process_attribution_fills_slots_without_an_allocation():
     shares = ownership(gpu(0, np.ones(360), process_jobs=seen), [], TIMES, STEP, NOW)
     assert shares["k8s:pod-1"].sum() == 180
     assert shares[UNALLOCATED].sum() == 180
+
+
+def test_a_process_outliving_its_ended_job_is_unallocated_not_the_jobs():
+    """An orphan process (its job completed at 20 min, mid-slot) keeps the job's key in the
+    agent's attribution; after the end the time is nobody's: not billed, no holder."""
+    end = T0 + 1205
+    seen = tuple(frozenset({"j"}) for _ in range(360))
+    g = gpu(0, np.zeros(360), process_jobs=seen)
+    jobs = [job("j", "n1", (0,), T0, end)]
+    shares = ownership(g, jobs, TIMES, STEP, NOW)
+    assert shares["j"].sum() * STEP == pytest.approx(1205)
+    assert shares[UNALLOCATED].sum() * STEP == pytest.approx(3600 - 1205)
+    rows = {r.job_key: r for r in account([g], jobs, TIMES, STEP, NOW, AccountingConfig())}
+    assert rows["j"].gpu_seconds_allocated == pytest.approx(1205)
+    late = replace(g, utilization_ratio=g.utilization_ratio[180:], process_jobs=seen[180:])
+    owners, held = main_holders([late], jobs, TIMES[180:], STEP, NOW)  # the last 30 min
+    assert owners == [""]
+    assert not held.any()
+
+
+def test_a_running_jobs_process_still_fills_its_slots():
+    seen = tuple(frozenset({"j"}) for _ in range(360))
+    running = [job("j", "n2", (0,), T0, None)]  # the scheduler lists another GPU
+    shares = ownership(gpu(0, np.ones(360), process_jobs=seen), running, TIMES, STEP, NOW)
+    assert shares["j"].sum() == 360
 
 
 def test_a_gpu_is_never_shared_beyond_itself():

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from gpuwarden.collector.detect.findings import Verdict, fingerprint
 from gpuwarden.collector.detect.idle_gpu import idle_verdicts
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.jobs.model import JobState
+from tests.detectors import run_rule
+from tests.test_detect_waste import (
+    GIB,
+    T0,
+    feed,
+    gpu_points,
+    job,
+    make_service,
+    proc,
+    rule_for,
+)
 
 N = np.nan
 F, C, U = Verdict.FIRING, Verdict.CLEAR, Verdict.UNKNOWN
@@ -86,3 +101,25 @@ def test_tolerated_busy_fraction_is_a_parameter():
     for tolerated, want in ((0.0, C), (0.02, F)):
         got = idle_verdicts(util, held, threshold_ratio=0.05, busy_fraction_tolerated=tolerated)
         assert got.tolist() == [want]
+
+
+def test_an_ended_jobs_lingering_process_does_not_make_it_idle(tmp_path: Path):
+    """Issue 14 (bench/truth orphaned fleets): job 1 completed 40 min ago and its process still
+    holds GPU 0 at 0 %; the agent's attribution names job 1, but an ended job is not idle
+    (orphaned-gpu-memory's case). Job 2 runs and leaves GPU 1 idle: it fires."""
+    end = T0 + 5400
+    svc = make_service(tmp_path, end)
+    svc.registry.put(
+        [
+            job("slurm:c:1", "a", (0,), T0 - 60, end - 2400, state=JobState.COMPLETED),
+            job("slurm:c:2", "a", (1,), T0 - 60),
+        ]
+    )
+
+    def points(t: float) -> list[NumberPoint]:
+        out = [p for g in (0, 1) for p in gpu_points("a", g, t, 0.0, memory=10 * GIB)]
+        return [*out, proc("a", 0, t, 100, 10 * GIB, "1"), proc("a", 1, t, 101, 10 * GIB, "2")]
+
+    feed(svc, np.arange(T0, end, 10.0), points)
+    found = {f.subject: f.verdict for f in run_rule(svc, rule_for("idle_gpu"), end)}
+    assert found == {"slurm:c:2": Verdict.FIRING}

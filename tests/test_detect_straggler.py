@@ -199,3 +199,36 @@ def test_min_relative_gap_is_a_parameter():
             min_relative_gap=gap,
         )  # fmt: skip
         assert got.verdict[-1] == want
+
+
+def test_a_gpu_idle_among_busy_peers_is_idle_not_a_straggler(tmp_path: Path):
+    """Issue 14: a stopped worker (0.5 %) beside peers at 90 % is an idle GPU (idle_gpu's
+    finding), not a slow one."""
+    found = _steady_job(tmp_path, lambda base: 0.005)
+    assert {f.evidence["gpu"]: f.verdict for f in found}["GPU-a-3"] is C
+    assert not [f for f in found if f.verdict is F]
+
+
+def test_a_whole_job_gone_idle_has_no_straggler(tmp_path: Path):
+    """Issue 14 (bench/truth idle fleets): every GPU of the job idles after 20 min busy, GPU 3
+    at 0-0.2 %, the others at 0.5-1 %; ratios between idle levels are noise, and none of them
+    is a straggler."""
+    end = T0 + 1800
+    svc = make_service(tmp_path, end)
+    svc.registry.put([job("slurm:c:1", "a", tuple(range(4)), T0 - 60)])
+    rng = np.random.default_rng(3)
+
+    def util(g: int, t: float) -> float:
+        if t < T0 + 1200:
+            return 0.9 + 0.02 * rng.standard_normal()
+        return rng.uniform(0.0, 0.002) if g == 3 else rng.uniform(0.005, 0.01)
+
+    feed(svc, np.arange(T0, end, 10.0), lambda t: [
+        p for g in range(4) for p in gpu_points("a", g, t, util(g, t))
+    ])  # fmt: skip
+    found = run_rule(svc, rule_for("straggler"), end)
+    assert len(found) == 4
+    assert not [f for f in found if f.verdict is F]
+    # without the idle floor the same data pages idle GPUs as stragglers
+    rule = rule_for("straggler", idle_below=0.0)
+    assert [f for f in run_rule(svc, rule, end) if f.verdict is F]

@@ -139,6 +139,12 @@ INPUT_CASES = [
     ([0.9, 0.95, 0.9, 0.92], [0.99] * 4, [0.0] * 4, C),  # busy GPU, busy host: fine
     ([0.2, 0.25, 0.2, 0.3], [N] * 4, [N] * 4, U),  # host unknown: no verdict
     ([N, N, 0.2, N], [0.99] * 4, [0.0] * 4, U),  # GPU mostly unknown
+    # issue 14: a loader duty cycle (busy ~95 %, stalled a third of the time) averages 64 %,
+    # above gpu_below, but the stalled third is the waste: it fires, with the host or without
+    ([0.95, 0.95, 0.02, 0.95, 0.95, 0.02], [0.95] * 6, [0.0] * 6, F),
+    ([0.95, 0.95, 0.02, 0.95, 0.95, 0.02], [0.3] * 6, [0.0] * 6, F),
+    # one pause (a checkpoint) in a busy window: not cycling, busy on the mean
+    ([0.95, 0.95, 0.95, 0.95, 0.95, 0.02], [0.95] * 6, [0.0] * 6, C),
 ]
 
 
@@ -156,6 +162,7 @@ SERVING_CASES = [
     ([0.9, 0.0, 0.9, 0.0], [0.3] * 4, [0.0] * 4, C),
     ([0.9, 0.0, 0.9, 0.0], [N] * 4, [N] * 4, U),
     ([0.2, 0.25, 0.2, 0.3], [0.95, 0.97, 0.9, 0.96], [0.0] * 4, F),
+    ([0.95, 0.95, 0.02, 0.95, 0.95, 0.02], [0.95] * 6, [0.0] * 6, C),  # busy on the mean
 ]
 
 
@@ -334,6 +341,17 @@ def test_overprovisioned_inference_recommends_replicas_and_saving(tmp_path: Path
     assert ev["suggested_replicas"] == 2  # ceil(8 × 0.15 / 0.6) = 2
     assert ev["freed_gpus"] == 6
     assert ev["saving_usd_per_30_days"] == pytest.approx(6 * 4.00 * 24 * 30)
+
+
+@pytest.mark.parametrize(("minimum", "want"), [(8, C), (10, C), (7, F)])
+def test_overprovisioned_inference_at_its_min_replicas_is_clear(tmp_path: Path, minimum, want):
+    """Model "sd" runs 8 replicas at a 15 % peak: with min_replicas 8 (or more) none can go, so
+    there is no saving and no finding; with 7 one can."""
+    svc = serving_fleet(tmp_path)
+    rule = rule_for("overprovisioned_inference", window_seconds=3600.0, min_replicas=minimum)
+    found = {f.subject: f for f in run_rule(svc, rule, SERVE_END)}
+    assert found["model:sd"].verdict is want
+    assert found["model:sd"].evidence["freed_gpus"] == (1 if want is F else 0)
 
 
 # --- orphaned memory --------------------------------------------------------------------------

@@ -233,17 +233,24 @@ PARAMS: dict[str, dict[str, Case]] = {
     },
     "input_bound": {
         "window_seconds": Fires(HOUR, 0),  # 30 min of data: the jobs are not seen held
-        "gpu_utilization_below": Fires(0.1, 0),
+        # job 1 (20 %) is over 0.1; job 3 (stalled every other sample) fires on its stalls
+        "gpu_utilization_below": Fires(0.1, 1),
         "cpu_utilization_above": Fires(0.99, 1),  # job 1's host is at 95 %; job 3 oscillates
         # over 30 min the first CPU-counter slot has no rate: coverage just under 1
         "min_coverage": Fires(1.0, 1, given={"window_seconds": 1800.0}, given_firing=2),
     },
     "overprovisioned_inference": {
         "window_seconds": Fires(3 * HOUR, 0),  # 2 h of data: under the peak coverage
-        "quantile": Fires(0.5, 2, given={"peak_utilization_below": 0.5}, given_firing=1),
+        # llm (2 replicas, median 35 %) can go to one replica only under a floor of 1
+        "quantile": Fires(
+            0.5,
+            2,
+            given={"peak_utilization_below": 0.5, "min_replicas": 1, "target_utilization": 0.9},
+            given_firing=1,
+        ),
         "peak_utilization_below": Fires(0.1, 0),  # sd peaks at 15 %
         "target_utilization": Records(
-            0.15, "suggested_replicas", 8, "the verdict is the peak's; the target sizes the fix"
+            0.3, "suggested_replicas", 4, "the verdict is the peak's; the target sizes the fix"
         ),
         "min_replicas": Records(
             6, "suggested_replicas", 6, "the verdict is the peak's; the floor bounds the fix"
@@ -257,6 +264,7 @@ PARAMS: dict[str, dict[str, Case]] = {
         "outside_fraction": Fires(0.3, 1, given={"window_seconds": 1800.0}, given_firing=0),
         "min_peers": Fires(8, 0),  # 7 of the 8 GPUs send telemetry
         "min_relative_gap": Fires(0.6, 0),  # GPU 3 runs at half its peers: a gap of 0.5
+        "idle_below": Fires(0.5, 0),  # GPU 3 runs at ~45 %: under 0.5 it counts as idle
     },
     "model_drift": {
         "statistic": Fires("rate", 0),  # the step is in latency, not in traffic

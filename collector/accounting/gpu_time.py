@@ -136,13 +136,39 @@ def _span(job: Job, now: float) -> tuple[float, float] | None:
     return None
 
 
+#: states in which the scheduler says a job is over: its processes no longer make it a holder
+ENDED_STATES = frozenset(
+    {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED}
+)
+
+
+def _ended_at(jobs: Sequence[Job]) -> dict[str, float]:
+    """Job key → end time, for the jobs the scheduler reports ended with a known end time."""
+    return {
+        job.key: job.end_time
+        for job in jobs
+        if job.state in ENDED_STATES and job.end_time is not None
+    }
+
+
+def _alive(end_time: float | None, slot_start: float, step_seconds: float) -> float:
+    """Share of the slot ``[slot_start, slot_start + step)`` before ``end_time`` (1 if none)."""
+    if end_time is None:
+        return 1.0
+    return float(np.clip((end_time - slot_start) / step_seconds, 0.0, 1.0))
+
+
 def ownership(
     gpu: GpuTimeline, jobs: Sequence[Job], times: FloatArray, step_seconds: float, now: float
 ) -> dict[str, FloatArray]:
     """Job key → per-slot share of this GPU the job held (scheduler allocations first).
 
     Where no scheduler allocation covers a slot, a job whose process the agent saw on the GPU
-    holds it for that slot (the agent's attribution fills gaps, e.g. jobs outside a scheduler).
+    holds it for that slot (the agent's attribution fills gaps, e.g. jobs outside a scheduler),
+    but never after the scheduler says the job ended (completed, failed, cancelled, preempted,
+    with an end time): a process that outlives its job is an orphan, not the job's work, so the
+    time is unallocated (not billed to the ended job; ``orphaned_memory`` reports it) and the
+    ended job is nobody's holder there (issue 14: ``idle_gpu`` paged ended jobs as idle).
     """
     shares: dict[str, FloatArray] = {}
     covered = np.zeros(len(times))
@@ -155,13 +181,21 @@ def ownership(
         if share.any():
             shares[job.key] = shares.get(job.key, np.zeros(len(times))) + share
             covered += share
+    ended = _ended_at(jobs)
     for slot, keys in enumerate(gpu.process_jobs):
         free = 1.0 - covered[slot]
         if not keys or free <= 0:
             continue
-        for key in sorted(keys):
-            shares.setdefault(key, np.zeros(len(times)))[slot] += free / len(keys)
-        covered[slot] = 1.0
+        # a key's part of the free share, cut to the part of the slot before its job ended
+        # (less what allocations already cover of the slot: its own, up to the end)
+        alive = {k: _alive(ended.get(k), float(times[slot]), step_seconds) for k in keys}
+        part = {k: max(0.0, min(free / len(keys), a - covered[slot])) for k, a in alive.items()}
+        for key in sorted(k for k in keys if part[k] > 0):
+            shares.setdefault(key, np.zeros(len(times)))[slot] += part[key]
+        if all(a >= 1.0 for a in alive.values()):
+            covered[slot] = 1.0
+        else:
+            covered[slot] += sum(part.values())
     unallocated = 1.0 - covered
     if unallocated.any():
         shares[UNALLOCATED] = unallocated

@@ -144,6 +144,7 @@ def run_input_bound(
                     "mean_iowait_ratio": finite(float(result.iowait_mean[j])),
                     "utilization_oscillation": finite(float(result.oscillation[j])),
                     "stall_episodes": int(result.stall_episodes[j]),
+                    "stalled_share": finite(float(result.stalled_share[j])),
                     "reasons": "; ".join(reasons) or None,
                     "starved_gpu_hours": starved,
                     "wasted_usd": starved * price,

@@ -50,7 +50,9 @@ def run_overprovisioned_inference(
     The deployment's utilisation per slot is the mean over the GPUs its jobs held; its peak is
     the ``quantile`` of that over the window. FIRING when the peak stays below ``peak_below``;
     the recommendation is the replica count that would run that peak at ``target_ratio``, and
-    the saving is the GPUs it frees, priced per window and per 30 days.
+    the saving is the GPUs it frees, priced per window and per 30 days. A deployment whose
+    peak is low but that already runs ``min_replicas`` (or fewer) is CLEAR: no replica can go,
+    so the finding would have no saving and no action.
     """
     window_seconds, quantile, min_replicas = p.window_seconds, p.quantile, p.min_replicas
     peak_below, target_ratio = p.peak_utilization_below, p.target_utilization
@@ -91,6 +93,9 @@ def run_overprovisioned_inference(
             if verdict is Verdict.FIRING
             else replicas
         )
+        if verdict is Verdict.FIRING and suggested >= replicas:
+            # already at min_replicas (issue 14): nothing to save, so nothing to act on
+            verdict = Verdict.CLEAR
         freed = (replicas - suggested) * gpus_per_replica
         some_job = ctx.job(sorted(jobs_of[name])[0])
         price = sum(gpu_price(ctx, win.gpus[i], some_job)[0] for i in rows) / len(rows)

@@ -88,6 +88,7 @@ def straggler_verdicts(
     baseline: FloatMatrix | None = None,
     min_coverage: float = 0.5,
     min_relative_gap: float = 0.0,
+    idle_below: float | None = None,
 ) -> PeerVerdicts:
     """Judge every worker (row) of one job against its peers over the window (columns).
 
@@ -102,6 +103,9 @@ def straggler_verdicts(
             only when at least ``min_peers`` workers have a sample in it.
         min_relative_gap: a slot is outside only when the worker is also at least this share
             of the peers' median away from it, in the bad direction (0: the band alone).
+        idle_below: a slot where the worker or its peers' median is below this (idle) is
+            never outside: an idle GPU is stopped, not slow (``idle_gpu``'s finding), and
+            ratios between idle peers are noise (None: no such floor).
     """
     if direction not in ("high", "low", "both"):
         raise ValueError(f"direction must be high, low or both, not {direction!r}")
@@ -125,6 +129,9 @@ def straggler_verdicts(
         out = (z < -tolerance) & (-gap >= min_relative_gap)
     else:
         out = (np.abs(z) > tolerance) & (np.abs(gap) >= min_relative_gap)
+    if idle_below is not None:
+        with np.errstate(invalid="ignore"):
+            out &= (values >= idle_below) & (center >= idle_below)
     count = usable.sum(axis=1)
     outside = np.where(count > 0, (out & usable).sum(axis=1) / np.maximum(count, 1), np.nan)
     with np.errstate(all="ignore"):
@@ -151,6 +158,7 @@ def detect_stragglers(
     now: float,
     min_relative_gap: float,
     min_coverage: float = 0.8,
+    idle_below: float | None = None,
 ) -> list[Finding]:
     """One finding per GPU of every training job that held at least ``min_peers`` GPUs for the
     window (serving jobs are not judged: no finding).
@@ -183,6 +191,7 @@ def detect_stragglers(
             baseline=util[:, ~current] if (~current).any() else None,
             min_coverage=min_coverage,
             min_relative_gap=min_relative_gap,
+            idle_below=idle_below,
         )
         for j, i in enumerate(rows):
             gpu = gpus[i]
@@ -266,6 +275,13 @@ class StragglerParams:
     min_relative_gap: float = number(
         0.1, 0.0, 0.9, "A worker must also be this share below its peers' median."
     )
+    # 0.05: idle_gpu's and accounting's idle threshold, not tuned. Issue 14: on the idle fleets
+    # of bench/truth a whole job went idle (0-1 %), its GPUs' ratios to each other were noise,
+    # and idle GPUs were paged as stragglers; one worker idle among busy peers is stopped, not
+    # slow, and is idle_gpu's finding.
+    idle_below: float = number(
+        0.05, 0.0, 1.0, "Slots where the worker or its peers' median is below this are idle."
+    )
 
 
 def run_straggler(
@@ -281,6 +297,7 @@ def run_straggler(
         min_peers=p.min_peers,
         now=now,
         min_relative_gap=p.min_relative_gap,
+        idle_below=p.idle_below,
     )
 
 
