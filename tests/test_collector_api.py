@@ -584,7 +584,8 @@ async def test_a_posted_deploy_moves_its_models_record_and_an_older_one_does_not
 
     async def version() -> str:
         resp = await client.get("/v1/models", headers=AUTH)
-        return next(m["version"] for m in (await resp.json())["models"] if m["name"] == "chat")
+        models = (await resp.json())["models"]
+        return str(next(m["version"] for m in models if m["name"] == "chat"))
 
     deploy = {"time": NOW - 600, "kind": "deploy", "subject": "chat", "attributes": {"to": "v2"}}
     assert await (await client.post("/v1/events", json=deploy, headers=AUTH)).json() == {

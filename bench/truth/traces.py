@@ -51,7 +51,15 @@ def gentd26_fleet(directory: Path = GENTD26, pods: int = PODS) -> Fleet:
         times = np.array([t for t, _ in samples])
         k = np.clip(np.round((times - start) / CADENCE).astype(int), 0, len(canvas.times) - 1)
         canvas.util[gpu][k] = np.array([v for _, v in samples]) / 100
-        jobs.append(PlannedJob(f"slurm:gentd26:{i}", (gpu,), float(times[0]), model="gentd26"))
+        jobs.append(
+            PlannedJob(
+                f"slurm:gentd26:{i}",
+                (gpu,),
+                float(times[0]),
+                model="gentd26",
+                labels={"gpuwarden.io/workload": "serving"},  # serving pods, as the trace says
+            )
+        )
     return Fleet(
         name="trace/gentd26", family="trace-gentd26", seed=0, gpus=gpus, start=start, end=end,
         points=canvas.points, jobs=tuple(jobs), cadence_seconds=CADENCE, cycle_seconds=10 * 60,

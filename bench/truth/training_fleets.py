@@ -146,7 +146,11 @@ def input_bound_fleet(seed: int) -> Fleet:
         group = tuple(g for g in gpus if g.node == node)
         key = f"slurm:eval:{seed}{j}"
         model = "llama-70b" if role == "inference" else None
-        jobs.append(PlannedJob(key, group, start - 600, model=model))
+        # the inference job says it serves the way a pod does (the workload label that
+        # detect/job_kind reads): without it a job naming a model with no deployment counts
+        # as training that model (seen on tune seed 1; the label was missing, not wrong)
+        labels = {"gpuwarden.io/workload": "serving"} if role == "inference" else {}
+        jobs.append(PlannedJob(key, group, start - 600, model=model, labels=labels))
         busy = noisy(rng, n, 0.5, 0.05)
         for g in group:
             canvas.util[g][:] = noisy(rng, n, 0.9, 0.03)
