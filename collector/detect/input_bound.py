@@ -7,6 +7,7 @@ confirmed by a two-regime Markov switching model (:mod:`.numerics.regimes`). A j
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -188,7 +189,8 @@ def _confirm_stalls(util: FloatMatrix, step: float) -> tuple[Verdict, dict[str, 
     """The stage-two check of an oscillating job (:mod:`.regimes`): FIRING with the regimes'
     evidence when its mean utilisation per slot has a stalled regime distinct from the busy
     one, CLEAR when it has not; FIRING without evidence when the model cannot be fitted."""
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings():  # a slot no GPU reported is NaN: "mean of empty slice"
+        warnings.simplefilter("ignore", RuntimeWarning)
         per_slot = np.nanmean(util, axis=0) if util.size else np.zeros(0)
     found = busy_stall_regimes(per_slot)
     if found is None:
