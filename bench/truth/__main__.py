@@ -12,9 +12,10 @@ import logging
 import sys
 import time
 
+from bench.truth import model_eval
 from bench.truth.evaluate import evaluate, rules_by_detector
 from bench.truth.report import false_incidents, summary, table, trace_table
-from bench.truth.splits import SPLITS
+from bench.truth.splits import SPLITS, seeds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     for note in result.notes:
         print(note)
     for detector, rules in rules_by_detector(args.detectors).items():
+        if detector in model_eval.PLAN:
+            continue  # the model fleets below
         scores = [result.scores[r] for r in rules if r in result.scores]
         print(table(detector, scores), end="\n\n")
     print(summary(list(result.scores.values())), end="\n\n")
@@ -57,6 +60,16 @@ def main(argv: list[str] | None = None) -> int:
             o = r.outcome
             print(f"{o.name:24} {len(o.episodes):3d} episodes {len(o.incidents):4d} incidents "
                   f"{r.cycles:4d} cycles {r.seconds:6.1f} s")  # fmt: skip
+    if not args.quick:  # the model-serving fleets: each detector with its own shipped rules
+        chosen = [d for d in model_eval.PLAN if not args.detectors or d in args.detectors]
+        for detector in chosen:
+            if detector in model_eval.CHEAP:
+                report = model_eval.report_detector(
+                    detector, args.split, seeds(args.split, args.seed_count)
+                )
+                print(report, end="\n\n", flush=True)
+            else:
+                print(f"== {detector}\nnot run by default: {model_eval.NOT_RUN[detector]}\n")
     print(
         f"split {args.split}, seeds {result.seeds}; {len(result.fleets)} fleets, "
         f"{result.gpu_days:.2f} GPU-days; {time.perf_counter() - began:.0f} s"
