@@ -73,7 +73,7 @@ def test_backtest_finds_exactly_the_idle_span(tmp_path: Path) -> None:
             "opened_seconds": IDLE_A[0] + WINDOW,
             "last_seen_seconds": IDLE_A[1],
             "resolved_seconds": IDLE_A[1] + RESOLVE_AFTER * CYCLE,
-            "summary": "job api:train-1 left 1 of its 2 GPU(s) idle for 30 min on n1",
+            "summary": "job api:train-1 left 1 of its 2 GPU(s) idle for 30m on n1",
             "waste_gpu_hours": (IDLE_A[1] - IDLE_A[0]) / 3600,
             "waste_usd": (IDLE_A[1] - IDLE_A[0]) / 3600 * H100_USD_PER_HOUR,
         }

@@ -24,6 +24,7 @@ import numpy.typing as npt
 from gpuwarden.collector.accounting.gpu_time import main_holders
 from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
 from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
+from gpuwarden.collector.rules.durations import format_duration
 from gpuwarden.collector.rules.model import Rule, Subject
 from gpuwarden.collector.rules.params import coverage, duration, integer, number
 
@@ -165,7 +166,7 @@ def run_idle_gpu(ctx: DetectionContext, rule: Rule, p: IdleGpuParams, now: float
                 facts=Facts.of_job(key, job, (gpus[i].node for i in rows)),
                 summary=(
                     f"job {key} left {len(idle)} of its {len(rows)} GPU(s) idle for "
-                    f"{p.window_seconds / 60:.0f} min on {', '.join(idle_nodes)}"
+                    f"{format_duration(p.window_seconds)} on {', '.join(idle_nodes)}"
                     if verdict is Verdict.FIRING
                     else ""
                 ),

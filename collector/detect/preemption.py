@@ -26,6 +26,7 @@ import numpy as np
 from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
 from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
 from gpuwarden.collector.jobs.model import Job, JobState
+from gpuwarden.collector.rules.durations import format_duration
 from gpuwarden.collector.rules.model import Rule, Subject
 from gpuwarden.collector.rules.params import duration, integer, texts
 from gpuwarden.collector.storage.records import Event, EventKind
@@ -173,7 +174,7 @@ def detect_preemptions(
                 window=(start, end),
                 summary=(
                     f"job {job.key} ({tier}) preempted {len(found)}× in "
-                    f"{window_seconds / 3600:g} h: {'; '.join(p.cause for p in found)}"
+                    f"{format_duration(window_seconds)}: {'; '.join(p.cause for p in found)}"
                     if verdict is Verdict.FIRING
                     else ""
                 ),
