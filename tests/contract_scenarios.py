@@ -175,7 +175,7 @@ def straggler(tmp: Path) -> Scenario:
 
 def preemption(tmp: Path) -> Scenario:
     """test_detect_preemption's fleet: job 1 (spot, node a) preempted after a notice, job 2's
-    node b gone, job 3 requeued; job 4 runs undisturbed."""
+    spot node b gone, job 3 requeued; job 4 runs undisturbed."""
     end = test_detect_preemption.END
     svc = make_service(tmp, end)
     svc.registry.put(
@@ -185,7 +185,7 @@ def preemption(tmp: Path) -> Scenario:
                 state=JobState.PREEMPTED,
                 labels=MappingProxyType(test_detect_preemption.CHECKPOINT),
             ),
-            job("slurm:c:2", "b", (0,), T0 - 600, model="llama"),
+            job("slurm:c:2", "b", (0,), T0 - 600, tier="spot", model="llama"),
             dataclasses.replace(
                 job("slurm:c:3", "c", (0,), T0 - 600, T0 + 600, model="llama"),
                 state=JobState.REQUEUED,

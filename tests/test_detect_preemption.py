@@ -59,6 +59,13 @@ def test_job_preemptions(changes, events, gone, want):
     assert [p.cause for p in got] == want
 
 
+def test_a_quiet_node_is_a_preemption_of_spot_jobs_only():
+    """A reclaimed spot instance vanishes; an on-demand node that goes quiet is node-silent's."""
+    gone = {"a": T0 + 400.0}
+    assert [p.cause for p in job_preemptions(BASE, [], gone, start=T0, end=END)] == ["node gone"]
+    assert job_preemptions(BASE, [], gone, start=T0, end=END, spot=False) == []
+
+
 @pytest.mark.parametrize(
     ("labels", "start", "at", "want"),
     [
@@ -84,7 +91,8 @@ def fleet(tmp_path: Path):
             state=JobState.PREEMPTED,
             labels=MappingProxyType(CHECKPOINT),
         ),
-        job("slurm:c:2", "b", (0,), T0 - 600),  # its node vanishes at T0 + 2400
+        job("slurm:c:2", "b", (0,), T0 - 600, tier="spot"),  # its node vanishes at T0 + 2400
+        job("slurm:c:6", "d", (0,), T0 - 600),  # on-demand: its node goes quiet at T0 + 2400
         dataclasses.replace(
             job("slurm:c:3", "c", (0,), T0 - 600, T0 + 600), state=JobState.REQUEUED
         ),
@@ -97,6 +105,7 @@ def fleet(tmp_path: Path):
     def points(t: float) -> list[NumberPoint]:
         out = [p for g in range(2) for p in gpu_points("a", g, t, 0.9)] if t < T0 + 1500 else []
         out += gpu_points("b", 0, t, 0.9) if t < T0 + 2400 else []
+        out += gpu_points("d", 0, t, 0.9) if t < T0 + 2400 else []
         return out + [p for g in range(3) for p in gpu_points("c", g, t, 0.9)]
 
     feed(svc, np.arange(T0, END, 10.0), points)
@@ -106,7 +115,7 @@ def fleet(tmp_path: Path):
 def test_preemption_rule_finds_each_kind_with_the_work_lost(fleet):
     found = {f.subject: f for f in run_rule(fleet, rule_for("preemption"), END)}
     assert {k: f.verdict for k, f in found.items()} == {
-        "slurm:c:1": F, "slurm:c:2": F, "slurm:c:3": F, "slurm:c:4": C,
+        "slurm:c:1": F, "slurm:c:2": F, "slurm:c:3": F, "slurm:c:4": C, "slurm:c:6": C,
     }  # fmt: skip
     spot = found["slurm:c:1"].evidence
     assert spot["causes"] == "notice, then preempted"
@@ -120,7 +129,7 @@ def test_preemption_rule_finds_each_kind_with_the_work_lost(fleet):
 
 def test_preemption_rule_watches_only_its_price_tiers(fleet):
     rule = rule_for("preemption", price_tiers=("spot",))
-    assert {f.subject for f in run_rule(fleet, rule, END)} == {"slurm:c:1"}
+    assert {f.subject for f in run_rule(fleet, rule, END)} == {"slurm:c:1", "slurm:c:2"}
 
 
 def test_preemption_rule_counts_against_min_preemptions(fleet):
@@ -128,4 +137,4 @@ def test_preemption_rule_counts_against_min_preemptions(fleet):
     fleet.storage.record_event(notice(T0 + 3000, "slurm:c:4"))
     rule = rule_for("preemption", min_preemptions=2)
     got = {f.subject: f.verdict for f in run_rule(fleet, rule, END)}
-    assert got == {"slurm:c:1": C, "slurm:c:2": C, "slurm:c:3": C, "slurm:c:4": F}
+    assert got == {"slurm:c:1": C, "slurm:c:2": C, "slurm:c:3": C, "slurm:c:4": F, "slurm:c:6": C}

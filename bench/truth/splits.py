@@ -41,6 +41,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("hardware-fault", fault_fleets.hardware_fault_fleet, ("hardware_fault",)),
     Family("preemption", fault_fleets.preemption_fleet, ("preemption",)),
     Family("orphaned", fault_fleets.orphaned_fleet, ("orphaned_memory",)),
+    Family("node-silent", fault_fleets.node_silent_fleet, ("node_silent",)),
     Family("overprovisioned", serving_fleets.overprovisioned_fleet, ("overprovisioned_inference",)),
     Family("busy-checkpoint", waste_fleets.checkpoint_fleet, ()),
     Family("busy-boundaries", waste_fleets.boundaries_fleet, ()),

@@ -6,8 +6,10 @@ Per job active in the window (watched price tiers only), the preemptions seen in
   reclaim notice names the instance);
 - the job's state is ``preempted`` (end time in the window) or ``requeued`` (its end time, else
   its submit time, in the window);
-- the node gone: a node the running job is allocated on sent GPU telemetry in the window but
-  nothing in the last ``NODE_SILENT_SECONDS``.
+- the node gone, for spot jobs only: a node the running spot job is allocated on sent GPU
+  telemetry in the window but nothing in the last ``NODE_SILENT_SECONDS`` (a reclaimed spot
+  instance vanishes; an on-demand or reserved node that goes quiet is the ``node_silent``
+  rule's finding, most often its agent alone).
 
 Work lost since the last checkpoint, when known: a job label (``LAST_CHECKPOINT_LABELS``, Unix
 seconds, set by the workload or its launcher, e.g. the pod label ``gpuwarden.io/last-checkpoint``)
@@ -78,6 +80,7 @@ def job_preemptions(
     *,
     start: float,
     end: float,
+    spot: bool = True,
 ) -> list[Preemption]:
     """Preemptions of ``job`` in ``[start, end)`` (see the module docstring), one per time."""
     nodes = {a.node for a in job.allocations}
@@ -95,7 +98,7 @@ def job_preemptions(
         at = job.end_time if job.end_time is not None else job.submit_time
         if at is not None and start <= at < end:
             found.setdefault(at, Preemption(at, "requeued"))
-    if job.state in (JobState.RUNNING, JobState.SUSPENDED):
+    if spot and job.state in (JobState.RUNNING, JobState.SUSPENDED):
         for node in sorted(nodes):
             if node in gone_nodes and start <= gone_nodes[node] < end:
                 found.setdefault(gone_nodes[node], Preemption(gone_nodes[node], "node gone"))
@@ -151,7 +154,7 @@ def detect_preemptions(
         tier = job.price_tier or default_tier
         if tier not in price_tiers or not _active(job, start):
             continue
-        found = job_preemptions(job, events, gone, start=start, end=end)
+        found = job_preemptions(job, events, gone, start=start, end=end, spot=tier == "spot")
         verdict = Verdict.FIRING if len(found) >= min_preemptions else Verdict.CLEAR
         lost = [work_lost_seconds(job, p.time) for p in found]
         known_lost = [s for s in lost if s is not None]
