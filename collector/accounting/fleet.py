@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -99,22 +99,40 @@ class Fleet:
             if ref.parent_uuid is not None:
                 continue  # MIG devices are accounted through their parent GPU
             key = (ref.node, ref.uuid)
-            tier = self.nodes.get(ref.node, {}).get("gpuwarden.price_tier", "")
             timelines.append(
-                GpuTimeline(
-                    node=ref.node,
-                    uuid=ref.uuid,
-                    index=ref.index,
-                    model=ref.model,
-                    price_tier=tier or self.accounting.default_price_tier,
-                    utilization_ratio=by_gpu_util.get(key, np.full(n, np.nan)).astype(np.float64),
-                    energy_joules=by_gpu_energy.get(key, np.full(n, np.nan)).astype(np.float64),
-                    process_jobs=tuple(frozenset(s) for s in seen.get(key, [])),
-                    cluster=ref.cluster,
-                    region=ref.region,
+                self._timeline(
+                    ref,
+                    by_gpu_util.get(key, np.full(n, np.nan)).astype(np.float64),
+                    by_gpu_energy.get(key, np.full(n, np.nan)).astype(np.float64),
+                    seen.get(key, []),
                 )
             )
         return times, timelines
+
+    def _timeline(
+        self,
+        ref: GpuRef,
+        utilization: np.ndarray,
+        energy: np.ndarray,
+        jobs: Sequence[Collection[str]],
+        *,
+        present: np.ndarray | None = None,
+    ) -> GpuTimeline:
+        """One GPU's timeline from its slot arrays, priced at its node's tier."""
+        tier = self.nodes.get(ref.node, {}).get("gpuwarden.price_tier", "")
+        return GpuTimeline(
+            node=ref.node,
+            uuid=ref.uuid,
+            index=ref.index,
+            model=ref.model,
+            price_tier=tier or self.accounting.default_price_tier,
+            utilization_ratio=utilization,
+            energy_joules=energy,
+            process_jobs=tuple(frozenset(s) for s in jobs),
+            cluster=ref.cluster,
+            region=ref.region,
+            present=present,
+        )
 
     def _process_jobs(
         self, start: float, end: float, n: int
@@ -172,19 +190,12 @@ class Fleet:
             u = np.where(present, fill_short_gaps(u, step, gap), np.nan)
             watts = spread_back(rows["power"].get(key, none).astype(np.float64))
             joules = np.where(present, watts * step, np.nan)
-            tier = self.nodes.get(ref.node, {}).get("gpuwarden.price_tier", "")
             timelines.append(
-                GpuTimeline(
-                    node=ref.node,
-                    uuid=ref.uuid,
-                    index=ref.index,
-                    model=ref.model,
-                    price_tier=tier or self.accounting.default_price_tier,
-                    utilization_ratio=_padded(u[window], pad, np.nan),
-                    energy_joules=_padded(joules[window], pad, np.nan),
-                    process_jobs=tuple(frozenset(s) for s in seen.get(key, [])),
-                    cluster=ref.cluster,
-                    region=ref.region,
+                self._timeline(
+                    ref,
+                    _padded(u[window], pad, np.nan),
+                    _padded(joules[window], pad, np.nan),
+                    seen.get(key, []),
                     present=_padded(present[window], pad, False),
                 )
             )
