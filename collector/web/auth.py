@@ -14,16 +14,31 @@ import hmac
 from aiohttp import web
 
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.web.keys import CALLER, CONFIG, ROUTE_ACCESS, STATS, Access, Handler
+from gpuwarden.collector.web.keys import (
+    CALLER,
+    CONFIG,
+    ROUTE_ACCESS,
+    STATS,
+    Access,
+    Caller,
+    Handler,
+    Role,
+)
 
 _REFUSED = "missing or invalid bearer token"
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
-def authenticate(config: CollectorConfig, header: str | None) -> str | None:
-    """Return the caller's name for a valid ``Bearer`` token, else None (constant-time compare)."""
+def authenticate(config: CollectorConfig, header: str | None) -> Caller | None:
+    """Return the caller for a valid ``Bearer`` token, else None (constant-time compare).
+
+    Every token is still an administrator here: roles per token come with the tokens file's
+    role column.
+    """
     if not config.tokens:
-        return "anonymous" if config.allow_unauthenticated else None
+        if not config.allow_unauthenticated:
+            return None
+        return Caller("anonymous", Role.ADMIN, via="anonymous")
     scheme, _, presented = (header or "").partition(" ")
     if scheme.lower() != "bearer" or not presented:
         return None
@@ -32,7 +47,7 @@ def authenticate(config: CollectorConfig, header: str | None) -> str | None:
     for token, owner in config.tokens.items():
         if hmac.compare_digest(candidate, token.encode("utf-8")):
             name = owner
-    return name
+    return Caller(name, Role.ADMIN) if name is not None else None
 
 
 @web.middleware

@@ -63,8 +63,42 @@ ALERT_RECEIVER = web.AppKey("alert_receiver", AlertReceiver)
 ROUTE_ACCESS: web.AppKey[dict[Handler, Access]] = web.AppKey("route_access")
 """Each handler's :class:`Access`, as declared by :func:`add_route`."""
 
-CALLER = web.RequestKey("caller", str)
-"""The token's owner, set by the authentication middleware on routes that need a token."""
+
+class Role(enum.Enum):
+    """What a credential may do; each route declares the roles it admits (least privilege)."""
+
+    AGENT = "agent"
+    """Ingest only, for the node names the credential is bound to."""
+    READER = "reader"
+    """The status page, API reads, ``/metrics``."""
+    OPERATOR = "operator"
+    """Approve or reject actions, reset the breaker, silence."""
+    ADMIN = "admin"
+    """Configuration reloads."""
+    ALERT_SOURCE = "alert-source"
+    """The Alertmanager webhook only."""
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who made a request, as established by the authentication middleware.
+
+    ``name`` is the token's subject or the signed-in person; ``nodes`` the node names an agent
+    credential may write (empty for other roles); ``via`` how it was established (``token``,
+    ``session``, ``proxy``, ``client-cert`` or ``anonymous``).
+    """
+
+    name: str
+    role: Role
+    nodes: frozenset[str] = frozenset()
+    via: str = "token"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+CALLER = web.RequestKey("caller", Caller)
+"""Who called, set by the authentication middleware on routes that need a credential."""
 
 
 def add_route(

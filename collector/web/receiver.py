@@ -58,7 +58,7 @@ async def _ingest(
     request: web.Request, config: CollectorConfig, stats: IngestStats
 ) -> web.Response:
     sink = request.app[SINK]
-    source = request[CALLER]  # the authentication middleware checked the token
+    source = request[CALLER].name  # the authentication middleware checked the token
     parsed = None
     try:
         kind = media_type(request.headers.get("Content-Type"))

@@ -303,7 +303,7 @@ async def decide_action(request: web.Request) -> web.Response:
     r = request.app[REMEDIATION]
     action_id = _int(request, "id")
     verb = request.match_info["verb"]
-    actor = request[CALLER]
+    actor = request[CALLER].name
     call = r.remediator.approve if verb == "approve" else r.remediator.reject
     try:
         row = await asyncio.to_thread(call, action_id, actor=actor)
@@ -327,7 +327,7 @@ async def show_breaker(request: web.Request) -> web.Response:
 async def reset_breaker(request: web.Request) -> web.Response:
     """``POST /v1/breaker/reset``: close the breaker; 409 when it was not open."""
     r = request.app[REMEDIATION]
-    done = await asyncio.to_thread(r.remediator.reset_breaker, actor=request[CALLER])
+    done = await asyncio.to_thread(r.remediator.reset_breaker, actor=request[CALLER].name)
     if not done:
         return _error(409, "the breaker is not open")
     return web.json_response({"scope": "global", "state": "closed"})
