@@ -159,18 +159,23 @@ def test_input_bound_verdicts(gpu, cpu, iowait, want):
 
 SERVING_CASES = [
     # a serving job: cycling is its traffic, only the host's saturation is evidence
-    ([0.9, 0.0, 0.9, 0.0], [0.3] * 4, [0.0] * 4, C),
-    ([0.9, 0.0, 0.9, 0.0], [N] * 4, [N] * 4, U),
-    ([0.2, 0.25, 0.2, 0.3], [0.95, 0.97, 0.9, 0.96], [0.0] * 4, F),
-    ([0.95, 0.95, 0.02, 0.95, 0.95, 0.02], [0.95] * 6, [0.0] * 6, C),  # busy on the mean
+    ([0.9, 0.0, 0.9, 0.0], [0.3] * 4, [0.0] * 4, N, C),
+    ([0.9, 0.0, 0.9, 0.0], [N] * 4, [N] * 4, N, U),
+    # a busy host is evidence only while requests wait (queued share: last column)
+    ([0.2, 0.25, 0.2, 0.3], [0.95, 0.97, 0.9, 0.96], [0.0] * 4, 0.9, F),
+    ([0.2, 0.25, 0.2, 0.3], [0.95, 0.97, 0.9, 0.96], [0.0] * 4, 0.1, C),
+    ([0.2, 0.25, 0.2, 0.3], [0.95, 0.97, 0.9, 0.96], [0.0] * 4, N, U),
+    ([0.2, 0.25, 0.2, 0.3], [0.3] * 4, [0.5] * 4, 0.9, F),  # I/O wait, requests waiting
+    ([0.2, 0.25, 0.2, 0.3], [0.3] * 4, [0.0] * 4, N, C),  # host quiet: not the host
+    ([0.95, 0.95, 0.02, 0.95, 0.95, 0.02], [0.95] * 6, [0.0] * 6, 0.9, C),  # busy on the mean
 ]
 
 
-@pytest.mark.parametrize(("gpu", "cpu", "iowait", "want"), SERVING_CASES)
-def test_input_bound_verdicts_of_a_serving_job(gpu, cpu, iowait, want):
+@pytest.mark.parametrize(("gpu", "cpu", "iowait", "queued", "want"), SERVING_CASES)
+def test_input_bound_verdicts_of_a_serving_job(gpu, cpu, iowait, queued, want):
     result = input_bound_verdicts(
         [np.array([gpu])], [np.array([cpu])], [np.array([iowait])],
-        gpu_below=0.5, cpu_above=0.85, min_coverage=0.75, training=[False],
+        gpu_below=0.5, cpu_above=0.85, min_coverage=0.75, training=[False], queued=[queued],
     )  # fmt: skip
     assert Verdict(int(result.verdict[0])) is want
 
@@ -447,27 +452,44 @@ def stalls(t: float, busy_seconds: float, stall_seconds: float) -> float:
 
 def test_input_bound_judges_serving_jobs_on_host_evidence_only(tmp_path: Path):
     """Issue 14: input-bound-job fired on the demo's llama-70b inference job. A job serving a
-    known model deployment follows its traffic: oscillation is no evidence there; a saturated
-    host still is."""
+    known model deployment follows its traffic: oscillation is no evidence there, nor is a busy
+    host alone; a saturated host while its model's requests wait is."""
     svc = make_service(tmp_path, INPUT_END)
     svc.registry.put([
         job("slurm:c:1", "a", (0,), T0 - 60, model="llm"),  # serves, bursty, host quiet
-        job("slurm:c:2", "b", (0,), T0 - 60, model="llm"),  # serves, starved, host saturated
+        job("slurm:c:2", "b", (0,), T0 - 60, model="llm-q"),  # starved, host busy, queue
         job("slurm:c:3", "c", (0,), T0 - 60, model="llm-7b"),  # trains llm-7b: no deployment
         job("slurm:c:4", "d", (0,), T0 - 60, model="llm"),  # serves, bursty, no host data
+        job("slurm:c:5", "e", (0,), T0 - 60, model="llm-e"),  # starved, host busy, no queue
+        job("slurm:c:6", "f", (0,), T0 - 60, model="llm-u"),  # as 5, queue never reported
     ])  # fmt: skip
-    svc.storage.upsert_model(ModelDeployment(name="llm", version="1", replicas=3))
+    for name in ("llm", "llm-q", "llm-e", "llm-u"):
+        svc.storage.upsert_model(ModelDeployment(name=name, version="1", replicas=1))
 
     def points(t: float) -> list[NumberPoint]:
         bursty = 0.95 if int(t) % 20 else 0.0
         out = gpu_points("a", 0, t, bursty) + cpu_points("a", t, 0.2, 0.0)
         out += gpu_points("b", 0, t, 0.2) + cpu_points("b", t, 0.95, 0.0)
         out += gpu_points("c", 0, t, bursty) + cpu_points("c", t, 0.2, 0.0)
+        out += gpu_points("e", 0, t, 0.2) + cpu_points("e", t, 0.95, 0.0)
+        out += gpu_points("f", 0, t, 0.2) + cpu_points("f", t, 0.95, 0.0)
+        queue = "gpuwarden.model.queue.size"
+        out.append(gauge(queue, "b", t, 4.0, model="llm-q", state="waiting"))
+        out.append(gauge(queue, "e", t, 0.0, model="llm-e", state="waiting"))
+        out.append(gauge(queue, "e", t, 2.0, model="llm-e", state="running"))
         return out + gpu_points("d", 0, t, bursty)
 
     feed(svc, np.arange(T0, INPUT_END, 10.0), points)
-    found = run_rule(svc, rule_for("input_bound"), INPUT_END)
-    assert verdicts(found) == {"slurm:c:1": C, "slurm:c:2": F, "slurm:c:3": F, "slurm:c:4": U}
+    found = {f.subject: f for f in run_rule(svc, rule_for("input_bound"), INPUT_END)}
+    assert verdicts(list(found.values())) == {
+        "slurm:c:1": C, "slurm:c:2": F, "slurm:c:3": F, "slurm:c:4": U, "slurm:c:5": C,
+        "slurm:c:6": U,
+    }  # fmt: skip
+    fired = found["slurm:c:2"].evidence
+    assert fired["requests_waiting_share"] == 1.0
+    assert "requests waiting 100 %" in str(fired["reasons"])
+    assert found["slurm:c:5"].evidence["requests_waiting_share"] == 0.0
+    assert found["slurm:c:3"].evidence["requests_waiting_share"] is None  # training: no queue
 
 
 def test_a_narrow_input_bound_job_fires_beside_a_wide_one(tmp_path: Path):

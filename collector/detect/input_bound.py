@@ -2,7 +2,9 @@
 training job, their utilisation cycles between busy and stalled the way a data loader that cannot
 keep up makes it (stalls of a few seconds to minutes); a job that fires on cycling alone is
 confirmed by a two-regime Markov switching model (:mod:`.numerics.regimes`). A job serving a model
-(:mod:`.job_kind`) fires only on the host's evidence: its utilisation follows its traffic.
+(:mod:`.job_kind`) fires only on the host's evidence, and only when its requests waited (its
+model's waiting queue, ``gpuwarden.model.queue.size{state="waiting"}``): its utilisation follows
+its traffic, and a busy host beside a GPU that has no work queued is no bottleneck.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec
 from gpuwarden.collector.detect.findings import Facts, Finding, JsonScalar, Verdict
 from gpuwarden.collector.detect.job_kind import JobKind, job_kind
 from gpuwarden.collector.detect.numerics.regimes import busy_stall_regimes
+from gpuwarden.collector.detect.slo import model_of
 from gpuwarden.collector.detect.waste import (
     IOWAIT_ABOVE,
+    QUEUED_SHARE_ABOVE,
     FloatMatrix,
     InputBound,
     finite,
@@ -32,6 +36,8 @@ from gpuwarden.collector.detect.waste import (
 from gpuwarden.collector.rules.model import Rule, Subject
 from gpuwarden.collector.rules.params import coverage, duration, number
 from gpuwarden.collector.store.types import Resolution
+
+QUEUE = "gpuwarden.model.queue.size"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +83,31 @@ def host_cpu(
     return out
 
 
+def waiting_share(
+    ctx: DetectionContext, start: float, end: float, resolution: Resolution, min_coverage: float
+) -> dict[str, float]:
+    """Model → share of the window's slots in which its waiting queue (summed over its
+    replicas) held at least one request; a model with less than ``min_coverage`` of the slots
+    known is left out (unknown)."""
+    m = ctx.store.matrix(
+        QUEUE, selector={"state": "waiting"}, start=start, end=end, resolution=resolution
+    )
+    rows: dict[str, list[npt.NDArray[np.float64]]] = {}
+    for info, values in zip(m.series, m.values, strict=True):
+        name = model_of(info)
+        if name is not None:
+            rows.setdefault(name, []).append(values.astype(np.float64))
+    out = {}
+    for name, parts in rows.items():
+        block = np.vstack(parts)
+        known = ~np.isnan(block).all(axis=0)
+        if not known.size or known.mean() < min_coverage:
+            continue
+        total = np.nansum(block, axis=0)[known]
+        out[name] = float(np.mean(total >= 1.0))
+    return out
+
+
 def run_input_bound(
     ctx: DetectionContext, rule: Rule, p: InputBoundParams, now: float
 ) -> list[Finding]:
@@ -91,7 +122,8 @@ def run_input_bound(
     win = read_window(ctx, now, window_seconds)
     if win is None:
         return []
-    hosts = host_cpu(ctx, win.start, win.end, resolution_of(ctx, win))
+    resolution = resolution_of(ctx, win)
+    hosts = host_cpu(ctx, win.start, win.end, resolution)
     groups = held_by_job(win)
     if not groups:
         return []
@@ -105,10 +137,13 @@ def run_input_bound(
         blocks_c.append(np.vstack([hosts.get(gpu.node, (missing, missing))[0] for gpu in rows]))
         blocks_w.append(np.vstack([hosts.get(gpu.node, (missing, missing))[1] for gpu in rows]))
     kinds = [job_kind(ctx.job(key), served) for key in keys]
+    waiting = waiting_share(ctx, win.start, win.end, resolution, min_coverage)
+    models = [(job.model if (job := ctx.job(key)) else None) for key in keys]
     result = input_bound_verdicts(
         blocks_g, blocks_c, blocks_w,
         gpu_below=gpu_below, cpu_above=cpu_above, min_coverage=min_coverage,
         training=[kind is JobKind.TRAINING for kind in kinds],
+        queued=[waiting.get(model, np.nan) if model else np.nan for model in models],
     )  # fmt: skip
     hours = window_seconds / 3600
     findings = []
@@ -146,6 +181,7 @@ def run_input_bound(
                     "utilization_oscillation": finite(float(result.oscillation[j])),
                     "stall_episodes": int(result.stall_episodes[j]),
                     "stalled_share": finite(float(result.stalled_share[j])),
+                    "requests_waiting_share": finite(float(result.queued_share[j])),
                     "reasons": "; ".join(reasons) or None,
                     "starved_gpu_hours": starved,
                     "wasted_usd": starved * price,
@@ -170,6 +206,8 @@ def _explain(
     """Job ``j``'s reasons; a training job that fires on cycling alone is confirmed (or cleared)
     by the regime model, whose figures join the evidence."""
     reasons = []
+    if result.queued_share[j] >= QUEUED_SHARE_ABOVE:
+        reasons.append(f"requests waiting {100 * result.queued_share[j]:.0f} % of the time")
     if result.cpu_mean[j] > cpu_above:
         reasons.append(f"host CPU {100 * result.cpu_mean[j]:.0f} %")
     if result.iowait_mean[j] > IOWAIT_ABOVE:
@@ -210,7 +248,13 @@ DETECTOR = Detector(
         "input_bound",
         "GPUs starve while the host's CPU, disk or network is saturated.",
         subjects=(Subject.JOB,),
-        signals=("hw.gpu.utilization", "system.cpu.time", "system.disk.io", "system.network.io"),
+        signals=(
+            "hw.gpu.utilization",
+            "system.cpu.time",
+            "system.disk.io",
+            "system.network.io",
+            QUEUE,
+        ),
         params=InputBoundParams,
         selector=("teams", "jobs", "models", "nodes"),
     ),

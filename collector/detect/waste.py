@@ -51,6 +51,11 @@ MIN_STALL_EPISODES = 2
 #: split (seeds 1-2): the planted stalls are 40-50 % of the time, busy jobs and checkpoints
 #: (one pause per window, not cycling) under 30 % and never cycling.
 STALLED_SHARE_ABOVE = 0.2
+#: share of a serving job's window in which requests waited (its model's waiting queue held at
+#: least one) from which a saturated host counts as the bottleneck: requests queue while the GPU
+#: is under-used, so the work waits before the GPU. Set by that reading (requests waiting most
+#: of the time, not a passing burst), not fitted: the bench/truth fleets plant no such job.
+QUEUED_SHARE_ABOVE = 0.5
 LIVE_STATES = (JobState.RUNNING, JobState.SUSPENDED)
 """Job states in which a job still holds its GPUs."""
 
@@ -97,6 +102,9 @@ class InputBound:
     """Oscillating or duty-cycling: the stalls of a data loader that cannot keep up."""
     stalled_share: npt.NDArray[np.float64]
     """Share of the job's GPU samples below ``STALL_BELOW``."""
+    queued_share: npt.NDArray[np.float64]
+    """A serving job's share of slots with requests waiting (NaN: no queue figures, or a
+    training job)."""
 
 
 def _block_stats(block: FloatMatrix) -> tuple[float, float]:
@@ -132,6 +140,7 @@ def input_bound_verdicts(
     cpu_above: float,
     min_coverage: float,
     training: Sequence[bool] | None = None,
+    queued: Sequence[float] | None = None,
     iowait_above: float = IOWAIT_ABOVE,
     oscillation_above: float = OSCILLATION_ABOVE,
     stalled_share_above: float = STALLED_SHARE_ABOVE,
@@ -148,7 +157,12 @@ def input_bound_verdicts(
     absolute slot-to-slot change above ``oscillation_above`` (short stalls), or at least
     ``MIN_STALL_EPISODES`` falls from busy to stalled in the job's mean per slot (stalls of 40 s
     to minutes). A serving job's utilisation follows its traffic, so cycling is no evidence
-    there (issue 14: the demo's inference job fired). A training job that cycles and spends at
+    there (issue 14: the demo's inference job fired); nor is a busy host alone, since a serving
+    GPU under-used at low traffic is fine whatever the host does. A serving job's host counts
+    as its bottleneck only when its requests waited (``queued``: the share of the window's
+    slots in which its model's waiting queue held at least one request, NaN when unknown) in
+    at least ``QUEUED_SHARE_ABOVE`` of the window: starving with a saturated host and no
+    queue is CLEAR, with no queue figures UNKNOWN. A training job that cycles and spends at
     least ``stalled_share_above`` of its samples stalled starves whatever its mean: its waste is
     the stalled share, and a mean of busy bursts and stalls sits near ``gpu_below``, so judging
     it by the mean alone missed such jobs and flapped on the rest. CLEAR: the GPU was busy, or it
@@ -158,6 +172,9 @@ def input_bound_verdicts(
         raise ValueError(f"job counts differ: {len(gpu)}, {len(cpu)}, {len(iowait)}")
     n = len(gpu)
     trains = np.ones(n, dtype=bool) if training is None else np.asarray(training, dtype=bool)
+    waits = np.full(n, np.nan) if queued is None else np.asarray(queued, dtype=np.float64)
+    if waits.shape != (n,):
+        raise ValueError(f"queued has {waits.size} values for {n} jobs")
     g_cov, g_mean, h_cov, c_mean, w_mean = (np.full(n, np.nan) for _ in range(5))
     osc = np.full(n, np.nan)
     episodes = np.zeros(n, dtype=np.int64)
@@ -176,16 +193,23 @@ def input_bound_verdicts(
             episodes[j] = stall_episodes(np.nanmean(g, axis=0)) if g.size else 0
     g_ok = g_cov >= min_coverage
     h_ok = h_cov >= min_coverage
-    saturated = h_ok & ((c_mean > cpu_above) | (np.nan_to_num(w_mean) > iowait_above))
+    host_busy = h_ok & ((c_mean > cpu_above) | (np.nan_to_num(w_mean) > iowait_above))
+    # a serving job's busy host is evidence only with requests waiting (see above)
+    queue_known = ~np.isnan(waits)
+    queue_waits = queue_known & (np.nan_to_num(waits) >= QUEUED_SHARE_ABOVE)
+    saturated = host_busy & (trains | queue_waits)
     cycling = (np.nan_to_num(osc) > oscillation_above) | (episodes >= MIN_STALL_EPISODES)
     counts = cycling & trains
     stalls_much = counts & (np.nan_to_num(stalled) >= stalled_share_above)
     starving = g_ok & ((g_mean < gpu_below) | stalls_much)
     verdict = np.full(n, Verdict.UNKNOWN, dtype=np.int8)
     verdict[g_ok & ~starving] = Verdict.CLEAR
-    verdict[starving & h_ok & ~saturated & ~counts] = Verdict.CLEAR
+    # a serving job with a busy host and no queue figures: no verdict
+    judged = trains | ~host_busy | queue_known
+    verdict[starving & h_ok & ~saturated & ~counts & judged] = Verdict.CLEAR
     verdict[starving & (saturated | counts)] = Verdict.FIRING
-    return InputBound(verdict, g_mean, c_mean, w_mean, osc, episodes, cycling, stalled)
+    waits[trains] = np.nan
+    return InputBound(verdict, g_mean, c_mean, w_mean, osc, episodes, cycling, stalled, waits)
 
 
 def orphan_processes(
