@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gpuwarden.collector.detect.findings import Verdict
+from gpuwarden.collector.detect.metric_anomaly import fold_change
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.rules.model import Selector
 from tests.detectors import run_rule
@@ -110,3 +112,55 @@ def test_selector_and_max_series_bound_the_work(tmp_path: Path, caplog):
     capped = dataclasses.replace(base, parameters={**base.parameters, "max_series": 2})
     assert len(run_rule(svc, capped, end)) == 2
     assert "max_series=2" in caplog.text
+
+
+def burst(values: np.ndarray, last: int, factor: float) -> np.ndarray:
+    out = values.copy()
+    out[-last:] *= factor
+    return out
+
+
+FOLD_CASES = [
+    # (name, shape, min_fold_change, want): the scorer fires on all three shapes; the fold gate
+    # keeps what at least halves or doubles against the hour before
+    ("a burst of a fifth, no gate", lambda v: burst(v, 2, 1.25), 1.0, F),
+    ("a burst of a fifth, gated", lambda v: burst(v, 2, 1.25), 2.0, C),
+    ("a collapse, gated", lambda v: drop(v, 2), 2.0, F),
+    ("a surge to 2.5x, gated", lambda v: burst(v, 2, 2.5), 2.0, F),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "fold", "want"), FOLD_CASES, ids=[c[0] for c in FOLD_CASES]
+)
+def test_min_fold_change(tmp_path: Path, name, shape, fold, want):
+    end = T0 + HOURS * 3600
+    svc = make_service(tmp_path, end, recent_hours=12)
+    minutes = HOURS * 60
+    values = shape(background(minutes, seed=3))
+    times = end - 60 * np.arange(minutes, 0, -1) + 1
+
+    def points(t: float) -> list[NumberPoint]:
+        return [gauge(METRIC, "gpu-07", t, float(values[round((t - times[0]) / 60)]))]
+
+    feed(svc, times, points)
+    rule = rule_for("metric_anomaly", min_fold_change=fold)
+    rule = dataclasses.replace(rule, selector=Selector(metrics=(METRIC,)))
+    (finding,) = run_rule(svc, rule, end)
+    assert finding.verdict is want, (name, finding.summary, dict(finding.evidence))
+    if fold > 1.0:
+        assert isinstance(finding.evidence["hour_before_median"], float)
+        assert 250 < finding.evidence["hour_before_median"] < 350
+    if want is F and fold > 1.0:
+        assert finding.evidence["fold_change"] >= fold
+        assert "the hour before" in finding.summary
+
+
+@pytest.mark.parametrize(
+    ("value", "baseline", "want"),
+    [(10.0, 5.0, 2.0), (5.0, 10.0, 2.0), (0.0, 0.0, 1.0), (0.0, 3.0, math.inf),
+     (3.0, 0.0, math.inf), (math.nan, 3.0, math.nan), (-1.0, 3.0, math.nan)],
+)  # fmt: skip
+def test_fold_change(value, baseline, want):
+    got = fold_change(value, baseline)
+    assert (math.isnan(got) and math.isnan(want)) or got == want

@@ -9,6 +9,12 @@ requests it served (``gpuwarden.model.requests``, cumulative).
   evening decline), 2-3 traffic bursts per model of 15-40 min (+15-30 %, abrupt start and end).
   Every GPU at 10 s, detection every 5 min (the shipped demand-forecast rule refits a SARIMAX
   each cycle, ~0.25 s: a shorter period makes the run too slow). No episode.
+- ``traffic``: 6 GPUs (3 one-node models × 2 replicas), 12 h from 13:00 at 60 s (the rule reads
+  one-minute means), detection every 5 min. Each model follows its daily curve with 2-3
+  ordinary bursts (+15-30 %, 15-40 min: not episodes). Roles per seed (shuffled): *outage*
+  (peak 60-80 %; from an onset 6-11 h in, its traffic falls to 20-35 % of the curve for 20-30
+  min: clients cut off), *surge* (peak 25-35 %; traffic rises to 2.5-3× for 20-40 min: a launch,
+  a retry storm), both ``model-traffic-anomaly`` episodes of the model; and *plain*.
 - ``overprovisioned``: 10 GPUs, 26 h at 60 s (the rule's window is a day), detection every
   10 min after 24 h: ``sd`` with 4 replicas peaking at 12-25 % (an
   ``overprovisioned-inference`` episode of the model over the whole run), ``llm`` with 4
@@ -90,6 +96,48 @@ def diurnal_fleet(seed: int) -> Fleet:
         name=f"busy-diurnal/s{seed}", family="busy-diurnal", seed=seed, gpus=gpus, start=start,
         end=end, points=canvas.points, jobs=tuple(jobs), deployments=tuple(deployments),
         cycle_seconds=300, warmup_seconds=HOUR,
+    )  # fmt: skip
+
+
+def traffic_fleet(seed: int) -> Fleet:
+    """Traffic collapses and surges among ordinary bursts (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    start, end = T0 + 13 * HOUR, T0 + 25 * HOUR
+    gpus = tuple(Gpu(f"srv{n}", i) for n in range(3) for i in range(2))
+    canvas = Canvas(gpus, start, end, 60.0)
+    times = canvas.times
+    jobs: list[PlannedJob] = []
+    deployments, episodes = [], []
+    for m, role in enumerate(rng.permutation(["outage", "surge", "plain"])):
+        model, node = f"m{m}", f"srv{m}"
+        replicas = tuple(g for g in gpus if g.node == node)
+        peak = rng.uniform(0.25, 0.35) if role == "surge" else rng.uniform(0.6, 0.8)
+        load = daily(times, peak, peak / 5)
+        for _ in range(int(rng.integers(2, 4))):
+            s = start + rng.uniform(1, 11) * HOUR
+            load[canvas.span(s, s + rng.uniform(15, 40) * 60)] *= 1 + rng.uniform(0.15, 0.3)
+        if role != "plain":
+            onset = start + rng.uniform(6, 11) * HOUR
+            minutes = rng.uniform(20, 30) if role == "outage" else rng.uniform(20, 40)
+            factor = rng.uniform(0.2, 0.35) if role == "outage" else rng.uniform(2.5, 3.0)
+            load[canvas.span(onset, onset + minutes * 60)] *= factor
+            kind = f"traffic x{factor:.2f} for {minutes:.0f} min"
+            episodes.append(
+                Episode("model-traffic-anomaly", kind, onset, onset + minutes * 60, model=model)
+            )
+        load = np.clip(load * (1 + 0.03 * rng.standard_normal(len(load))), 0, 1)
+        served: dict[str, npt.NDArray[np.float64]] = {}
+        _serve(canvas, rng, model, replicas, load, served)
+        _counters(canvas, served, node)
+        jobs += [
+            PlannedJob(f"slurm:serve:{seed}{m}{r}", (g,), start - HOUR, model=model)
+            for r, g in enumerate(replicas)
+        ]
+        deployments.append(ModelDeployment(name=model, version="1", replicas=len(replicas)))
+    return Fleet(
+        name=f"traffic/s{seed}", family="traffic", seed=seed, gpus=gpus, start=start,
+        end=end, points=canvas.points, jobs=tuple(jobs), deployments=tuple(deployments),
+        episodes=tuple(episodes), cadence_seconds=60, cycle_seconds=300, warmup_seconds=HOUR,
     )  # fmt: skip
 
 

@@ -43,6 +43,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("orphaned", fault_fleets.orphaned_fleet, ("orphaned_memory",)),
     Family("node-silent", fault_fleets.node_silent_fleet, ("node_silent",)),
     Family("overprovisioned", serving_fleets.overprovisioned_fleet, ("overprovisioned_inference",)),
+    Family("traffic", serving_fleets.traffic_fleet, ("metric_anomaly",)),
     Family("busy-checkpoint", waste_fleets.checkpoint_fleet, ()),
     Family("busy-boundaries", waste_fleets.boundaries_fleet, ()),
     Family("busy-diurnal", serving_fleets.diurnal_fleet, ()),

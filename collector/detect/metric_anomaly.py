@@ -9,7 +9,13 @@ after the engine's clear cycles; it is an event notice ("this metric did somethi
 did in the last hours"), not a state.
 
 Missing data is neither normal nor anomalous: a series with fewer than the scorer's warm-up of
-known minutes, or no known minute in the newest window, is UNKNOWN. The scorer costs about
+known minutes, or no known minute in the newest window, is UNKNOWN.
+
+``min_fold_change`` (off at 1) asks more of a rule whose metric swings by itself, like a model's
+request rate: a high score is a finding only when the value it scored is at least that many times
+above or below the median of the hour before the newest window. A daily curve sinking below its
+first hours, or an ordinary burst of a fifth more traffic, is new to the scorer but not to anyone
+who runs the service; a collapse or a surge is both. The scorer costs about
 40 µs per point, so ``max_series`` bounds a rule's cycle (the rest are reported, not scored).
 """
 
@@ -102,6 +108,26 @@ class MetricAnomalyParams:
     max_series: int = integer(
         200, 1, 5000, "Series scored per cycle (about 30 ms each); the rest are reported."
     )
+    min_fold_change: float = number(
+        1.0, 1.0, 1000.0,
+        "A high score counts only at this many times above or below the median of the hour "
+        "before the newest window (1: any score counts).",
+    )  # fmt: skip
+
+
+FOLD_BASELINE_SECONDS = 3600.0
+"""The hour before the newest window that ``min_fold_change`` compares the scored value with."""
+
+
+def fold_change(value: float, baseline: float) -> float:
+    """How many times ``value`` is above or below ``baseline`` (>= 1; inf when one is 0 and the
+    other not; NaN when either is unknown or negative)."""
+    if not (math.isfinite(value) and math.isfinite(baseline)) or min(value, baseline) < 0:
+        return math.nan
+    low, high = sorted((value, baseline))
+    if high == 0:
+        return 1.0
+    return math.inf if low == 0 else high / low
 
 
 def run_metric_anomaly(
@@ -110,6 +136,7 @@ def run_metric_anomaly(
     """Engine runner: one finding per selected series (up to ``max_series``)."""
     history, recent = p.history_seconds, p.recent_seconds
     threshold, limit = p.score_above, p.max_series
+    fold = p.min_fold_change
     store = ctx.store
     step = float(store.long_step_seconds)
     end = math.floor(now / step) * step  # the current minute is not complete yet
@@ -132,7 +159,9 @@ def run_metric_anomaly(
                 return findings
             scored += 1
             values = np.asarray(matrix.values[row], dtype=np.float64)
-            findings.append(_judge(rule, info, matrix.times + step, values, end, recent, threshold))
+            findings.append(
+                _judge(rule, info, matrix.times + step, values, end, recent, threshold, fold)
+            )
     return findings
 
 
@@ -144,6 +173,7 @@ def _judge(
     end: float,
     recent: float,
     threshold: float,
+    min_fold: float = 1.0,
 ) -> Finding:
     subject, facts = series_subject(info), series_facts(info.attributes)
     known = np.isfinite(values)
@@ -182,11 +212,21 @@ def _judge(
         "baseline_median": median,
         "at": float(times[top]),
     }
+    if min_fold > 1.0:
+        before = known & (times > end - recent - FOLD_BASELINE_SECONDS) & ~newest
+        hour = float(np.median(values[before])) if before.any() else math.nan
+        fold = fold_change(float(values[top]), hour) if score >= threshold else math.nan
+        evidence["hour_before_median"] = hour
+        evidence["fold_change"] = round(fold, 3) if math.isfinite(fold) else None
+        if math.isfinite(fold) and fold < min_fold:
+            score = -math.inf  # new to the scorer, ordinary for the service
     if score >= threshold:
         summary = (
             f"{subject}: {values[top]:.4g} at a score of {score:.3f} (threshold {threshold}); "
             f"median of the last {int(known.sum())} minutes {median:.4g}"
         )
+        if min_fold > 1.0:
+            summary += f", {evidence['fold_change']}x the hour before ({hour:.4g})"
         return _finding(
             rule, facts, subject, Verdict.FIRING, times, values, evidence, summary,
             end - recent, end,
