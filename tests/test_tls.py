@@ -17,6 +17,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -380,6 +381,9 @@ def test_reload_swaps_the_certificate_in_the_same_context_and_keeps_it_on_bad_fi
         assert handshake(collector.port, pki.new_ca.ca_file) == "New CA"
 
 
+WATCHDOG_SECONDS = 180.0
+
+
 class CollectorProcess:
     """``gpuwarden collector`` with ``tls`` as a real process (SIGHUP needs its main thread)."""
 
@@ -401,6 +405,9 @@ class CollectorProcess:
             stderr=subprocess.PIPE,
             text=True,
         )
+        # a watchdog, not a deadline under test: a hung collector ends the reads below
+        self._watchdog = threading.Timer(WATCHDOG_SECONDS, self.proc.kill)
+        self._watchdog.start()
 
     def wait_for_line(self, text: str) -> str:
         """Read the collector's log until a line containing ``text`` (or its exit)."""
@@ -413,6 +420,7 @@ class CollectorProcess:
         raise AssertionError(f"collector exited before logging {text!r}: {''.join(seen)[-2000:]}")
 
     def stop(self) -> None:
+        self._watchdog.cancel()
         if self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(20)
