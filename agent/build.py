@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -19,6 +18,7 @@ from gpuwarden.agent.model import GpuEvent, GpuSource, JobRef, ProcessSample
 from gpuwarden.agent.sender import OtlpHttpSender
 from gpuwarden.agent.spool import Spool
 from gpuwarden.agent.telemetry import SampleCache, Telemetry
+from gpuwarden.agent.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -169,14 +169,12 @@ def build_agent(
         host_probe = HostReader(config.proc_root, config.sys_root).sample
     spool = sender = None
     if config.collector.endpoint:
+        ssl_context = client_context(config.collector)  # before the spool: a bad file stops here
         spool = _open_spool(config)
         headers = {}
         token = config.token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        ssl_context = None
-        if config.collector.ca_file is not None:
-            ssl_context = ssl.create_default_context(cafile=str(config.collector.ca_file))
         sender = OtlpHttpSender(
             spool,
             config.collector.endpoint,

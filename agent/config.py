@@ -55,7 +55,12 @@ Endpoint = Annotated[
 
 
 class CollectorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Where and how the agent pushes OTLP."""
+    """Where and how the agent pushes OTLP.
+
+    An ``https://`` endpoint is always verified: against ``ca_file`` (PEM) when set, else the
+    system trust store. ``cert_file`` and ``key_file`` (PEM, unencrypted key) are the agent's
+    client certificate for a collector that asks for one (mTLS).
+    """
 
     endpoint: Endpoint | None = "http://127.0.0.1:4318/v1/metrics"
     token: str | None = None
@@ -63,6 +68,21 @@ class CollectorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0
     gzip_level: int = 6
     ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.cert_file is not None and self.key_file is None:
+            raise ConfigError("key_file: required with cert_file (the client certificate's key)")
+        if self.key_file is not None and self.cert_file is None:
+            raise ConfigError("cert_file: required with key_file (the client certificate)")
+        if self.endpoint is not None and not self.endpoint.startswith("https://"):
+            for key in ("ca_file", "cert_file"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(
+                        f"{key}: set, but the endpoint is not https://; "
+                        "use an https:// endpoint or remove it"
+                    )
 
     def __repr__(self) -> str:
         return redacted_repr(self, "token")

@@ -49,11 +49,23 @@ AUTH_STATUSES = frozenset({401, 403})
 TRANSIENT_STATUSES = frozenset({408, 429})  # plus every 5xx
 RESERVED_HEADERS = frozenset({"content-type", "content-encoding", "content-length", "host"})
 _STALE_CONNECTION = (BrokenPipeError, ConnectionAbortedError, ConnectionResetError)
+_TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
 _KEPT = "%d record(s) kept in the spool, retrying with backoff"
 _STREAK_LOG = {  # logged once when a streak of failures of this kind starts
     "unavailable": (logging.WARNING, "collector %s unavailable (%s); " + _KEPT),
     "auth": (logging.ERROR, "collector %s: the token is rejected (%s); " + _KEPT),
     "unexpected": (logging.ERROR, "collector %s answered %s (check the endpoint); " + _KEPT),
+    "tls": (
+        logging.ERROR,
+        "collector %s: TLS handshake failed (%s); check collector.ca_file (the CA that signed "
+        "the collector's certificate) and collector.cert_file/key_file (mTLS); " + _KEPT,
+    ),
+    "tls-closed": (
+        logging.ERROR,
+        "collector %s closed a new TLS connection without answering (%s): it refuses this "
+        "agent's client certificate (collector.cert_file/key_file missing, expired or from "
+        "another CA) or it is restarting; " + _KEPT,
+    ),
 }
 
 
@@ -64,7 +76,7 @@ class SendStatus(enum.Enum):
     SENT = "sent"  # records were accepted
     REJECTED = "rejected"  # a record was permanently rejected and dropped; the rest went on
     RETRY = "retry"  # collector unavailable or erroring: records kept, wait delay_seconds
-    UNAUTHORIZED = "unauthorized"  # 401/403: records kept, wait delay_seconds
+    UNAUTHORIZED = "unauthorized"  # 401/403 or a TLS refusal: records kept, wait delay_seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +228,7 @@ class OtlpHttpSender:
             status, retry_after, content_type, data = self._post(wire, timeout)
         except (OSError, http.client.HTTPException) as exc:
             self._close()
-            return self._failed("unavailable", None, None, f"{type(exc).__name__}: {exc}")
+            return self._failed(self._failure_kind(exc), None, None, _failure_reason(exc))
         if 200 <= status < 300:
             self._spool.ack(batch[-1][0])
             self._succeeded(len(batch), len(body), content_type, data)
@@ -262,7 +274,7 @@ class OtlpHttpSender:
         reused = self._conn is not None and self._conn.sock is not None
         try:
             return self._request(body, timeout)
-        except _STALE_CONNECTION:
+        except _STALE_CONNECTION + _TLS_CUT:
             self._close()
             if not reused:
                 raise
@@ -294,6 +306,22 @@ class OtlpHttpSender:
             return response.status, response.getheader("Retry-After"), content_type, data
         finally:
             response.close()
+
+    def _failure_kind(self, exc: OSError | http.client.HTTPException) -> str:
+        """``tls`` for a refused handshake, ``tls-closed`` for a new TLS connection the collector
+        closed without an answer, else ``unavailable``.
+
+        Why ``tls-closed``: under TLS 1.3 the client's side of the handshake ends before the
+        server has checked the client certificate, and a collector on asyncio closes the
+        connection without sending its alert, so a refused client certificate reaches the agent
+        as a connection closed before any answer. (``_post`` retries a reused connection once,
+        so such an error here always comes from a new connection.)
+        """
+        if isinstance(exc, ssl.SSLError) and not isinstance(exc, _TLS_CUT):
+            return "tls"
+        if self._https and isinstance(exc, _STALE_CONNECTION + _TLS_CUT):
+            return "tls-closed"
+        return "unavailable"
 
     def _close(self) -> None:
         if self._conn is not None:
@@ -338,7 +366,7 @@ class OtlpHttpSender:
             self._streak = kind
             level, message = _STREAK_LOG[kind]
             log.log(level, message, self._where, reason, len(self._spool))
-        outcome = SendStatus.UNAUTHORIZED if kind == "auth" else SendStatus.RETRY
+        outcome = SendStatus.UNAUTHORIZED if kind in ("auth", "tls") else SendStatus.RETRY
         return SendResult(outcome, http_status=status, delay_seconds=delay)
 
     def _backoff(self) -> float:
@@ -364,3 +392,13 @@ class OtlpHttpSender:
             return None
         # Never faster than the first backoff step: a "Retry-After: 0" loop would hammer.
         return min(max(seconds, INITIAL_BACKOFF_SECONDS), MAX_RETRY_AFTER_SECONDS)
+
+
+def _failure_reason(exc: OSError | http.client.HTTPException) -> str:
+    """What failed, in short words: the TLS layer's own (``certificate verify failed: unable
+    to get local issuer certificate``, ``TLSV1_ALERT_UNKNOWN_CA``) or the exception's."""
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"certificate verify failed: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError) and exc.reason and not isinstance(exc, _TLS_CUT):
+        return str(exc.reason)
+    return f"{type(exc).__name__}: {exc}"

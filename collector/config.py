@@ -27,6 +27,7 @@ __all__ = [
     "CollectorConfig",
     "ConfigError",
     "ModelServer",
+    "TlsSettings",
     "load_collector_config",
     "parse_secrets",
     "parse_tokens",
@@ -43,6 +44,48 @@ class ModelServer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     server: Literal["vllm", "triton", "prometheus"] = "prometheus"  # ingest.scrape.Server
     model: str | None = None
     node: str | None = None
+
+
+class TlsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``tls:``: serve HTTPS from these PEM files (reloaded on SIGHUP), and optionally mTLS.
+
+    ``cert_file`` (the chain, leaf first) and ``key_file`` go together; neither means plain
+    HTTP. With ``client_ca_file`` a client certificate is verified against it when presented
+    (its names reach the request, :func:`gpuwarden.collector.web.tls.client_names`); with
+    ``require_client_cert`` a client without a valid one is refused at the handshake.
+    """
+
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    client_ca_file: Path | None = None
+    require_client_cert: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cert_file is not None and self.key_file is None:
+            raise ConfigError("key_file: required with cert_file (the certificate's private key)")
+        if self.key_file is not None and self.cert_file is None:
+            raise ConfigError("cert_file: required with key_file (the server certificate)")
+        if self.require_client_cert and self.client_ca_file is None:
+            raise ConfigError(
+                "client_ca_file: required with require_client_cert: true "
+                "(the CA that signs the agents' client certificates)"
+            )
+        if self.client_ca_file is not None and self.cert_file is None:
+            raise ConfigError("cert_file: required with client_ca_file (mTLS needs HTTPS)")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the collector serves HTTPS."""
+        return self.cert_file is not None
+
+    def files(self) -> dict[str, Path]:
+        """The files named, by key: what the loader checks and the reload reads again."""
+        named = {
+            "cert_file": self.cert_file,
+            "key_file": self.key_file,
+            "client_ca_file": self.client_ca_file,
+        }
+        return {key: path for key, path in named.items() if path is not None}
 
 
 class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True):
@@ -63,8 +106,8 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     allow_unauthenticated: bool = False
     max_body_bytes: PositiveInt = 8 * 1024 * 1024
     max_decompressed_bytes: PositiveInt = 64 * 1024 * 1024
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
+    #: HTTPS and mTLS (default: plain HTTP; put a TLS proxy in front, or set this)
+    tls: TlsSettings = msgspec.field(default_factory=TlsSettings)
     database: Path = Path("/var/lib/gpuwarden/collector.db")
     step_seconds: PositiveInt = 10
     recent_hours: PositiveInt = 6
@@ -107,8 +150,6 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
         """The checks across keys, in one place (the actuators' in ``actuator_problem``)."""
         if self.max_body_bytes <= 0 or self.max_decompressed_bytes < self.max_body_bytes:
             raise ConfigError("need 0 < max_body_bytes <= max_decompressed_bytes")
-        if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ConfigError("tls_cert_file and tls_key_file go together")
         super().__post_init__()
 
     def __repr__(self) -> str:
@@ -170,6 +211,22 @@ def _tokens(written: object, where: str, key: str) -> dict[str, str]:
         raise ConfigError(f"{where}: {key} {path}: {exc.strerror}") from None
 
 
+def _tls(written: object, where: str, key: str) -> TlsSettings:
+    """``tls``: the section, with every file it names readable now rather than at the first
+    handshake (whether they hold a usable certificate and key is checked at start)."""
+    tls = convert(written, TlsSettings, where, section=key)
+    for name, path in tls.files().items():
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(
+                f"{where}: {key}.{name}: cannot read {path}: {exc.strerror} "
+                "(name a readable PEM file)"
+            ) from None
+    return tls
+
+
 def _remediation(written: object, where: str, key: str) -> RemediationSettings:
     """``remediation``: written with the policy's keys beside the links'."""
     return convert(written, RemediationSection, where, section=key).settings()
@@ -188,6 +245,7 @@ _READERS: Mapping[str, Callable[[object, str, str], object]] = MappingProxyType(
         "kubernetes_routes": traffic_targets,
         "remediation": _remediation,
         "prices": _prices,
+        "tls": _tls,
     }
 )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import threading
 from types import MappingProxyType
 
@@ -31,8 +32,10 @@ class CollectorThread:
         port: int | None = None,
         log: SeriesLog | None = None,
         service: CollectorService | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.port = port or free_port()
+        self.ssl_context = ssl_context  # serve HTTPS with it
         self.log = log if log is not None else SeriesLog()
         self.service = service
         self.config = CollectorConfig(port=self.port, tokens=MappingProxyType({TOKEN: "agents"}))
@@ -43,7 +46,8 @@ class CollectorThread:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1/metrics"
+        scheme = "http" if self.ssl_context is None else "https"
+        return f"{scheme}://127.0.0.1:{self.port}/v1/metrics"
 
     def start(self) -> None:
         ready = threading.Event()
@@ -53,7 +57,14 @@ class CollectorThread:
             self.app = create_app(self.config, self.log, service=self.service, background=False)
             self._runner = web.AppRunner(self.app, access_log=None)
             await self._runner.setup()
-            await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
+            site = web.TCPSite(
+                self._runner,
+                "127.0.0.1",
+                self.port,
+                reuse_address=True,
+                ssl_context=self.ssl_context,
+            )
+            await site.start()
             ready.set()
 
         def main() -> None:

@@ -210,8 +210,7 @@ COLLECTOR_ERRORS = [
         "kubernetes_kubeconfig: /k\nkubernetes_routes: {llm: {inferenceservice: x}}\n",
         "kubernetes_routes.llm: expected '<namespace>/<name>', got 'llm'",
     ),
-    # checks across keys: at the top, in one place
-    ("tls_cert_file: /c\n", "tls_cert_file and tls_key_file go together"),
+    # checks across keys: at the top, in one place (the tls section's, in test_tls)
     (
         "max_body_bytes: 10\nmax_decompressed_bytes: 5\n",
         "need 0 < max_body_bytes <= max_decompressed_bytes",

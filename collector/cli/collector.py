@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import os
 import ssl
@@ -29,6 +30,7 @@ from gpuwarden.collector.remediate.policy import PolicyError
 from gpuwarden.collector.rules.model import RuleError
 from gpuwarden.collector.storage.base import StorageError
 from gpuwarden.collector.web.app import create_app
+from gpuwarden.collector.web.tls import reload_on_sighup, server_context
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,31 @@ def _config(config_path: Path | None, host: str | None, port: int | None) -> Col
             "(lines '<agent-name> <token>'), or allow_unauthenticated: true for a lab setup",
         )
     return config
+
+
+def _ssl_context(config: CollectorConfig) -> ssl.SSLContext | None:
+    """The HTTPS context when ``tls`` is set (a pair that does not load stops the start)."""
+    if not config.tls.enabled:
+        if not _is_loopback(config.host):
+            log.warning(
+                "serving plain HTTP on %s: tokens cross the network in clear; set tls "
+                "(cert_file, key_file) or put a TLS-terminating proxy in front",
+                config.host,
+            )
+        return None
+    try:
+        return server_context(config.tls)
+    except ConfigError as exc:
+        raise _StartupRefusedError(2, f"configuration error: {exc}") from None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def _missing_extra(exc: MissingExtraError, config_path: Path | None) -> _StartupRefusedError:
@@ -126,20 +153,20 @@ def run_collector(
     """Run the collector in the foreground; return the exit code.
 
     SIGINT or SIGTERM stops it: the loops finish a running step (up to
-    ``tasks.STOP_TIMEOUT_SECONDS``), then the database closes; exit code 0. A busy port is one
-    line and exit code 1, a configuration it refuses exit code 2.
+    ``tasks.STOP_TIMEOUT_SECONDS``), then the database closes; exit code 0. With ``tls`` it
+    serves HTTPS, and SIGHUP reloads the certificate and key. A busy port is one line and exit
+    code 1, a configuration it refuses (a certificate that does not load too) exit code 2.
     """
     environ = os.environ if environ is None else environ
     try:
         config = _config(config_path, host, port)
+        ssl_context = _ssl_context(config)
         app = _app(config, environ, config_path)
     except _StartupRefusedError as refused:
         print(f"gpuwarden collector: {refused.message}", file=sys.stderr)
         return refused.code
-    ssl_context = None
-    if config.tls_cert_file is not None and config.tls_key_file is not None:
-        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ssl_context.load_cert_chain(str(config.tls_cert_file), str(config.tls_key_file))
+    if ssl_context is not None:
+        reload_on_sighup(app, ssl_context, config.tls)
     try:
         web.run_app(
             app,
