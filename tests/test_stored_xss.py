@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -558,3 +559,28 @@ def test_runbook_values_cannot_change_the_authors_markdown(
     )
     # a target that is a value alone is a link only when it is an http(s) URL
     assert links[1:] == ([expect_link] if expect_link else [])
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/v1/incidents", 401),  # the authentication middleware's refusal
+        ("/status/incidents/abc", 400),  # a handler's HTTPException
+        ("/no/such/route", 404),  # the router's
+        ("/static/gpuwarden.css", 200),
+        ("/metrics", 200),
+    ],
+)
+def test_every_response_carries_the_security_headers(fleet: Fleet, path: str, status: int) -> None:
+    try:
+        with urllib.request.urlopen(f"{fleet.collector.url}{path}", timeout=30) as response:  # noqa: S310
+            answered, headers = int(response.status), response.headers
+    except urllib.error.HTTPError as refused:
+        answered, headers = refused.code, refused.headers
+    assert answered == status
+    assert headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
+    assert headers["X-Frame-Options"] == "DENY"
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert headers["Referrer-Policy"] == "no-referrer"
+    if path.startswith("/static/"):
+        assert headers["Cache-Control"].startswith("public")  # the stylesheet may be cached

@@ -130,8 +130,10 @@ def slack_message(alert: Alert) -> dict[str, Any]:
         blocks.append({"type": "actions", "elements": elements})
     context = _mrkdwn(f"gpuwarden · fingerprint `{escape(alert.fingerprint)}`", SECTION_CHARS)
     blocks.append({"type": "context", "elements": [context]})
-    # our runbook link stays a link: the text before it is cut, never the link
-    runbook = f" (<{escape(alert.runbook_url)}|runbook>)" if _ours(alert.runbook_url) else ""
+    # our runbook link stays a link: the text before it is cut, never the link. Its URL is
+    # ours and holds none of Slack's link syntax (``_ours``); it is not entity-encoded, so a
+    # query string's ``&`` reaches the browser as it is.
+    runbook = f" (<{alert.runbook_url}|runbook>)" if _ours(alert.runbook_url) else ""
     head = _cut(f"{state}: {escape(alert.rule_id)}: {escape(alert.summary)}",
                 FALLBACK_TEXT_CHARS - len(runbook), escaped=True)  # fmt: skip
     return {"text": head + runbook, "blocks": blocks}
