@@ -60,6 +60,7 @@ from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.headers import CONTENT_SECURITY_POLICY
 from gpuwarden.collector.web.remediation_setup import create_remediation
 from tests.capture_servers import Capture, ServedApp, pagerduty_app, slack_app, webhook_app
+from tests.test_remediator import FakeActuator
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 TOKEN = "xss-test-token-0123456789abcdef"
@@ -73,6 +74,8 @@ IMG = "<img src=x onerror=\"document.title='PWNED';fetch('/hit/img')\">"
 MENTIONS = "<!channel> <!here> <@U024BE7LH> @channel"
 SLACK_LINK = "<https://evil.example|click>"
 MD_LINK = "[x](https://evil.example)"
+APPROVAL_PAGE = "approval needed"
+"""In the summary of the remediator's approval requests (pages), as opposed to incident alerts."""
 SLACK_CONTROL = ("<!channel>", "<!here>", "<@U024BE7LH>", SLACK_LINK)
 
 RULES = """
@@ -216,7 +219,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         service.storage,
         rules.enabled(),
         RemediationSettings(external_url=EXTERNAL_URL),
-        actuators=[],
+        actuators=[FakeActuator(kinds=frozenset({"drain"}))],  # drains wait for approval
         notifiers=notifiers,
         runbooks_dir=default_runbooks_dir(),
         environ={SECRET_ENV: "approval-secret-" + "x" * 32},
@@ -275,7 +278,9 @@ def _mrkdwn_texts(body: dict[str, Any]) -> list[str]:
 
 def test_slack_gets_control_sequences_as_entities_and_only_our_links(fleet: Fleet) -> None:
     bodies = [r["body"] for r in fleet.slack.requests]
-    assert len(bodies) == 3
+    pages = [b for b in bodies if APPROVAL_PAGE in b["text"]]
+    assert len(bodies) - len(pages) == len(fleet.incidents)  # one alert per incident
+    assert pages  # and the approval requests of the drains
     assert all(r["problems"] == [] for r in fleet.slack.requests)
     joined = "\n".join(t for body in bodies for t in _mrkdwn_texts(body))
     # every hostile value arrived, as text: Slack's control characters as entities
@@ -296,7 +301,7 @@ def test_slack_gets_control_sequences_as_entities_and_only_our_links(fleet: Flee
         if block["type"] == "actions"
         for element in block["elements"]
     ]
-    assert buttons
+    assert any(url.startswith(f"{EXTERNAL_URL}/approve/") for url in buttons)
     assert all(url.startswith(f"{EXTERNAL_URL}/") for url in buttons)
     # plain_text (header, buttons) is never parsed by Slack for mentions or links
     headers = [b["text"] for body in bodies for b in body["blocks"] if b["type"] == "header"]
@@ -305,23 +310,25 @@ def test_slack_gets_control_sequences_as_entities_and_only_our_links(fleet: Flee
 
 def test_pagerduty_and_webhook_get_values_json_encoded_and_only_our_links(fleet: Fleet) -> None:
     events = [r["body"] for r in fleet.pagerduty.requests if r["body"]["event_action"] == "trigger"]
-    assert len(events) == 3
+    alerts = [e for e in events if APPROVAL_PAGE not in e["payload"]["summary"]]
+    assert len(alerts) == len(fleet.incidents)
     assert all(r["problems"] == [] for r in fleet.pagerduty.requests)
-    am_event = next(e for e in events if e["payload"]["class"] == "hostile-alert")
+    am_event = next(e for e in alerts if e["payload"]["class"] == "hostile-alert")
     details = am_event["payload"]["custom_details"]
     # the values round-trip exactly: JSON-encoded, not built as text (nor double-escaped)
     assert details["job"] == SCRIPT
     assert details["model"] == IMG
     assert details["team"] == MENTIONS
     assert am_event["payload"]["summary"] == f"[hostile-alert] {MD_LINK} {SCRIPT}"
+    assert any("/approve/" in link["href"] for event in events for link in event["links"])
     for event in events:
         assert "images" not in event
         hrefs = [link["href"] for link in event["links"]]
         assert hrefs
         assert all(href.startswith(f"{EXTERNAL_URL}/") for href in hrefs), hrefs
         assert event["client_url"].startswith(f"{EXTERNAL_URL}/")
-    hooks = [r["body"] for r in fleet.webhook.requests]
-    assert len(hooks) == 3
+    hooks = [r["body"] for r in fleet.webhook.requests if APPROVAL_PAGE not in r["body"]["summary"]]
+    assert len(hooks) == len(fleet.incidents)
     am_hook = next(h for h in hooks if h["rule"] == "hostile-alert")
     assert am_hook["labels"]["job"] == SCRIPT
     assert am_hook["labels"]["model"] == IMG
@@ -474,6 +481,21 @@ def test_pages_show_hostile_values_as_text_and_run_no_script(fleet: Fleet, tmp_p
             page, _ = browse(f"{served.url}/page/{name}", tmp_path / f"m{i}")
             _assert_inert(f"{name} (mirrored)", page)
         assert [hit for hit in mirror.hits if not hit.startswith("control:")] == []
+        # the approval page works under the same policy: its form, its stylesheet, no violation
+        link = next(
+            element["url"]
+            for request in fleet.slack.requests
+            for block in request["body"]["blocks"]
+            if block["type"] == "actions"
+            for element in block["elements"]
+            if element["action_id"].startswith("approve")
+        )
+        approval = f"{fleet.collector.url}{link.removeprefix(EXTERNAL_URL)}"
+        assert get(approval)[1]["Cache-Control"] == "no-store"
+        page, console = browse(approval, tmp_path / "approval")
+        assert {"form", "button"} <= set(page.tags)
+        assert "/static/gpuwarden.css" in page.hrefs
+        assert "Content Security Policy" not in console, console
     finally:
         served.stop()
 
