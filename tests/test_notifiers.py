@@ -80,7 +80,7 @@ def test_slack_block_kit_message_carries_facts_runbook_and_approval(slack, caplo
     buttons = {e["action_id"]: e["url"] for e in blocks["actions"]["elements"]}
     assert buttons["runbook"] == "http://127.0.0.1:4318/incidents/7/runbook"
     assert buttons["approve-0"] == "http://127.0.0.1:4318/approve/v1.7.abc"
-    assert "runbook: http://127.0.0.1:4318/incidents/7/runbook" in body["text"]
+    assert "(<http://127.0.0.1:4318/incidents/7/runbook|runbook>)" in body["text"]
     assert "secret-token" not in caplog.text
 
 

@@ -6,9 +6,29 @@ edited by many people; templates cannot reach Python internals such as ``__class
 fixed shape for every rule (:func:`runbook_context`); facts that are not known render as
 ``unknown``, so a template never needs to test whether a key exists.
 
-Markdown is rendered without escaping (it is text for Slack, the CLI and files). The HTML page
-escapes everything: the Markdown is converted by a small converter that escapes each line before
-adding tags (links only to ``http(s)`` and local paths), inside a page rendered with autoescape.
+Only the runbook author's own Markdown is Markdown. A value printed with ``{{ ... }}`` comes
+from telemetry, jobs or alerts (a job name, a label, an Alertmanager annotation) and may hold
+``[x](https://evil.example)``, ``<script>``, a ``|`` that splits a table row, a newline and a
+``#`` that starts a heading. So the HTML page is rendered in three steps:
+
+1. the template is rendered with every printed value set aside (Jinja's ``finalize``) and
+   replaced by an opaque slot mark (``\ue000<n>\ue001``, private-use characters that mean
+   nothing to Markdown or HTML and are removed from the values themselves);
+2. the Markdown, now the author's text and slot marks only, is converted to HTML by a small
+   converter that escapes each line before adding tags (links only to ``http(s)`` and local
+   paths);
+3. each slot mark is replaced by its value, HTML-escaped, in one pass (a value is never read
+   again as Markdown or HTML). A value in the target of an author's link is percent-encoded
+   into the URL; a target that is a value alone must be an ``http(s)`` URL, or no link is made.
+
+This is sound where escaping Markdown characters inside values is not: Markdown has no escape
+that works everywhere (a backslash is literal inside a code span, where runbooks put node and
+job names for commands to copy), and no escape stops a newline in a value from ending a list
+item or a table row. Here a value cannot change the structure at all, whatever it contains.
+
+The Markdown form (``?format=md``, the CLI, ``gpuwarden rules check``) is plain text with the
+values verbatim; the collector serves it as ``text/markdown`` with ``nosniff``, so a browser shows
+it as text. Whoever renders that text as Markdown must treat it as untrusted input.
 
 A template error (syntax, undefined variable, sandbox violation, missing file) is a
 :class:`RunbookError` naming the file and line, never a crash of the caller.
@@ -16,6 +36,7 @@ A template error (syntax, undefined variable, sandbox violation, missing file) i
 
 from __future__ import annotations
 
+import contextvars
 import html
 import re
 import traceback
@@ -29,6 +50,7 @@ from urllib.parse import quote
 import jinja2
 from jinja2 import nodes
 from jinja2.exceptions import SecurityError
+from jinja2.runtime import Context
 from jinja2.sandbox import SandboxedEnvironment
 from markupsafe import Markup
 
@@ -206,6 +228,24 @@ def runbook_context(
     }
 
 
+_SLOT_OPEN, _SLOT_CLOSE = "\ue000", "\ue001"
+_SLOT = re.compile(f"{_SLOT_OPEN}([0-9]+){_SLOT_CLOSE}")
+_NO_SLOT_MARKS = str.maketrans({_SLOT_OPEN: "\ufffd", _SLOT_CLOSE: "\ufffd"})
+_SLOTS: contextvars.ContextVar[list[str]] = contextvars.ContextVar("runbook_slots")
+"""The values set aside by the HTML rendering in progress (unset: Markdown, values verbatim)."""
+
+
+@jinja2.pass_context  # needs the render, so Jinja never finalizes constants at compile time
+def _set_aside(context: Context, value: object) -> object:
+    """Jinja ``finalize``: during an HTML rendering, a printed value becomes a slot mark."""
+    del context
+    slots = _SLOTS.get(None)
+    if slots is None:
+        return value
+    slots.append(str(value).translate(_NO_SLOT_MARKS))
+    return f"{_SLOT_OPEN}{len(slots) - 1}{_SLOT_CLOSE}"
+
+
 _FACTS = """
 ---
 
@@ -242,9 +282,8 @@ _PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="referrer" content="no-referrer">
 <title>{{ title }}</title>
-<style>body{font-family:sans-serif;max-width:50em;margin:2em auto;line-height:1.45}
-code,pre{background:#f3f3f3;padding:0 .2em}</style></head>
-<body>{{ body }}</body></html>
+<link rel="stylesheet" href="/static/gpuwarden.css"></head>
+<body class="doc">{{ body }}</body></html>
 """
 
 
@@ -256,16 +295,18 @@ class RunbookRenderer:
         self._env = SandboxedEnvironment(
             loader=jinja2.FileSystemLoader(str(runbooks_dir)),
             undefined=jinja2.StrictUndefined,
-            autoescape=False,  # Markdown text: the HTML converter escapes it
+            autoescape=False,  # Markdown text: values are set aside for the HTML (see above)
             keep_trailing_newline=True,
+            finalize=_set_aside,
         )
         self._page = SandboxedEnvironment(
             undefined=jinja2.StrictUndefined, autoescape=True
         ).from_string(_PAGE)
         self._facts = SandboxedEnvironment(
             undefined=jinja2.StrictUndefined,
-            autoescape=False,  # Markdown text: the HTML converter escapes it
+            autoescape=False,  # Markdown text: values are set aside for the HTML (see above)
             keep_trailing_newline=True,
+            finalize=_set_aside,
         ).from_string(_FACTS)
 
     def markdown(self, name: str, context: Mapping[str, Any]) -> str:
@@ -322,8 +363,15 @@ class RunbookRenderer:
         return attr
 
     def html(self, name: str, context: Mapping[str, Any], *, title: str) -> str:
-        """The runbook as a standalone HTML page (everything from the context escaped)."""
-        body = markdown_to_html(self.markdown(name, context))
+        """The runbook as a standalone HTML page: the author's Markdown converted, every value
+        from the context escaped text (never Markdown, never HTML)."""
+        values: list[str] = []
+        reset = _SLOTS.set(values)
+        try:
+            text = self.markdown(name, context)
+        finally:
+            _SLOTS.reset(reset)
+        body = markdown_to_html(text, values)
         return self._page.render(title=title, body=Markup(body))  # noqa: S704 - escaped above
 
     def check(self, rules: Iterable[Rule], links: Links) -> list[str]:
@@ -367,19 +415,37 @@ def _template_line(exc: BaseException, path: Path) -> str:
 
 _INLINE = re.compile(r"`([^`]+)`|\*\*([^*]+)\*\*|\[([^\]]+)\]\(([^)\s]+)\)")
 _SAFE_URL = re.compile(r"(https?://|/)[^\s\"'<>]*")
+_VALUE_URL = re.compile(r"https?://[^\s\"'<>]*")
 
 
-def _inline(text: str) -> str:
+def _href(url: str, values: Sequence[str]) -> str | None:
+    """The target of an author's link, or None for no link. A value that is the whole target
+    must be an ``http(s)`` URL; a value inside the author's URL is percent-encoded."""
+    whole = _SLOT.fullmatch(url)
+    if whole is not None:
+        value = _slot_value(whole, values)
+        return value if _VALUE_URL.fullmatch(value) else None
+    target = _SLOT.sub(lambda m: quote(_slot_value(m, values), safe=""), url)
+    return target if _SAFE_URL.fullmatch(target) else None
+
+
+def _slot_value(match: re.Match[str], values: Sequence[str]) -> str:
+    index = int(match[1])
+    return values[index] if index < len(values) else "\ufffd"
+
+
+def _inline(text: str, values: Sequence[str]) -> str:
     out, last = [], 0
     for match in _INLINE.finditer(text):
         out.append(html.escape(text[last : match.start()]))
         code, bold, label, url = match.groups()
+        href = None if url is None else _href(url, values)
         if code is not None:
             out.append(f"<code>{html.escape(code)}</code>")
         elif bold is not None:
             out.append(f"<strong>{html.escape(bold)}</strong>")
-        elif _SAFE_URL.fullmatch(url):
-            out.append(f'<a href="{html.escape(url)}">{html.escape(label)}</a>')
+        elif href is not None:
+            out.append(f'<a href="{html.escape(href)}">{html.escape(label)}</a>')
         else:
             out.append(html.escape(match.group(0)))
         last = match.end()
@@ -390,7 +456,8 @@ def _inline(text: str) -> str:
 class _HtmlWriter:
     """Line-by-line Markdown to HTML for the subset runbooks use."""
 
-    def __init__(self) -> None:
+    def __init__(self, values: Sequence[str]) -> None:
+        self.values = values
         self.out: list[str] = []
         self.paragraph: list[str] = []
         self.block: str | None = None  # "ul", "ol" or "table"
@@ -398,7 +465,7 @@ class _HtmlWriter:
 
     def close_paragraph(self) -> None:
         if self.paragraph:
-            self.out.append(f"<p>{' '.join(_inline(p) for p in self.paragraph)}</p>")
+            self.out.append(f"<p>{' '.join(_inline(p, self.values) for p in self.paragraph)}</p>")
             self.paragraph.clear()
 
     def close_block(self) -> None:
@@ -437,32 +504,35 @@ class _HtmlWriter:
         elif heading:
             self.flush()
             level = len(heading.group(1))
-            self.out.append(f"<h{level}>{_inline(heading.group(2))}</h{level}>")
+            self.out.append(f"<h{level}>{_inline(heading.group(2), self.values)}</h{level}>")
         elif stripped.startswith("|"):
             self.open_block("table")
             cells = [c.strip() for c in stripped.strip("|").split("|")]
             if not all(re.fullmatch(r":?-+:?", c) for c in cells):
-                row = "".join(f"<td>{_inline(c)}</td>" for c in cells)
+                row = "".join(f"<td>{_inline(c, self.values)}</td>" for c in cells)
                 self.out.append(f"<tr>{row}</tr>")
         elif item:
             self.open_block("ul" if item.group(1) in "-*" else "ol")
-            self.out.append(f"<li>{_inline(item.group(2))}</li>")
+            self.out.append(f"<li>{_inline(item.group(2), self.values)}</li>")
         elif not stripped or stripped == "---":
             self.flush()
         elif self.block in ("ul", "ol") and raw.startswith((" ", "\t")):
-            self.out[-1] = f"{self.out[-1].removesuffix('</li>')} {_inline(stripped)}</li>"
+            self.out[-1] = (
+                f"{self.out[-1].removesuffix('</li>')} {_inline(stripped, self.values)}</li>"
+            )
         else:
             self.close_block()
             self.paragraph.append(stripped)
 
 
-def markdown_to_html(markdown: str) -> str:
+def markdown_to_html(markdown: str, values: Sequence[str] = ()) -> str:
     """The subset of Markdown runbooks use: headings, lists, tables, fenced code, paragraphs,
-    inline code, bold and links. Every piece of text is escaped."""
-    writer = _HtmlWriter()
+    inline code, bold and links. Every piece of text is escaped; the slot marks of ``values``
+    (set aside by :meth:`RunbookRenderer.html`) are replaced by the values, escaped, last."""
+    writer = _HtmlWriter(values)
     for raw in markdown.splitlines():
         writer.line(raw.rstrip())
     if writer.fence is not None:
         writer.code()
     writer.flush()
-    return "\n".join(writer.out)
+    return _SLOT.sub(lambda m: html.escape(_slot_value(m, values)), "\n".join(writer.out))

@@ -11,6 +11,10 @@ A resolved incident is pushed with the same labels and ``endsAt`` at its resolve
 Routes are ``alertmanager:<name>``, each name mapping to a base URL in the config. Each push is
 sent once: 5xx and network errors come back retryable, 400 (the alert is invalid) rejected; the
 dispatcher decides whether to try again.
+
+Labels and annotations are JSON strings (``json.dumps``), exactly as received: labels are the
+alert's identity and must not change. Alertmanager's own templates do not escape them for
+Slack; a receiver there should escape ``&``, ``<``, ``>`` in its templates (docs/security.md).
 """
 
 from __future__ import annotations

@@ -7,6 +7,11 @@ environment and are never logged. Each event is sent once: 429 and 5xx (and netw
 back retryable, 400 rejected (the event is invalid and would stay so); the dispatcher decides
 whether to try again. ``change_event`` sends the audit breadcrumbs PagerDuty shows next to
 incidents.
+
+Values from telemetry, jobs and alerts travel as JSON strings (the body is ``json.dumps`` of a
+dict, never built as text), which PagerDuty shows as text. The ``links`` are only the URLs we
+built (runbook, incident, dashboard, approval) and only ``http(s)``; no ``images`` are sent. A
+URL an Alertmanager annotation carried stays a text in ``custom_details``.
 """
 
 from __future__ import annotations
@@ -40,23 +45,27 @@ def _iso(unix_seconds: float) -> str:
     return datetime.fromtimestamp(unix_seconds, UTC).isoformat()
 
 
+def _http(url: str) -> bool:
+    """Only ``http(s)`` links (the URLs we build are; anything else is not ours)."""
+    return url.startswith(("https://", "http://"))
+
+
 def pagerduty_event(alert: Alert, routing_key: str, source: str) -> dict[str, Any]:
     """The Events v2 body: a trigger while firing; an acknowledge or a resolve (key only)."""
     if alert.status in (AlertStatus.RESOLVED, AlertStatus.ACKNOWLEDGED):
         action = "resolve" if alert.status is AlertStatus.RESOLVED else "acknowledge"
         return {"routing_key": routing_key, "event_action": action, "dedup_key": dedup_key(alert)}
     summary = f"[{alert.rule_id}] {alert.summary}"
-    links = [{"href": alert.runbook_url, "text": "Runbook"}]
-    links += [
-        {"href": url, "text": text}
-        for url, text in ((alert.incident_url, "Incident"), (alert.dashboard_url, "Dashboard"))
-        if url
+    ours = [
+        (alert.runbook_url, "Runbook"),
+        (alert.incident_url, "Incident"),
+        (alert.dashboard_url, "Dashboard"),
+        *((a.approval_url, f"Approve {a.kind} {a.target}") for a in alert.actions),
     ]
-    links += [
-        {"href": a.approval_url, "text": f"Approve {a.kind} {a.target}"}
-        for a in alert.actions
-        if a.approval_url
-    ]
+    links = [{"href": url, "text": text} for url, text in ours if url and _http(url)]
+    client_url = next(
+        (url for url in (alert.incident_url, alert.runbook_url) if url and _http(url)), None
+    )
     return {
         "routing_key": routing_key,
         "event_action": "trigger",
@@ -78,7 +87,7 @@ def pagerduty_event(alert: Alert, routing_key: str, source: str) -> dict[str, An
         },
         "links": links,
         "client": "gpuwarden",
-        "client_url": alert.incident_url or alert.runbook_url,
+        **({"client_url": client_url} if client_url else {}),
     }
 
 

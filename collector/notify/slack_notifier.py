@@ -3,7 +3,22 @@
 One webhook URL per channel route (``slack:#gpu-waste``), read from the collector's config or
 the environment and never logged. A message has a header, the summary, the facts as fields,
 the actions taken or proposed, and buttons: runbook, incident, dashboard, and the signed
-approval link of an action that waits for one. Texts are cut to Slack's limits. Each message is
+approval link of an action that waits for one. Texts are cut to Slack's limits.
+
+Every value in a message comes from telemetry, jobs or alerts (a node name, a job, an
+Alertmanager annotation) and is shown as typed, never as Slack markup:
+
+* in ``mrkdwn`` texts (the summary, facts, actions, context and the ``text`` fallback) Slack's
+  three control characters ``&``, ``<`` and ``>`` become ``&amp;``, ``&lt;`` and ``&gt;`` (Slack's
+  "escaping text" rule), so ``<!channel>``, ``<!here>``, ``<@U123>`` and ``<https://evil|click>``
+  in a value are text, not a mention or a link; and every ``mrkdwn`` object is ``verbatim``, so
+  Slack does not auto-link URLs or channel names nor parse ``@channel``-style mentions in them;
+* ``plain_text`` objects (the header, button labels) are never parsed for mentions or links;
+* the only links are the buttons and the runbook link of the fallback text, all URLs we built
+  (runbook, incident, dashboard, approval), and only ``http(s)``.
+
+``*``, ``_``, ``~`` and backticks in a value may still change emphasis: Slack has no escape for
+them, and they cannot mention anyone or link anywhere. Each message is
 posted once (slack_sdk without its retry handlers): a 429 (with its ``Retry-After``), a 5xx or a
 connection error comes back retryable, any other refusal rejected; refusals are logged without
 the URL. The dispatcher decides whether to try again.
@@ -12,6 +27,7 @@ the URL. The dispatcher decides whether to try again.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,13 +51,40 @@ FALLBACK_TEXT_CHARS = 4000
 _EMOJI = {"page": ":rotating_light:", "critical": ":red_circle:", "warning": ":warning:"}
 
 
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+_PARTIAL_ENTITY = re.compile(r"&[a-z]{0,3}$")
+_LINK_SAFE = re.compile(r"https?://[^\s<>|]+")
+
+
+def escape(value: object) -> str:
+    """``value`` as literal text inside ``mrkdwn``: ``&``, ``<``, ``>`` as entities."""
+    return str(value).translate(_ESCAPES)
+
+
+def _cut(text: str, limit: int, *, escaped: bool = False) -> str:
+    """``text`` within ``limit`` characters; an escaped text never ends inside an entity."""
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    return (_PARTIAL_ENTITY.sub("", head) if escaped else head) + "…"
+
+
+def _mrkdwn(text: str, limit: int) -> dict[str, Any]:
+    """A ``mrkdwn`` text object that Slack does not auto-parse (``text`` already escaped)."""
+    return {"type": "mrkdwn", "text": _cut(text, limit, escaped=True), "verbatim": True}
+
+
+def _ours(url: str | None) -> bool:
+    """A link we built (runbook, incident, dashboard, approval): ``http(s)``, none of the
+    characters of Slack's link syntax, short enough not to be cut."""
+    if not url or len(url) > URL_CHARS:
+        return False
+    return _LINK_SAFE.fullmatch(url) is not None
 
 
 def _button(text: str, url: str, action_id: str) -> dict[str, Any] | None:
-    if not url or len(url) > URL_CHARS:
-        return None  # a cut URL would be a broken link
+    if not _ours(url):
+        return None  # not one of our links, or a cut URL that would be a broken link
     return {
         "type": "button",
         "text": {"type": "plain_text", "text": _cut(text, BUTTON_TEXT_CHARS)},
@@ -57,25 +100,23 @@ def slack_message(alert: Alert) -> dict[str, Any]:
     state = "RESOLVED" if resolved else alert.severity.upper()
     header = _cut(f"{state}: {alert.rule_id} — {alert.summary}", HEADER_CHARS)
     fields = [
-        {"type": "mrkdwn", "text": _cut(f"*{key}*\n{value}", FIELD_CHARS)}
+        _mrkdwn(f"*{escape(key)}*\n{escape(value)}", FIELD_CHARS)
         for key, value in list(alert.facts.items())[:MAX_FIELDS]
     ]
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": header}},
         {
             "type": "section",
-            "text": {"type": "mrkdwn", "text": _cut(f"{mark} {alert.summary}", SECTION_CHARS)},
+            "text": _mrkdwn(f"{mark} {escape(alert.summary)}", SECTION_CHARS),
             **({"fields": fields} if fields else {}),
         },
     ]
     if alert.actions:
-        lines = [f"• {a.kind} `{a.target}` ({a.mode}): {a.state}" for a in alert.actions]
-        blocks.append(
-            {
-                "type": "section",
-                "text": {"type": "mrkdwn", "text": _cut("\n".join(lines), SECTION_CHARS)},
-            }
-        )
+        lines = [
+            f"• {escape(a.kind)} `{escape(a.target)}` ({escape(a.mode)}): {escape(a.state)}"
+            for a in alert.actions
+        ]
+        blocks.append({"type": "section", "text": _mrkdwn("\n".join(lines), SECTION_CHARS)})
     buttons = [
         _button("Runbook", alert.runbook_url, "runbook"),
         _button("Incident", alert.incident_url or "", "incident"),
@@ -87,17 +128,15 @@ def slack_message(alert: Alert) -> dict[str, Any]:
     elements = [b for b in buttons if b is not None][:25]
     if elements:
         blocks.append({"type": "actions", "elements": elements})
-    blocks.append(
-        {
-            "type": "context",
-            "elements": [
-                {"type": "mrkdwn", "text": f"gpuwarden · fingerprint `{alert.fingerprint}`"}
-            ],
-        }
-    )
-    text = _cut(f"{state}: {alert.rule_id}: {alert.summary} (runbook: {alert.runbook_url})",
-                FALLBACK_TEXT_CHARS)  # fmt: skip
-    return {"text": text, "blocks": blocks}
+    context = _mrkdwn(f"gpuwarden · fingerprint `{escape(alert.fingerprint)}`", SECTION_CHARS)
+    blocks.append({"type": "context", "elements": [context]})
+    # our runbook link stays a link: the text before it is cut, never the link. Its URL is
+    # ours and holds none of Slack's link syntax (``_ours``); it is not entity-encoded, so a
+    # query string's ``&`` reaches the browser as it is.
+    runbook = f" (<{alert.runbook_url}|runbook>)" if _ours(alert.runbook_url) else ""
+    head = _cut(f"{state}: {escape(alert.rule_id)}: {escape(alert.summary)}",
+                FALLBACK_TEXT_CHARS - len(runbook), escaped=True)  # fmt: skip
+    return {"text": head + runbook, "blocks": blocks}
 
 
 class SlackNotifier:

@@ -7,6 +7,10 @@ action's: ``X-Gpuwarden-Timestamp``, ``X-Gpuwarden-Signature`` (``sha256=`` HMAC
 (``<fingerprint>:<status>``), so a receiver verifies, refuses replays and drops repeats.
 Each alert is posted once: 429, 425, 408 and 5xx (and no answer) come back retryable, any other
 4xx rejected; the dispatcher decides whether to try again.
+
+Values from telemetry, jobs and alerts are JSON strings (``json.dumps`` of a dict, never text
+built by hand), exactly as received: escaping them for a page or a chat is the receiver's
+job, for its own output format.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from gpuwarden.collector.web import tasks
 from gpuwarden.collector.web.api import setup_api
 from gpuwarden.collector.web.auth import authentication
 from gpuwarden.collector.web.exposition import setup_metrics
+from gpuwarden.collector.web.headers import security_headers
 from gpuwarden.collector.web.keys import (
     CONFIG,
     REMEDIATION,
@@ -33,6 +34,7 @@ from gpuwarden.collector.web.keys import (
 from gpuwarden.collector.web.receiver import setup_receiver
 from gpuwarden.collector.web.remediation import setup_remediation
 from gpuwarden.collector.web.remediation_setup import Remediation
+from gpuwarden.collector.web.static import setup_static
 from gpuwarden.collector.web.status_page import setup_status_page
 
 
@@ -61,6 +63,7 @@ def create_app(
         handler_args={"auto_decompress": False},
         middlewares=[authentication],
     )
+    app.on_response_prepare.append(security_headers)  # CSP & co. on every response
     app[CONFIG] = config
     app[STATS] = IngestStats()
     app[ROUTE_ACCESS] = {}
@@ -77,6 +80,7 @@ def create_app(
         app[REMEDIATION] = remediation
         setup_remediation(app)
     setup_receiver(app)
+    setup_static(app)
     if service is not None and background:
         app.cleanup_ctx.append(
             tasks.background(

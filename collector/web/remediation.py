@@ -60,8 +60,8 @@ _TOKEN_STATUS = {
 
 _PAGE = SandboxedEnvironment(autoescape=True).from_string(
     """<!doctype html><html lang="en"><head><meta charset="utf-8">
-<meta name="referrer" content="no-referrer"><title>{{ title }}</title></head>
-<body style="font-family:sans-serif;max-width:40em;margin:2em auto">
+<meta name="referrer" content="no-referrer"><title>{{ title }}</title>
+<link rel="stylesheet" href="/static/gpuwarden.css"></head><body class="doc narrow">
 <h1>{{ title }}</h1>{% for line in lines %}<p>{{ line }}</p>{% endfor %}
 {% if form %}<form method="post">
 <label>Your name <input name="approver" pattern="[A-Za-z0-9_.@+-]{1,64}"></label>

@@ -1,7 +1,10 @@
 """The status page: fleet overview, open incidents with their evidence plotted, waste, actions.
 
-Server-rendered: Jinja2 templates in a sandboxed environment with autoescaping, and SVG charts
-built by ``status_svg`` (the only markup marked safe). No JavaScript. ``GET /status`` and
+Server-rendered: Jinja2 templates in a sandboxed environment that escapes every value (job
+names, teams, node names, labels, summaries come from telemetry, jobs and alerts), and SVG charts
+built by ``status_svg`` (the only markup marked safe: it escapes every text it places). No
+JavaScript; styles come from the served stylesheet, and the security headers (CSP, no-store)
+from :mod:`~.headers`. ``GET /status`` and
 ``GET /status/incidents/{id}`` are read-only and, like ``/metrics``, need no token: they show
 what ``/metrics`` shows (GPUs, jobs, teams, costs); keep the collector on a private network.
 """
@@ -17,7 +20,7 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
-from jinja2 import PackageLoader, select_autoescape
+from jinja2 import PackageLoader
 from jinja2.sandbox import SandboxedEnvironment
 from markupsafe import Markup
 
@@ -41,10 +44,11 @@ _HIDDEN_FACTS = frozenset({"points", "summary", "subject"})
 
 
 def environment() -> SandboxedEnvironment:
-    """The templates' sandboxed, autoescaping environment."""
+    """The templates' sandboxed environment; it escapes every value, whatever the template's
+    name (not only ``*.html``), so a template added under another name cannot forget it."""
     return SandboxedEnvironment(
         loader=PackageLoader("gpuwarden.collector.web", "templates"),
-        autoescape=select_autoescape(["html"]),
+        autoescape=True,
     )
 
 
@@ -275,7 +279,7 @@ async def status(request: web.Request) -> web.Response:
         return _page(env, "status.html", status_context(service, service.clock()))
 
     text = await asyncio.to_thread(render)
-    return web.Response(text=text, content_type="text/html", headers=_HEADERS)
+    return web.Response(text=text, content_type="text/html")
 
 
 async def incident_page(request: web.Request) -> web.Response:
@@ -299,14 +303,7 @@ async def incident_page(request: web.Request) -> web.Response:
     text = await asyncio.to_thread(render)
     if text is None:
         raise web.HTTPNotFound(text=f"no incident {incident_id}\n")
-    return web.Response(text=text, content_type="text/html", headers=_HEADERS)
-
-
-_HEADERS = {
-    "Cache-Control": "no-store",
-    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'",
-    "X-Content-Type-Options": "nosniff",
-}
+    return web.Response(text=text, content_type="text/html")
 
 
 def setup_status_page(app: web.Application) -> None:
