@@ -10,6 +10,7 @@ extends, and handed to the actuators as :attr:`CollectorConfig.actuators`.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -27,6 +28,7 @@ __all__ = [
     "CollectorConfig",
     "ConfigError",
     "ModelServer",
+    "SignInSettings",
     "load_collector_config",
     "parse_secrets",
     "parse_tokens",
@@ -45,14 +47,62 @@ class ModelServer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     node: str | None = None
 
 
+#: The roles a person may hold on the web (``web.keys.Role`` without agent and alert-source).
+PersonRole = Literal["reader", "operator", "admin"]
+MIN_SESSION_KEY_BYTES = 32
+
+
+class SignInSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The ``signin:`` section: how people reach the pages (status, incidents, runbooks,
+    approvals): a session from ``/login`` with a reader/operator/admin token, or a trusted
+    reverse proxy's identity headers.
+
+    Attributes:
+        session_key_file: the HMAC key that signs session cookies (32+ bytes). Without one a
+            random key is made at start, so every session ends when the collector restarts.
+        session_seconds: how long a sign-in lasts.
+        trusted_proxies: addresses or CIDRs of reverse proxies (oauth2-proxy or similar) whose
+            ``X-Auth-Request-Email`` / ``X-Forwarded-User`` headers name the person; the same
+            headers from any other peer are ignored.
+        proxy_roles: the role of a person named by the proxy (user or email as sent).
+        proxy_default_role: the role of a proxy-named person not in ``proxy_roles``; ``null``
+            lets only the listed people in.
+    """
+
+    session_key_file: Path | None = None
+    session_seconds: Positive = 12 * 3600.0
+    trusted_proxies: Annotated[tuple[str, ...], ONE_OR_MANY] = ()
+    proxy_roles: Mapping[str, PersonRole] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    proxy_default_role: PersonRole | None = "reader"
+
+    def __post_init__(self) -> None:
+        """Every proxy entry is an address or a network."""
+        for entry in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"trusted_proxies: {entry!r} is not an IP address or CIDR"
+                ) from None
+
+    def proxy_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """``trusted_proxies`` as networks (an address is a network of one)."""
+        return tuple(ipaddress.ip_network(e, strict=False) for e in self.trusted_proxies)
+
+
 class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True):
     """What the collector listens on and whom it lets in, what it keeps, and what it does.
 
     ``tokens`` maps a bearer token to the agent (or API caller) name it authenticates; the file
     writes ``tokens_file`` (lines ``<name> <token>``), read by :func:`load_collector_config`.
     With no tokens and ``allow_unauthenticated`` false, every request is refused: safe by
-    default. The actuator keys (``slurm_cluster``, ``kubernetes_*``, ``router_*``,
-    ``webhooks``) come from :class:`ActuatorSettings`.
+    default. ``allow_unauthenticated`` lets requests without a credential in as ``anonymous``:
+    on every route when there are no tokens, on the pages only (status, runbooks, approvals)
+    when there are; :meth:`exposure_warning` says so at start beyond loopback. The actuator
+    keys (``slurm_cluster``, ``kubernetes_*``, ``router_*``, ``webhooks``) come from
+    :class:`ActuatorSettings`.
     """
 
     host: str = "127.0.0.1"
@@ -102,6 +152,8 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     remediation: RemediationSettings = msgspec.field(default_factory=RemediationSettings)
     #: incident alerts: Alertmanager URLs, re-send interval, grouping, routing by severity/team
     alerting: AlertingSettings = msgspec.field(default_factory=AlertingSettings)
+    #: people on the web: session key and lifetime, trusted reverse proxies and their roles
+    signin: SignInSettings = msgspec.field(default_factory=SignInSettings)
 
     def __post_init__(self) -> None:
         """The checks across keys, in one place (the actuators' in ``actuator_problem``)."""
@@ -113,6 +165,22 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
 
     def __repr__(self) -> str:
         return redacted_repr(self, "tokens")
+
+    def exposure_warning(self) -> str | None:
+        """A warning when requests without a credential are let in beyond loopback, or None."""
+        if not self.allow_unauthenticated:
+            return None
+        try:
+            loopback = self.host == "localhost" or ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            loopback = False  # a host name: it may resolve beyond loopback
+        if loopback:
+            return None
+        opened = "every route" if not self.tokens else "the pages (status, runbooks, approvals)"
+        return (
+            f"allow_unauthenticated is on and the collector listens on {self.host or '*'}: "
+            f"{opened} open to anyone who reaches it; keep it on loopback or sign people in"
+        )
 
     @property
     def actuators(self) -> ActuatorSettings:
@@ -170,6 +238,23 @@ def _tokens(written: object, where: str, key: str) -> dict[str, str]:
         raise ConfigError(f"{where}: {key} {path}: {exc.strerror}") from None
 
 
+def _signin(written: object, where: str, key: str) -> SignInSettings:
+    """``signin``: the section, with its session key file checked now (fail at start)."""
+    settings = convert(written, SignInSettings, where, section=key)
+    path = settings.session_key_file
+    if path is not None:
+        try:
+            size = len(path.read_bytes().strip())
+        except OSError as exc:
+            raise ConfigError(f"{where}: {key}.session_key_file {path}: {exc.strerror}") from None
+        if size < MIN_SESSION_KEY_BYTES:
+            raise ConfigError(
+                f"{where}: {key}.session_key_file {path}: "
+                f"needs {MIN_SESSION_KEY_BYTES}+ bytes (e.g. `head -c 48 /dev/urandom | base64`)"
+            )
+    return settings
+
+
 def _remediation(written: object, where: str, key: str) -> RemediationSettings:
     """``remediation``: written with the policy's keys beside the links'."""
     return convert(written, RemediationSection, where, section=key).settings()
@@ -187,6 +272,7 @@ _READERS: Mapping[str, Callable[[object, str, str], object]] = MappingProxyType(
         "tokens_file": _tokens,
         "kubernetes_routes": traffic_targets,
         "remediation": _remediation,
+        "signin": _signin,
         "prices": _prices,
     }
 )

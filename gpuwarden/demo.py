@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import re
 import secrets
 import shutil
 import signal
@@ -34,6 +35,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -146,6 +148,7 @@ def _server_config(port: int, token: str, db: Path, model_port: int, speed: floa
     return ServerConfig(
         port=port,
         tokens=MappingProxyType({token: "demo-agents"}),
+        allow_unauthenticated=True,  # loopback only: the pages open to all, agents use the token
         database=db,
         step_seconds=STEP_SECONDS,
         recent_hours=1,
@@ -167,6 +170,9 @@ def _server_config(port: int, token: str, db: Path, model_port: int, speed: floa
     )
 
 
+_CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
 @dataclasses.dataclass
 class _Operator:
     """Plays the human: approves what waits for approval through the links in the alerts."""
@@ -186,7 +192,16 @@ class _Operator:
             if url in self.done or now - first < self.delay_seconds:
                 continue
             self.done.add(url)
-            async with self.session.post(url, allow_redirects=False) as response:
+            # As a browser does: open the page, press its Approve button (the form's CSRF
+            # token, sent from the collector's own origin).
+            async with self.session.get(url) as page:
+                found = _CSRF.search(await page.text())
+            data = {"csrf_token": found.group(1)} if found else {}
+            parts = urlsplit(url)
+            headers = {"Origin": f"{parts.scheme}://{parts.netloc}"}
+            async with self.session.post(
+                url, data=data, headers=headers, allow_redirects=False
+            ) as response:
                 self.log(f"operator: approved through the signed link -> HTTP {response.status}")
 
 

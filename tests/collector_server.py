@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 from aiohttp import web
 
@@ -13,6 +15,7 @@ from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.ingest.sink import SeriesLog
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
+from gpuwarden.collector.web.remediation_setup import Remediation
 
 TOKEN = "agent-token-for-tests-0123456789"
 
@@ -31,11 +34,17 @@ class CollectorThread:
         port: int | None = None,
         log: SeriesLog | None = None,
         service: CollectorService | None = None,
+        *,
+        remediation: Remediation | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
+        """``settings``: more collector config keys (``allow_unauthenticated``, ``signin``...)."""
         self.port = port or free_port()
         self.log = log if log is not None else SeriesLog()
         self.service = service
-        self.config = CollectorConfig(port=self.port, tokens=MappingProxyType({TOKEN: "agents"}))
+        self.remediation = remediation
+        agents = MappingProxyType({TOKEN: "agents"})
+        self.config = CollectorConfig(**{"port": self.port, "tokens": agents, **(settings or {})})
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -50,7 +59,13 @@ class CollectorThread:
         self._loop = asyncio.new_event_loop()
 
         async def serve() -> None:
-            self.app = create_app(self.config, self.log, service=self.service, background=False)
+            self.app = create_app(
+                self.config,
+                self.log,
+                service=self.service,
+                background=False,
+                remediation=self.remediation,
+            )
             self._runner = web.AppRunner(self.app, access_log=None)
             await self._runner.setup()
             await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()

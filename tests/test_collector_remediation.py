@@ -59,9 +59,9 @@ def test_runbooks_and_the_remediation_api_are_served(tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(port, proc)
-        status, body = get(f"{base}/runbooks/idle-gpu")
+        status, body = get(f"{base}/runbooks/idle-gpu", TOKEN)
         assert status == 200
-        assert b"idle-gpu" in body
+        assert b"What automation does" in body
         assert get(f"{base}/v1/actions")[0] == 401
         status, body = get(f"{base}/v1/actions", TOKEN)
         assert status == 200

@@ -232,7 +232,9 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     clock = [time.time()]  # the agents stamp points with the wall clock (the OTel SDK)
     service = build_service(CollectorConfig(database=tmp_path / "c.db"), clock=lambda: clock[0])
     service.registry.put([dataclasses.replace(JOB, start_time=clock[0] - 600)])
-    with CollectorThread(service=service) as collector:
+    # The status page is open to all under allow_unauthenticated (the agents still need tokens).
+    lab = {"allow_unauthenticated": True}
+    with CollectorThread(service=service, settings=lab) as collector:
         f = Fleet(tmp_path, collector, service, clock)
         try:
             yield f

@@ -30,6 +30,7 @@ from gpuwarden.collector.web.keys import (
     STATS,
     IngestStats,
 )
+from gpuwarden.collector.web.login import setup_signin
 from gpuwarden.collector.web.receiver import setup_receiver
 from gpuwarden.collector.web.remediation import setup_remediation
 from gpuwarden.collector.web.remediation_setup import Remediation
@@ -64,6 +65,7 @@ def create_app(
     app[CONFIG] = config
     app[STATS] = IngestStats()
     app[ROUTE_ACCESS] = {}
+    setup_signin(app)  # sessions and proxy identities for the pages (status, runbooks, approvals)
     if service is not None:
         app[SERVICE] = service
         app[SINK] = service

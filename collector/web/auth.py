@@ -5,11 +5,16 @@ them; a route that declared nothing needs the API token. The middleware checks t
 token before the handler runs, puts the token's owner in ``request[CALLER]``, and refuses with
 401 in the shape of the route: JSON for the API, text for the OTLP receiver (which counts every
 answer it gives). Requests that match no route go on to their 404 or 405.
+
+Pages for people (``keys.add_page``) also take a person from the credential sources
+(``CREDENTIAL_SOURCES``: a trusted proxy's identity, a session; see ``web.login``), or
+``anonymous`` under ``allow_unauthenticated``; a browser without one is sent to ``/login``.
 """
 
 from __future__ import annotations
 
 import hmac
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -17,6 +22,8 @@ from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.web.keys import (
     CALLER,
     CONFIG,
+    CREDENTIAL_SOURCES,
+    PAGES,
     ROUTE_ACCESS,
     STATS,
     Access,
@@ -61,6 +68,11 @@ async def authentication(request: web.Request, handler: Handler) -> web.StreamRe
     if access is Access.OPEN:
         return await handler(request)
     caller = authenticate(app[CONFIG], request.headers.get("Authorization"))
+    page = match.handler in app.get(PAGES, ())
+    if caller is None and page:
+        caller = person(request)
+        if caller is None:
+            return sign_in_first(request)
     if caller is None:
         if access is Access.INGEST_TOKEN:
             app[STATS].responses[401] += 1
@@ -68,3 +80,26 @@ async def authentication(request: web.Request, handler: Handler) -> web.StreamRe
         return web.json_response({"error": _REFUSED}, status=401, headers=_CHALLENGE)
     request[CALLER] = caller
     return await handler(request)
+
+
+# People on the web: pages also take a session or a trusted proxy's identity (web.login) -------
+
+
+def person(request: web.Request) -> Caller | None:
+    """The person a page request comes from: the first credential source that names one, else
+    ``anonymous`` under ``allow_unauthenticated`` (the demo, a loopback lab), else None."""
+    for source in request.app.get(CREDENTIAL_SOURCES, ()):
+        caller = source(request)
+        if caller is not None:
+            return caller
+    if request.app[CONFIG].allow_unauthenticated:
+        return Caller("anonymous", Role.ADMIN, via="anonymous")
+    return None
+
+
+def sign_in_first(request: web.Request) -> web.Response:
+    """A page without a person: a browser's GET goes to the sign-in form, anything else 401."""
+    if request.method in ("GET", "HEAD"):
+        location = "/login?next=" + quote(request.rel_url.path_qs, safe="")
+        return web.Response(status=303, headers={"Location": location, "Cache-Control": "no-store"})
+    return web.Response(status=401, text="sign in first: /login\n", headers=_CHALLENGE)

@@ -118,3 +118,27 @@ def add_route(
     if ROUTE_ACCESS not in app:
         app[ROUTE_ACCESS] = {}
     app[ROUTE_ACCESS][handler] = access
+
+
+# People on the web ------------------------------------------------------------------------------
+
+CredentialSource = Callable[[web.Request], Caller | None]
+"""Who a request comes from when it carries no bearer token (a session cookie, a trusted
+proxy's identity header), or None. Consulted by the middleware on pages only."""
+
+CREDENTIAL_SOURCES: web.AppKey[list[CredentialSource]] = web.AppKey("credential_sources")
+"""The sources the middleware asks, in order, after the bearer token."""
+PAGES: web.AppKey[set[Handler]] = web.AppKey("pages")
+"""Handlers of pages for people, added by :func:`add_page`."""
+
+
+def add_page(
+    app: web.Application, method: str, path: str, handler: Handler, access: Access
+) -> None:
+    """Add a page for people: besides a bearer token, a session or a trusted proxy's identity
+    lets them in, and a browser without a credential is sent to ``/login`` instead of a 401.
+
+    A POST page checks its own CSRF token and ``Origin`` (cookies travel with every request).
+    """
+    add_route(app, method, path, handler, access)
+    app.setdefault(PAGES, set()).add(handler)
