@@ -254,8 +254,8 @@ def test_sessions_expire_and_carry_no_other_role() -> None:
 
 
 def test_agent_and_alert_source_tokens_cannot_sign_in() -> None:
-    assert sign_in_refusal(Caller("gpu-node-01", Role.AGENT)) == "a agent token cannot sign in"
-    assert sign_in_refusal(Caller("am", Role.ALERT_SOURCE)) == "a alert-source token cannot sign in"
+    assert sign_in_refusal(Caller("gpu-node-01", Role.AGENT)) == "agent tokens cannot sign in"
+    assert sign_in_refusal(Caller("am", Role.ALERT_SOURCE)) == "alert-source tokens cannot sign in"
     assert sign_in_refusal(None) == "not a valid token"
     for role in (Role.READER, Role.OPERATOR, Role.ADMIN):
         assert sign_in_refusal(Caller("person", role)) is None

@@ -71,7 +71,7 @@ def sign_in_refusal(caller: Caller | None) -> str | None:
     if caller is None:
         return "not a valid token"
     if caller.role not in PERSON_ROLES:
-        return f"a {caller.role.value} token cannot sign in"
+        return f"{caller.role.value} tokens cannot sign in"
     return None
 
 
