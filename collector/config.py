@@ -98,11 +98,8 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     ``tokens`` maps a bearer token to the agent (or API caller) name it authenticates; the file
     writes ``tokens_file`` (lines ``<name> <token>``), read by :func:`load_collector_config`.
     With no tokens and ``allow_unauthenticated`` false, every request is refused: safe by
-    default. ``allow_unauthenticated`` lets requests without a credential in as ``anonymous``:
-    on every route when there are no tokens, on the pages only (status, runbooks, approvals)
-    when there are; :meth:`exposure_warning` says so at start beyond loopback. The actuator
-    keys (``slurm_cluster``, ``kubernetes_*``, ``router_*``, ``webhooks``) come from
-    :class:`ActuatorSettings`.
+    default. The actuator keys (``slurm_cluster``, ``kubernetes_*``, ``router_*``,
+    ``webhooks``) come from :class:`ActuatorSettings`.
     """
 
     host: str = "127.0.0.1"
@@ -165,22 +162,6 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
 
     def __repr__(self) -> str:
         return redacted_repr(self, "tokens")
-
-    def exposure_warning(self) -> str | None:
-        """A warning when requests without a credential are let in beyond loopback, or None."""
-        if not self.allow_unauthenticated:
-            return None
-        try:
-            loopback = self.host == "localhost" or ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            loopback = False  # a host name: it may resolve beyond loopback
-        if loopback:
-            return None
-        opened = "every route" if not self.tokens else "the pages (status, runbooks, approvals)"
-        return (
-            f"allow_unauthenticated is on and the collector listens on {self.host or '*'}: "
-            f"{opened} open to anyone who reaches it; keep it on loopback or sign people in"
-        )
 
     @property
     def actuators(self) -> ActuatorSettings:

@@ -219,7 +219,8 @@ def test_incident_facts_show_times_as_dates():
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
 def test_headless_chromium_renders_incidents_actions_and_charts(service, tmp_path):  # noqa: F811
     detected(service)
-    server = CollectorThread(service=service, settings={"allow_unauthenticated": True})
+    lab = {"tokens": {}, "allow_unauthenticated": True}  # auth: none, the status page open
+    server = CollectorThread(service=service, settings=lab)
     server.start()
     try:
         url = f"http://127.0.0.1:{server.port}/status"

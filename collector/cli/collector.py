@@ -52,9 +52,6 @@ def _config(config_path: Path | None, host: str | None, port: int | None) -> Col
             "no agent tokens configured; set tokens_file in the config "
             "(lines '<agent-name> <token>'), or allow_unauthenticated: true for a lab setup",
         )
-    warning = config.exposure_warning()
-    if warning is not None:
-        log.warning("%s", warning)
     return config
 
 

@@ -6,9 +6,9 @@ token before the handler runs, puts the token's owner in ``request[CALLER]``, an
 401 in the shape of the route: JSON for the API, text for the OTLP receiver (which counts every
 answer it gives). Requests that match no route go on to their 404 or 405.
 
-Pages for people (``keys.add_page``) also take a person from the credential sources
-(``CREDENTIAL_SOURCES``: a trusted proxy's identity, a session; see ``web.login``), or
-``anonymous`` under ``allow_unauthenticated``; a browser without one is sent to ``/login``.
+Pages for people (``keys.add_page``), and only they, also take a person from the credential
+sources when the request has no ``Authorization`` header (``CREDENTIAL_SOURCES``: a trusted
+proxy's identity, a session; see ``web.login``); a browser without one is sent to ``/login``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ async def authentication(request: web.Request, handler: Handler) -> web.StreamRe
         return await handler(request)
     caller = authenticate(app[CONFIG], request.headers.get("Authorization"))
     page = match.handler in app.get(PAGES, ())
-    if caller is None and page:
+    if caller is None and page and "Authorization" not in request.headers:
         caller = person(request)
         if caller is None:
             return sign_in_first(request)
@@ -86,14 +86,16 @@ async def authentication(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 def person(request: web.Request) -> Caller | None:
-    """The person a page request comes from: the first credential source that names one, else
-    ``anonymous`` under ``allow_unauthenticated`` (the demo, a loopback lab), else None."""
+    """The person a page request without ``Authorization`` comes from: the first credential
+    source that names one (a trusted proxy's identity, a session), else None.
+
+    Only pages ask: a session cookie travels with every request a browser makes, so it must
+    never authorise the API, whose POSTs carry no CSRF token.
+    """
     for source in request.app.get(CREDENTIAL_SOURCES, ()):
         caller = source(request)
         if caller is not None:
             return caller
-    if request.app[CONFIG].allow_unauthenticated:
-        return Caller("anonymous", Role.ADMIN, via="anonymous")
     return None
 
 
