@@ -35,16 +35,21 @@ class CollectorThread:
         log: SeriesLog | None = None,
         service: CollectorService | None = None,
         *,
+        unauthenticated: bool = False,
         remediation: Remediation | None = None,
         settings: Mapping[str, Any] | None = None,
     ) -> None:
-        """``settings``: more collector config keys (``allow_unauthenticated``, ``signin``...)."""
+        """``unauthenticated``: ``allow_unauthenticated`` (for a browser), else the agents' token;
+        ``settings``: more collector config keys (``tokens``, ``signin``...) over those."""
         self.port = port or free_port()
         self.log = log if log is not None else SeriesLog()
         self.service = service
         self.remediation = remediation
-        agents = MappingProxyType({TOKEN: "agents"})
-        self.config = CollectorConfig(**{"port": self.port, "tokens": agents, **(settings or {})})
+        if unauthenticated:
+            keys: dict[str, Any] = {"allow_unauthenticated": True}
+        else:
+            keys = {"tokens": MappingProxyType({TOKEN: "agents"})}
+        self.config = CollectorConfig(**{"port": self.port, **keys, **(settings or {})})
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None

@@ -232,8 +232,7 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     clock = [time.time()]  # the agents stamp points with the wall clock (the OTel SDK)
     service = build_service(CollectorConfig(database=tmp_path / "c.db"), clock=lambda: clock[0])
     service.registry.put([dataclasses.replace(JOB, start_time=clock[0] - 600)])
-    lab = {"tokens": {}, "allow_unauthenticated": True}  # auth: none, the status page open
-    with CollectorThread(service=service, settings=lab) as collector:
+    with CollectorThread(service=service, unauthenticated=True) as collector:  # a browser's view
         f = Fleet(tmp_path, collector, service, clock)
         try:
             yield f

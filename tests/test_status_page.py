@@ -27,7 +27,6 @@ from tests.collector_server import CollectorThread
 from tests.test_accounting_scenario import END, HOURS, T0, service  # noqa: F401 - the fixture
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-LAB = CollectorConfig(allow_unauthenticated=True)  # the pages open to all, as in the demo
 
 
 def detected(service: CollectorService) -> CollectorService:  # noqa: F811
@@ -57,7 +56,9 @@ async def test_status_page_shows_fleet_incidents_waste_actions_and_audit(
     service,  # noqa: F811
 ):
     detected(service)
-    client = await aiohttp_client(create_app(LAB, service=service, background=False))
+    client = await aiohttp_client(
+        create_app(CollectorConfig(allow_unauthenticated=True), service=service, background=False)
+    )
     resp = await client.get("/status")
     assert resp.status == 200
     assert resp.headers["Content-Security-Policy"].startswith("default-src 'none'")
@@ -97,7 +98,9 @@ async def test_status_page_shows_fleet_incidents_waste_actions_and_audit(
 
 async def test_incident_page_and_errors(aiohttp_client, service):  # noqa: F811
     detected(service)
-    client = await aiohttp_client(create_app(LAB, service=service, background=False))
+    client = await aiohttp_client(
+        create_app(CollectorConfig(allow_unauthenticated=True), service=service, background=False)
+    )
     incident = service.storage.incidents()[0]
     resp = await client.get(f"/status/incidents/{incident.incident_id}")
     assert resp.status == 200
@@ -219,8 +222,7 @@ def test_incident_facts_show_times_as_dates():
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
 def test_headless_chromium_renders_incidents_actions_and_charts(service, tmp_path):  # noqa: F811
     detected(service)
-    lab = {"tokens": {}, "allow_unauthenticated": True}  # auth: none, the status page open
-    server = CollectorThread(service=service, settings=lab)
+    server = CollectorThread(service=service, unauthenticated=True)  # a browser sends no token
     server.start()
     try:
         url = f"http://127.0.0.1:{server.port}/status"
