@@ -5,16 +5,25 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from types import MappingProxyType
 
 from aiohttp import web
 
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.ingest.sink import SeriesLog
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
 
 TOKEN = "agent-token-for-tests-0123456789"
+"""An agent token bound to every node (``nodes=*``): the tests' agents are many nodes."""
+READER_TOKEN = "reader-token-for-tests-0123456789"
+READER = {"Authorization": f"Bearer {READER_TOKEN}"}
+TOKENS = TokenTable(
+    (
+        credential(TOKEN, Role.AGENT, "agents", ("*",)),
+        credential(READER_TOKEN, Role.READER, "tests"),
+    )
+)
 
 
 def free_port() -> int:
@@ -31,11 +40,17 @@ class CollectorThread:
         port: int | None = None,
         log: SeriesLog | None = None,
         service: CollectorService | None = None,
+        *,
+        unauthenticated: bool = False,
     ) -> None:
+        """``unauthenticated``: ``allow_unauthenticated`` (for a browser), else :data:`TOKENS`."""
         self.port = port or free_port()
         self.log = log if log is not None else SeriesLog()
         self.service = service
-        self.config = CollectorConfig(port=self.port, tokens=MappingProxyType({TOKEN: "agents"}))
+        if unauthenticated:
+            self.config = CollectorConfig(port=self.port, allow_unauthenticated=True)
+        else:
+            self.config = CollectorConfig(port=self.port, tokens=TOKENS)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None

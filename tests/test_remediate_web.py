@@ -22,6 +22,7 @@ from gpuwarden.collector.cli.actions import (
     run_incidents,
 )
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.remediate.approvals import Approvals, TokenSigner
 from gpuwarden.collector.remediate.policy import PolicyConfig
 from gpuwarden.collector.remediate.remediator import ActionState, Remediator
@@ -43,6 +44,7 @@ from tests.test_remediator import (
 
 TOKEN = "api-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+OPERATOR_TOKENS = TokenTable((credential(TOKEN, Role.OPERATOR, "alice"),))
 
 
 @dataclass
@@ -87,7 +89,7 @@ def build(tmp_path: Path, runbooks_dir: Path | None = None, **config: object) ->
 def make_app(setup: Setup, runbooks_dir: Path | None = None) -> web.Application:
     rules = {"idle-gpu": make_rule(mode=ActionMode.APPROVE)}
     return create_app(
-        CollectorConfig(tokens={TOKEN: "alice"}),
+        CollectorConfig(tokens=OPERATOR_TOKENS),
         remediation=Remediation(
             storage=setup.storage,
             remediator=setup.remediator,
@@ -123,24 +125,24 @@ def awaiting(setup: Setup) -> int:
 
 
 async def test_rule_runbooks_have_stable_urls(client) -> None:
-    response = await client.get("/runbooks/idle-gpu")
+    response = await client.get("/runbooks/idle-gpu", headers=AUTH)
     assert response.status == 200
     assert response.content_type == "text/html"
     page = await response.text()
     assert "<h2>What automation does</h2>" in page
-    markdown = await client.get("/runbooks/idle-gpu?format=md")
+    markdown = await client.get("/runbooks/idle-gpu?format=md", headers=AUTH)
     assert markdown.content_type == "text/markdown"
     assert (await markdown.text()).startswith("# idle-gpu")
     # Runbooks without a detection rule (Prometheus alerts link them) are served by file name.
-    assert (await client.get("/runbooks/collector-health")).status == 200
+    assert (await client.get("/runbooks/collector-health", headers=AUTH)).status == 200
     for bad in ("nope", "_incident", "..%2Fpyproject", "IDLE-GPU"):
-        assert (await client.get(f"/runbooks/{bad}")).status == 404, bad
+        assert (await client.get(f"/runbooks/{bad}", headers=AUTH)).status == 404, bad
 
 
 async def test_incident_runbook_has_the_incident_facts_escaped(client, setup) -> None:
     awaiting(setup)
     (incident,) = setup.storage.incidents()
-    response = await client.get(f"/incidents/{incident.incident_id}/runbook")
+    response = await client.get(f"/incidents/{incident.incident_id}/runbook", headers=AUTH)
     assert response.status == 200
     page = await response.text()
     assert "slurm:test:101" in page
@@ -148,8 +150,8 @@ async def test_incident_runbook_has_the_incident_facts_escaped(client, setup) ->
     assert "requeue on <code>slurm:test:101</code> (mode approve): awaiting_approval" in page
     assert "<script>" not in page
     assert "&lt;script&gt;" in page
-    assert (await client.get("/incidents/999/runbook")).status == 404
-    assert (await client.get("/incidents/abc/runbook")).status == 400
+    assert (await client.get("/incidents/999/runbook", headers=AUTH)).status == 404
+    assert (await client.get("/incidents/abc/runbook", headers=AUTH)).status == 400
 
 
 async def test_a_broken_runbook_is_a_clear_500_not_a_crash(aiohttp_client, setup, tmp_path):
@@ -157,7 +159,7 @@ async def test_a_broken_runbook_is_a_clear_500_not_a_crash(aiohttp_client, setup
     folder.mkdir()
     (folder / "idle-gpu.md").write_text("# idle\n\n{{ job.nmae }}\n")
     client = await aiohttp_client(make_app(setup, folder))
-    response = await client.get("/runbooks/idle-gpu")
+    response = await client.get("/runbooks/idle-gpu", headers=AUTH)
     assert response.status == 500
     assert re.search(r"idle-gpu\.md:3: error: .*nmae", await response.text())
     assert (await client.get("/v1/breaker", headers=AUTH)).status == 200  # still serving
@@ -386,7 +388,7 @@ async def test_create_remediation_from_settings(aiohttp_client, tmp_path) -> Non
             make({SECRET_ENV: "short"})
         without = make({})
         assert without.approvals is None
-        app = create_app(CollectorConfig(tokens={TOKEN: "alice"}), remediation=without)
+        app = create_app(CollectorConfig(tokens=OPERATOR_TOKENS), remediation=without)
         client = await aiohttp_client(app)
         assert (await client.get("/approve/v1.1.2.3.4")).status == 404
-        assert (await client.get("/runbooks/idle-gpu")).status == 200
+        assert (await client.get("/runbooks/idle-gpu", headers=AUTH)).status == 200

@@ -35,9 +35,13 @@ from gpuwarden.collector.storage.base import ActionRecord, StorageError
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.keys import (
     ALERT_RECEIVER,
+    ALERT_SOURCES,
     CALLER,
+    OPERATORS,
+    READERS,
     REMEDIATION,
-    Access,
+    SIGNED_LINK,
+    Admits,
     Handler,
     add_route,
 )
@@ -361,22 +365,23 @@ async def alertmanager_webhook(request: web.Request) -> web.Response:
 
 
 def setup_remediation(app: web.Application) -> None:
-    """Add the runbook, approval-link (open) and API (token) routes for ``app[REMEDIATION]``."""
+    """Add the runbook (readers), approval-link (signed, open), API (readers read, operators
+    decide) and Alertmanager webhook (alert sources) routes for ``app[REMEDIATION]``."""
     remediation = app[REMEDIATION]
     app[ALERT_RECEIVER] = AlertReceiver(remediation.storage, remediation.rules.values())
-    routes: list[tuple[str, str, Handler, Access]] = [
-        ("GET", "/runbooks/{rule}", rule_runbook, Access.OPEN),
-        ("GET", "/incidents/{id}/runbook", incident_runbook, Access.OPEN),
-        ("GET", "/approve/{token}", approve_page, Access.OPEN),  # the signed token decides
-        ("POST", "/approve/{token}", approve_post, Access.OPEN),
-        ("GET", "/v1/incidents", list_incidents, Access.API_TOKEN),
-        ("GET", "/v1/incidents/{id}", show_incident, Access.API_TOKEN),
-        ("GET", "/v1/actions", list_actions, Access.API_TOKEN),
-        ("GET", "/v1/actions/{id}", show_action, Access.API_TOKEN),
-        ("POST", "/v1/actions/{id}/{verb:approve|reject}", decide_action, Access.API_TOKEN),
-        ("GET", "/v1/breaker", show_breaker, Access.API_TOKEN),
-        ("POST", "/v1/breaker/reset", reset_breaker, Access.API_TOKEN),
-        ("POST", "/v1/alertmanager", alertmanager_webhook, Access.API_TOKEN),
+    routes: list[tuple[str, str, Handler, Admits]] = [
+        ("GET", "/runbooks/{rule}", rule_runbook, READERS),
+        ("GET", "/incidents/{id}/runbook", incident_runbook, READERS),
+        ("GET", "/approve/{token}", approve_page, SIGNED_LINK),
+        ("POST", "/approve/{token}", approve_post, SIGNED_LINK),
+        ("GET", "/v1/incidents", list_incidents, READERS),
+        ("GET", "/v1/incidents/{id}", show_incident, READERS),
+        ("GET", "/v1/actions", list_actions, READERS),
+        ("GET", "/v1/actions/{id}", show_action, READERS),
+        ("POST", "/v1/actions/{id}/{verb:approve|reject}", decide_action, OPERATORS),
+        ("GET", "/v1/breaker", show_breaker, READERS),
+        ("POST", "/v1/breaker/reset", reset_breaker, OPERATORS),
+        ("POST", "/v1/alertmanager", alertmanager_webhook, ALERT_SOURCES),
     ]
     for method, path, handler, access in routes:
         add_route(app, method, path, handler, access)
