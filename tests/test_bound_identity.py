@@ -19,6 +19,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from gpuwarden.agent.sender import SendStatus
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.credentials import Role, TokenTable, credential
@@ -27,6 +28,8 @@ from gpuwarden.collector.ingest.otlp_transport import JSON, PROTOBUF
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.keys import AUTH_STATS
+from tests.collector_server import CollectorThread
+from tests.test_outage import make_agent
 
 NODE_A = "node-a-token-0123456789abcdef"
 RACK3 = "rack3-token-0123456789abcdef"
@@ -182,3 +185,29 @@ def test_a_value_holding_the_key_bytes_does_not_hide_or_invent_a_host():
     dp = req.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0]
     dp.attributes.append(KeyValue(key="note", value=AnyValue(string_value="host.name")))
     assert claimed_hosts(req.SerializeToString(), PROTOBUF) == {"node-a"}
+
+
+def test_a_real_agent_with_another_nodes_token_is_refused_and_keeps_its_rounds(tmp_path):
+    service = build_service(CollectorConfig(database=tmp_path / "c.db"))
+    collector = CollectorThread(service=service)
+    collector.config = CollectorConfig(port=collector.port, tokens=TOKENS)
+    spoofer = make_agent(tmp_path / "spool-b", collector.port, node="node-b", token=NODE_A)
+    honest = make_agent(tmp_path / "spool-a", collector.port, node="node-a", token=NODE_A)
+    collector.start()
+    try:
+        assert spoofer.agent.sender is not None
+        assert honest.agent.sender is not None
+        spoofer.agent.sample_once()
+        assert spoofer.agent.sender.send_once().status is SendStatus.UNAUTHORIZED
+        assert len(spoofer.agent.spool or []) == 1  # kept for when its token is fixed
+        assert stored(service) == (0, set(), set())
+        honest.agent.sample_once()
+        assert honest.agent.sender.send_once().status is SendStatus.SENT
+        series, hosts, nodes = stored(service)
+        assert series > 0
+        assert (hosts, nodes) == ({"node-a"}, {"node-a"})
+    finally:
+        spoofer.agent.shutdown(flush_timeout_seconds=0)
+        honest.agent.shutdown(flush_timeout_seconds=2)
+        collector.stop()
+        service.storage.close()

@@ -162,9 +162,9 @@ THROTTLE = web.AppKey("throttle", FailureThrottle)
 class Caller:
     """Who made a request, as established by the authentication middleware.
 
-    ``name`` is the token's subject or the signed-in person; ``nodes`` the node names an agent
-    credential may write (empty for other roles); ``via`` how it was established (``token``,
-    ``session``, ``proxy``, ``client-cert`` or ``anonymous``).
+    ``name`` is the token's subject or the signed-in person; ``nodes`` the node names or globs
+    (``gpu-rack3-*``) an agent credential may write (empty for other roles); ``via`` how it
+    was established (``token``, ``session``, ``proxy``, ``client-cert`` or ``anonymous``).
     """
 
     name: str
