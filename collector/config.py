@@ -20,6 +20,8 @@ import msgspec
 
 from gpuwarden.agent.schema import ONE_OR_MANY, ConfigError, convert, read_yaml, redacted_repr
 from gpuwarden.collector.accounting.prices import PricesSection, PriceTable
+from gpuwarden.collector.credentials import CredentialsError, TokenTable
+from gpuwarden.collector.credentials import parse_tokens as parse_tokens_text
 from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.remediate.actuators.settings import ActuatorSettings, traffic_targets
 from gpuwarden.collector.remediate.policy import RemediationSection, RemediationSettings
@@ -95,19 +97,28 @@ class SignInSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True):
     """What the collector listens on and whom it lets in, what it keeps, and what it does.
 
-    ``tokens`` maps a bearer token to the agent (or API caller) name it authenticates; the file
-    writes ``tokens_file`` (lines ``<name> <token>``), read by :func:`load_collector_config`.
-    With no tokens and ``allow_unauthenticated`` false, every request is refused: safe by
-    default. The actuator keys (``slurm_cluster``, ``kubernetes_*``, ``router_*``,
-    ``webhooks``) come from :class:`ActuatorSettings`.
+    ``tokens`` holds every bearer credential (role, subject, the token's SHA-256, bound nodes);
+    the file writes ``tokens_file`` (lines ``<role> <subject> <token or sha256:hex>
+    [nodes=a,b]``, see :mod:`~gpuwarden.collector.credentials`), read by
+    :func:`load_collector_config`. With no tokens and ``allow_unauthenticated`` false, every
+    request is refused: safe by default. ``allow_unauthenticated`` ("auth: none", for the demo
+    and loopback) makes every caller an anonymous admin and so excludes a ``tokens_file``.
+    ``auth_failure_limit`` failed authentications from one address within
+    ``auth_failure_window_seconds`` make it answer 429 until the window ends (0: no limit);
+    ``auth_failure_sources`` bounds how many addresses are remembered. The actuator keys
+    (``slurm_cluster``, ``kubernetes_*``, ``router_*``, ``webhooks``) come from
+    :class:`ActuatorSettings`.
     """
 
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 4318
-    tokens: Mapping[str, str] = msgspec.field(
-        default_factory=lambda: MappingProxyType({}), name="tokens_file"
-    )
+    tokens: TokenTable = msgspec.field(default_factory=TokenTable, name="tokens_file")
     allow_unauthenticated: bool = False
+    #: 20 failures a minute is far above a misconfigured agent's (one every push interval)
+    #: and far below anything that could guess a 256-bit token
+    auth_failure_limit: Annotated[int, msgspec.Meta(ge=0)] = 20
+    auth_failure_window_seconds: Positive = 60.0
+    auth_failure_sources: PositiveInt = 10_000
     max_body_bytes: PositiveInt = 8 * 1024 * 1024
     max_decompressed_bytes: PositiveInt = 64 * 1024 * 1024
     tls_cert_file: Path | None = None
@@ -158,6 +169,11 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
             raise ConfigError("need 0 < max_body_bytes <= max_decompressed_bytes")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ConfigError("tls_cert_file and tls_key_file go together")
+        if self.tokens and self.allow_unauthenticated:
+            raise ConfigError(
+                "allow_unauthenticated makes every caller an anonymous admin, which a "
+                "tokens_file cannot restrict: set one or the other"
+            )
         super().__post_init__()
 
     def __repr__(self) -> str:
@@ -193,25 +209,20 @@ def parse_secrets(path: Path, what: str) -> dict[str, str]:
     return out
 
 
-def parse_tokens(text: str, where: str) -> dict[str, str]:
-    """Parse a tokens file: one ``<name> <token>`` per line, ``#`` starts a comment."""
-    tokens: dict[str, str] = {}
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        parts = line.split()
-        if len(parts) != 2 or len(parts[1]) < 16:
-            raise ConfigError(f"{where}:{lineno}: expected '<name> <token of 16+ characters>'")
-        name, token = parts
-        if token in tokens:
-            raise ConfigError(f"{where}:{lineno}: token reused (names must have their own)")
-        tokens[token] = name
-    return tokens
+def parse_tokens(text: str, where: str) -> TokenTable:
+    """Parse a tokens file (:func:`gpuwarden.collector.credentials.parse_tokens`).
+
+    Raises:
+        ConfigError: one line naming ``where`` and the line, never the token.
+    """
+    try:
+        return parse_tokens_text(text, where)
+    except CredentialsError as exc:
+        raise ConfigError(str(exc)) from None
 
 
-def _tokens(written: object, where: str, key: str) -> dict[str, str]:
-    """``tokens_file``: the file's tokens (token → name)."""
+def _tokens(written: object, where: str, key: str) -> TokenTable:
+    """``tokens_file``: the file's credentials."""
     path = convert(written, Path, where, section=key)
     try:
         return parse_tokens(path.read_text(encoding="utf-8"), str(path))

@@ -6,18 +6,27 @@ import asyncio
 import socket
 import threading
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 from aiohttp import web
 
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.ingest.sink import SeriesLog
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.remediation_setup import Remediation
 
 TOKEN = "agent-token-for-tests-0123456789"
+"""An agent token bound to every node (``nodes=*``): the tests' agents are many nodes."""
+READER_TOKEN = "reader-token-for-tests-0123456789"
+READER = {"Authorization": f"Bearer {READER_TOKEN}"}
+TOKENS = TokenTable(
+    (
+        credential(TOKEN, Role.AGENT, "agents", ("*",)),
+        credential(READER_TOKEN, Role.READER, "tests"),
+    )
+)
 
 
 def free_port() -> int:
@@ -39,7 +48,7 @@ class CollectorThread:
         remediation: Remediation | None = None,
         settings: Mapping[str, Any] | None = None,
     ) -> None:
-        """``unauthenticated``: ``allow_unauthenticated`` (for a browser), else the agents' token;
+        """``unauthenticated``: ``allow_unauthenticated`` (for a browser), else :data:`TOKENS`;
         ``settings``: more collector config keys (``tokens``, ``signin``...) over those."""
         self.port = port or free_port()
         self.log = log if log is not None else SeriesLog()
@@ -48,7 +57,7 @@ class CollectorThread:
         if unauthenticated:
             keys: dict[str, Any] = {"allow_unauthenticated": True}
         else:
-            keys = {"tokens": MappingProxyType({TOKEN: "agents"})}
+            keys = {"tokens": TOKENS}
         self.config = CollectorConfig(**{"port": self.port, **keys, **(settings or {})})
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

@@ -35,7 +35,7 @@ from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import IncidentState
 from gpuwarden.collector.store.fresh import IDENTITY_METRICS
-from tests.collector_server import TOKEN, CollectorThread
+from tests.collector_server import READER, TOKEN, CollectorThread
 from tests.detectors import make_rule
 from tests.test_detect_waste import T0, feed, gauge, gpu_points, job
 
@@ -187,7 +187,8 @@ class Fleet:
 
     def get(self, path: str) -> str:
         url = f"http://127.0.0.1:{self.collector.port}{path}"
-        with urllib.request.urlopen(url, timeout=10) as response:
+        request = urllib.request.Request(url, headers=READER)
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - http only
             text: str = response.read().decode()
             return text
 

@@ -22,6 +22,7 @@ from gpuwarden.collector.cli.actions import (
     run_incidents,
 )
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.remediate.approvals import Approvals, TokenSigner
 from gpuwarden.collector.remediate.policy import PolicyConfig
 from gpuwarden.collector.remediate.remediator import ActionState, Remediator
@@ -59,6 +60,9 @@ async def confirm(client, token: str, csrf: str, headers: dict[str, str] = AUTH)
     origin = str(client.make_url("/")).rstrip("/")
     data = {"csrf_token": csrf}
     return await client.post(f"/approve/{token}", data=data, headers={**headers, "Origin": origin})
+
+
+OPERATOR_TOKENS = TokenTable((credential(TOKEN, Role.OPERATOR, "alice"),))
 
 
 @dataclass
@@ -103,7 +107,7 @@ def build(tmp_path: Path, runbooks_dir: Path | None = None, **config: object) ->
 def make_app(setup: Setup, runbooks_dir: Path | None = None) -> web.Application:
     rules = {"idle-gpu": make_rule(mode=ActionMode.APPROVE)}
     return create_app(
-        CollectorConfig(tokens={TOKEN: "alice"}),
+        CollectorConfig(tokens=OPERATOR_TOKENS),
         remediation=Remediation(
             storage=setup.storage,
             remediator=setup.remediator,
@@ -404,7 +408,7 @@ async def test_create_remediation_from_settings(aiohttp_client, tmp_path) -> Non
             make({SECRET_ENV: "short"})
         without = make({})
         assert without.approvals is None
-        app = create_app(CollectorConfig(tokens={TOKEN: "alice"}), remediation=without)
+        app = create_app(CollectorConfig(tokens=OPERATOR_TOKENS), remediation=without)
         client = await aiohttp_client(app)
         assert (await client.get("/approve/v1.1.2.3.4", headers=AUTH)).status == 404
         assert (await client.get("/runbooks/idle-gpu", headers=AUTH)).status == 200

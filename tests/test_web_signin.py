@@ -12,7 +12,6 @@ import logging
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from gpuwarden.collector.config import (
     SignInSettings,
     load_collector_config,
 )
+from gpuwarden.collector.credentials import TokenTable, credential
 from gpuwarden.collector.remediate.approvals import token_sha256
 from gpuwarden.collector.remediate.remediator import ActionState
 from gpuwarden.collector.rules.loader import default_runbooks_dir
@@ -41,7 +41,9 @@ from tests.test_remediator import make_rule
 
 OPERATOR = "operator-token-0123456789abcdef"
 AGENT = "agent-token-for-signin-0123456789"
-TOKENS = MappingProxyType({OPERATOR: "olivia", AGENT: "gpu-node-01"})
+TOKENS = TokenTable(
+    (credential(OPERATOR, Role.OPERATOR, "olivia"), credential(AGENT, Role.AGENT, "gpu-node-01"))
+)
 EVIL = "https://evil.example"
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
@@ -272,6 +274,10 @@ async def test_a_wrong_token_does_not_sign_in(aiohttp_client, setup) -> None:
         assert response.status == 403
         assert "Not signed in: not a valid token." in await response.text()
         assert COOKIE not in response.cookies
+    agent = await client.post("/login", data={"token": AGENT}, headers=own(client))
+    assert agent.status == 403
+    assert "Not signed in: agent tokens cannot sign in." in await agent.text()
+    assert COOKIE not in agent.cookies
     cross = await client.post("/login", data={"token": OPERATOR}, headers={"Origin": EVIL})
     assert cross.status == 403
     assert COOKIE not in cross.cookies
@@ -482,7 +488,7 @@ async def test_the_demo_operator_approves_as_a_browser_does(aiohttp_server, setu
 
     action_id = awaiting(setup)
     link = setup.approval_token()
-    server = await aiohttp_server(app_of(setup, tokens={}, allow_unauthenticated=True))
+    server = await aiohttp_server(app_of(setup, tokens=TokenTable(()), allow_unauthenticated=True))
     lines: list[str] = []
     async with aiohttp.ClientSession() as session:
         operator = _Operator(session, lines.append, delay_seconds=0)

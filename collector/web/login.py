@@ -17,7 +17,14 @@ from aiohttp import web
 from jinja2.sandbox import SandboxedEnvironment
 
 from gpuwarden.collector.web.auth import authenticate
-from gpuwarden.collector.web.keys import CONFIG, CREDENTIAL_SOURCES, Access, Caller, add_route
+from gpuwarden.collector.web.keys import (
+    CONFIG,
+    CREDENTIAL_SOURCES,
+    THROTTLE,
+    Admits,
+    Caller,
+    add_route,
+)
 from gpuwarden.collector.web.proxy_identity import ProxyIdentity
 from gpuwarden.collector.web.session import (
     COOKIE,
@@ -33,6 +40,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_NEXT = "/status"
 _HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "same-origin"}
+
+_SIGN_IN = Admits(open_because="the sign-in form: its POST checks the token itself")
 
 _FORM = SandboxedEnvironment(autoescape=True).from_string(
     """<!doctype html><html lang="en"><head><meta charset="utf-8">
@@ -87,10 +96,14 @@ async def login(request: web.Request) -> web.StreamResponse:
     problem = origin_problem(request)
     if problem is not None:
         return _form(next_path, problem, status=403)
+    throttle, source = request.app[THROTTLE], request.remote or ""
+    if throttle.retry_after(source):
+        return _form(next_path, "Too many failed sign-ins; retry later.", status=429)
     token = str(form.get("token") or "").strip()
     caller = authenticate(request.app[CONFIG], f"Bearer {token}") if token else None
     refusal = sign_in_refusal(caller)
     if refusal is not None or caller is None:
+        throttle.failed(source)  # the same budget as the bearer tokens of the middleware
         log.warning("sign-in refused from %s: %s", request.remote, refusal)
         return _form(next_path, f"Not signed in: {refusal}.", status=403)
     config = request.app[CONFIG]
@@ -140,6 +153,6 @@ def setup_signin(app: web.Application) -> None:
     if settings.trusted_proxies:
         sources.append(ProxyIdentity(settings))
     sources.append(session_caller)
-    add_route(app, "GET", "/login", login_page, Access.OPEN)
-    add_route(app, "POST", "/login", login, Access.OPEN)
-    add_route(app, "POST", "/logout", logout, Access.OPEN)
+    add_route(app, "GET", "/login", login_page, _SIGN_IN)
+    add_route(app, "POST", "/login", login, _SIGN_IN)
+    add_route(app, "POST", "/logout", logout, _SIGN_IN)

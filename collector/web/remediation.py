@@ -39,9 +39,12 @@ from gpuwarden.collector.storage.base import ActionRecord, StorageError
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.keys import (
     ALERT_RECEIVER,
+    ALERT_SOURCES,
     CALLER,
+    OPERATORS,
+    READERS,
     REMEDIATION,
-    Access,
+    Admits,
     Caller,
     Handler,
     add_page,
@@ -397,19 +400,20 @@ async def alertmanager_webhook(request: web.Request) -> web.Response:
 
 
 def setup_remediation(app: web.Application) -> None:
-    """Add the runbook and approval pages (people) and the API (token) routes for
+    """Add the runbook and approval pages (readers; operators approve) and the API (readers
+    read, operators decide) and Alertmanager webhook (alert sources) routes for
     ``app[REMEDIATION]``."""
     remediation = app[REMEDIATION]
     app[ALERT_RECEIVER] = AlertReceiver(remediation.storage, remediation.rules.values())
-    routes: list[tuple[str, str, Handler, Access]] = [
-        ("GET", "/v1/incidents", list_incidents, Access.API_TOKEN),
-        ("GET", "/v1/incidents/{id}", show_incident, Access.API_TOKEN),
-        ("GET", "/v1/actions", list_actions, Access.API_TOKEN),
-        ("GET", "/v1/actions/{id}", show_action, Access.API_TOKEN),
-        ("POST", "/v1/actions/{id}/{verb:approve|reject}", decide_action, Access.API_TOKEN),
-        ("GET", "/v1/breaker", show_breaker, Access.API_TOKEN),
-        ("POST", "/v1/breaker/reset", reset_breaker, Access.API_TOKEN),
-        ("POST", "/v1/alertmanager", alertmanager_webhook, Access.API_TOKEN),
+    routes: list[tuple[str, str, Handler, Admits]] = [
+        ("GET", "/v1/incidents", list_incidents, READERS),
+        ("GET", "/v1/incidents/{id}", show_incident, READERS),
+        ("GET", "/v1/actions", list_actions, READERS),
+        ("GET", "/v1/actions/{id}", show_action, READERS),
+        ("POST", "/v1/actions/{id}/{verb:approve|reject}", decide_action, OPERATORS),
+        ("GET", "/v1/breaker", show_breaker, READERS),
+        ("POST", "/v1/breaker/reset", reset_breaker, OPERATORS),
+        ("POST", "/v1/alertmanager", alertmanager_webhook, ALERT_SOURCES),
     ]
     for method, path, handler, access in routes:
         add_route(app, method, path, handler, access)
@@ -422,4 +426,4 @@ def setup_remediation(app: web.Application) -> None:
         ("POST", "/approve/{token}", approve_post),
     ]
     for method, path, handler in pages:
-        add_page(app, method, path, handler, Access.API_TOKEN)
+        add_page(app, method, path, handler, READERS)  # a reader sees the page, not the button

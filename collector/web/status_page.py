@@ -26,7 +26,7 @@ from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.base import ActionRecord
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.gpus import gpu_statuses
-from gpuwarden.collector.web.keys import SERVICE, STATUS_TEMPLATES, Access, add_page
+from gpuwarden.collector.web.keys import READERS, SERVICE, STATUS_TEMPLATES, add_page
 from gpuwarden.collector.web.status_charts import fleet_chart, incident_chart
 from gpuwarden.collector.web.status_nodes import node_freshness
 from gpuwarden.collector.web.status_prices import prices_context
@@ -314,5 +314,5 @@ def setup_status_page(app: web.Application) -> None:
     """Add ``GET /status`` and ``GET /status/incidents/{id}`` (pages for signed-in people)
     reading ``app[SERVICE]``."""
     app[STATUS_TEMPLATES] = environment()
-    add_page(app, "GET", "/status", status, Access.API_TOKEN)
-    add_page(app, "GET", "/status/incidents/{id}", incident_page, Access.API_TOKEN)
+    add_page(app, "GET", "/status", status, READERS)
+    add_page(app, "GET", "/status/incidents/{id}", incident_page, READERS)
