@@ -78,7 +78,7 @@ def free_port() -> int:
 
 def start_collector(tmp: Path, token: str) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
-    (tmp / "tokens").write_text(f"bench {token}\n")
+    (tmp / "tokens").write_text(f"agent bench {token} nodes=*\n")
     (tmp / "collector.yaml").write_text(f"port: {port}\ntokens_file: {tmp / 'tokens'}\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuwarden", "collector", "--config", str(tmp / "collector.yaml")],

@@ -60,7 +60,6 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,6 +76,7 @@ from gpuwarden.agent.build import build_agent
 from gpuwarden.agent.config import AgentConfig, HttpConfig, SpoolConfig
 from gpuwarden.agent.config import CollectorConfig as AgentCollectorConfig
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.ingest.otlp import attributes
 from gpuwarden.collector.ingest.otlp_columns import number_columns
 from gpuwarden.collector.ingest.otlp_transport import PROTOBUF, decompress, parse_request
@@ -85,7 +85,7 @@ from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.sqlite import MEMORY, SqliteStorage
 from gpuwarden.collector.store.window import WindowStore
 from gpuwarden.collector.web.app import create_app
-from gpuwarden.collector.web.keys import SERVICE, STATS, Access, add_route
+from gpuwarden.collector.web.keys import SERVICE, STATS, Admits, add_route
 
 NS = 1_000_000_000
 STEP_S = 10
@@ -386,11 +386,14 @@ async def serve_collector(clock_s: float, capacity: int) -> None:
     """The collector app on an ephemeral loopback port; prints ``port N``; stops on SIGTERM."""
     service = make_service(clock_s, capacity)
     app = create_app(
-        CollectorConfig(tokens=MappingProxyType({TOKEN: "bench-agents"})),
+        # an agent token bound to every node: the receiver reads each request's host names
+        CollectorConfig(
+            tokens=TokenTable((credential(TOKEN, Role.AGENT, "bench-agents", ("*",)),))
+        ),
         service=service,
         background=False,
     )
-    add_route(app, "GET", "/bench/report", _report, Access.OPEN)
+    add_route(app, "GET", "/bench/report", _report, Admits(open_because="the bench's own"))
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -10,6 +10,7 @@ extends, and handed to the actuators as :attr:`CollectorConfig.actuators`.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -19,6 +20,8 @@ import msgspec
 
 from gpuwarden.agent.schema import ONE_OR_MANY, ConfigError, convert, read_yaml, redacted_repr
 from gpuwarden.collector.accounting.prices import PricesSection, PriceTable
+from gpuwarden.collector.credentials import CredentialsError, TokenTable
+from gpuwarden.collector.credentials import parse_tokens as parse_tokens_text
 from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.remediate.actuators.settings import ActuatorSettings, traffic_targets
 from gpuwarden.collector.remediate.policy import RemediationSection, RemediationSettings
@@ -28,6 +31,7 @@ __all__ = [
     "ConfigError",
     "ModelServer",
     "TlsSettings",
+    "SignInSettings",
     "load_collector_config",
     "parse_secrets",
     "parse_tokens",
@@ -86,24 +90,76 @@ class TlsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             "client_ca_file": self.client_ca_file,
         }
         return {key: path for key, path in named.items() if path is not None}
+#: The roles a person may hold on the web (``web.keys.Role`` without agent and alert-source).
+PersonRole = Literal["reader", "operator", "admin"]
+MIN_SESSION_KEY_BYTES = 32
+
+
+class SignInSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The ``signin:`` section: how people reach the pages (status, incidents, runbooks,
+    approvals): a session from ``/login`` with a reader/operator/admin token, or a trusted
+    reverse proxy's identity headers.
+
+    Attributes:
+        session_key_file: the HMAC key that signs session cookies (32+ bytes). Without one a
+            random key is made at start, so every session ends when the collector restarts.
+        session_seconds: how long a sign-in lasts.
+        trusted_proxies: addresses or CIDRs of reverse proxies (oauth2-proxy or similar) whose
+            ``X-Auth-Request-Email`` / ``X-Forwarded-User`` headers name the person; the same
+            headers from any other peer are ignored.
+        proxy_roles: the role of a person named by the proxy (user or email as sent).
+        proxy_default_role: the role of a proxy-named person not in ``proxy_roles``; ``null``
+            lets only the listed people in.
+    """
+
+    session_key_file: Path | None = None
+    session_seconds: Positive = 12 * 3600.0
+    trusted_proxies: Annotated[tuple[str, ...], ONE_OR_MANY] = ()
+    proxy_roles: Mapping[str, PersonRole] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    proxy_default_role: PersonRole | None = "reader"
+
+    def __post_init__(self) -> None:
+        """Every proxy entry is an address or a network."""
+        for entry in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"trusted_proxies: {entry!r} is not an IP address or CIDR"
+                ) from None
+
+    def proxy_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """``trusted_proxies`` as networks (an address is a network of one)."""
+        return tuple(ipaddress.ip_network(e, strict=False) for e in self.trusted_proxies)
 
 
 class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True):
     """What the collector listens on and whom it lets in, what it keeps, and what it does.
 
-    ``tokens`` maps a bearer token to the agent (or API caller) name it authenticates; the file
-    writes ``tokens_file`` (lines ``<name> <token>``), read by :func:`load_collector_config`.
-    With no tokens and ``allow_unauthenticated`` false, every request is refused: safe by
-    default. The actuator keys (``slurm_cluster``, ``kubernetes_*``, ``router_*``,
-    ``webhooks``) come from :class:`ActuatorSettings`.
+    ``tokens`` holds every bearer credential (role, subject, the token's SHA-256, bound nodes);
+    the file writes ``tokens_file`` (lines ``<role> <subject> <token or sha256:hex>
+    [nodes=a,b]``, see :mod:`~gpuwarden.collector.credentials`), read by
+    :func:`load_collector_config`. With no tokens and ``allow_unauthenticated`` false, every
+    request is refused: safe by default. ``allow_unauthenticated`` ("auth: none", for the demo
+    and loopback) makes every caller an anonymous admin and so excludes a ``tokens_file``.
+    ``auth_failure_limit`` failed authentications from one address within
+    ``auth_failure_window_seconds`` make it answer 429 until the window ends (0: no limit);
+    ``auth_failure_sources`` bounds how many addresses are remembered. The actuator keys
+    (``slurm_cluster``, ``kubernetes_*``, ``router_*``, ``webhooks``) come from
+    :class:`ActuatorSettings`.
     """
 
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 4318
-    tokens: Mapping[str, str] = msgspec.field(
-        default_factory=lambda: MappingProxyType({}), name="tokens_file"
-    )
+    tokens: TokenTable = msgspec.field(default_factory=TokenTable, name="tokens_file")
     allow_unauthenticated: bool = False
+    #: 20 failures a minute is far above a misconfigured agent's (one every push interval)
+    #: and far below anything that could guess a 256-bit token
+    auth_failure_limit: Annotated[int, msgspec.Meta(ge=0)] = 20
+    auth_failure_window_seconds: Positive = 60.0
+    auth_failure_sources: PositiveInt = 10_000
     max_body_bytes: PositiveInt = 8 * 1024 * 1024
     max_decompressed_bytes: PositiveInt = 64 * 1024 * 1024
     #: HTTPS and mTLS (default: plain HTTP; put a TLS proxy in front, or set this)
@@ -145,11 +201,18 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     remediation: RemediationSettings = msgspec.field(default_factory=RemediationSettings)
     #: incident alerts: Alertmanager URLs, re-send interval, grouping, routing by severity/team
     alerting: AlertingSettings = msgspec.field(default_factory=AlertingSettings)
+    #: people on the web: session key and lifetime, trusted reverse proxies and their roles
+    signin: SignInSettings = msgspec.field(default_factory=SignInSettings)
 
     def __post_init__(self) -> None:
         """The checks across keys, in one place (the actuators' in ``actuator_problem``)."""
         if self.max_body_bytes <= 0 or self.max_decompressed_bytes < self.max_body_bytes:
             raise ConfigError("need 0 < max_body_bytes <= max_decompressed_bytes")
+        if self.tokens and self.allow_unauthenticated:
+            raise ConfigError(
+                "allow_unauthenticated makes every caller an anonymous admin, which a "
+                "tokens_file cannot restrict: set one or the other"
+            )
         super().__post_init__()
 
     def __repr__(self) -> str:
@@ -185,25 +248,20 @@ def parse_secrets(path: Path, what: str) -> dict[str, str]:
     return out
 
 
-def parse_tokens(text: str, where: str) -> dict[str, str]:
-    """Parse a tokens file: one ``<name> <token>`` per line, ``#`` starts a comment."""
-    tokens: dict[str, str] = {}
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        parts = line.split()
-        if len(parts) != 2 or len(parts[1]) < 16:
-            raise ConfigError(f"{where}:{lineno}: expected '<name> <token of 16+ characters>'")
-        name, token = parts
-        if token in tokens:
-            raise ConfigError(f"{where}:{lineno}: token reused (names must have their own)")
-        tokens[token] = name
-    return tokens
+def parse_tokens(text: str, where: str) -> TokenTable:
+    """Parse a tokens file (:func:`gpuwarden.collector.credentials.parse_tokens`).
+
+    Raises:
+        ConfigError: one line naming ``where`` and the line, never the token.
+    """
+    try:
+        return parse_tokens_text(text, where)
+    except CredentialsError as exc:
+        raise ConfigError(str(exc)) from None
 
 
-def _tokens(written: object, where: str, key: str) -> dict[str, str]:
-    """``tokens_file``: the file's tokens (token → name)."""
+def _tokens(written: object, where: str, key: str) -> TokenTable:
+    """``tokens_file``: the file's credentials."""
     path = convert(written, Path, where, section=key)
     try:
         return parse_tokens(path.read_text(encoding="utf-8"), str(path))
@@ -225,6 +283,21 @@ def _tls(written: object, where: str, key: str) -> TlsSettings:
                 "(name a readable PEM file)"
             ) from None
     return tls
+def _signin(written: object, where: str, key: str) -> SignInSettings:
+    """``signin``: the section, with its session key file checked now (fail at start)."""
+    settings = convert(written, SignInSettings, where, section=key)
+    path = settings.session_key_file
+    if path is not None:
+        try:
+            size = len(path.read_bytes().strip())
+        except OSError as exc:
+            raise ConfigError(f"{where}: {key}.session_key_file {path}: {exc.strerror}") from None
+        if size < MIN_SESSION_KEY_BYTES:
+            raise ConfigError(
+                f"{where}: {key}.session_key_file {path}: "
+                f"needs {MIN_SESSION_KEY_BYTES}+ bytes (e.g. `head -c 48 /dev/urandom | base64`)"
+            )
+    return settings
 
 
 def _remediation(written: object, where: str, key: str) -> RemediationSettings:
@@ -244,6 +317,7 @@ _READERS: Mapping[str, Callable[[object, str, str], object]] = MappingProxyType(
         "tokens_file": _tokens,
         "kubernetes_routes": traffic_targets,
         "remediation": _remediation,
+        "signin": _signin,
         "prices": _prices,
         "tls": _tls,
     }

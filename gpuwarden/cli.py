@@ -75,10 +75,19 @@ def _parser() -> argparse.ArgumentParser:
     install.add_argument("--force", action="store_true", help="overwrite existing files")
     install.add_argument("--no-verify", action="store_true", help="skip systemd-analyze verify")
 
-    collector = sub.add_parser("collector", help="run the central collector")
+    collector = sub.add_parser(
+        "collector",
+        help="run the central collector (or 'collector token' to make a bearer token)",
+        description="Run the central collector. 'gpuwarden collector token --role R --subject S' "
+        "prints a new token and the tokens_file line holding its hash.",
+    )
+    collector.add_argument("action", nargs="?", default="serve", choices=["serve", "token"])
     collector.add_argument("--config", type=Path, help="collector config file (YAML)")
     collector.add_argument("--host", help="listen address (default 127.0.0.1)")
     collector.add_argument("--port", type=int, help="listen port (default 4318)")
+    from gpuwarden.collector.cli.tokens import add_token_arguments
+
+    add_token_arguments(collector)
 
     demo = sub.add_parser(
         "demo",
@@ -161,6 +170,10 @@ def _run_agent(args: argparse.Namespace) -> int:
 
 
 def _run_collector(args: argparse.Namespace) -> int:
+    if args.action == "token":
+        from gpuwarden.collector.cli.tokens import main
+
+        return main(args)
     from gpuwarden.collector.cli.collector import run_collector
 
     return run_collector(args.config, host=args.host, port=args.port, environ=os.environ)

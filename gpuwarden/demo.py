@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import re
 import secrets
 import shutil
 import signal
@@ -34,6 +35,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -116,13 +118,13 @@ async def _serve(runners: list[web.AppRunner], app: web.Application, port: int) 
         raise
 
 
-def _agent_config(node: str, port: int, token: str, spool: Path, interval: float) -> AgentConfig:
+def _agent_config(node: str, port: int, spool: Path, interval: float) -> AgentConfig:
     return AgentConfig(
         node_name=node,
         interval_seconds=interval,
         source="simulated",
         collector=CollectorConfig(
-            endpoint=f"http://127.0.0.1:{port}/v1/metrics", token=token, timeout_seconds=5
+            endpoint=f"http://127.0.0.1:{port}/v1/metrics", timeout_seconds=5
         ),
         spool=SpoolConfig(directory=spool / node, max_bytes=64 * 1024 * 1024, fsync=False),
         http=HttpConfig(enabled=False),
@@ -132,7 +134,7 @@ def _agent_config(node: str, port: int, token: str, spool: Path, interval: float
     )
 
 
-def _server_config(port: int, token: str, db: Path, model_port: int, speed: float) -> ServerConfig:
+def _server_config(port: int, db: Path, model_port: int, speed: float) -> ServerConfig:
     policy = PolicyConfig(
         dry_run=False,  # live on the simulated targets; the drain actuator answers dry runs
         settle_seconds=MappingProxyType(
@@ -145,7 +147,9 @@ def _server_config(port: int, token: str, db: Path, model_port: int, speed: floa
     )
     return ServerConfig(
         port=port,
-        tokens=MappingProxyType({token: "demo-agents"}),
+        # auth: none, on loopback only: the status page and /metrics open in a browser without
+        # a token, and the agents need none (the collector would warn beyond loopback)
+        allow_unauthenticated=True,
         database=db,
         step_seconds=STEP_SECONDS,
         recent_hours=1,
@@ -167,6 +171,9 @@ def _server_config(port: int, token: str, db: Path, model_port: int, speed: floa
     )
 
 
+_CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
 @dataclasses.dataclass
 class _Operator:
     """Plays the human: approves what waits for approval through the links in the alerts."""
@@ -186,7 +193,16 @@ class _Operator:
             if url in self.done or now - first < self.delay_seconds:
                 continue
             self.done.add(url)
-            async with self.session.post(url, allow_redirects=False) as response:
+            # As a browser does: open the page, press its Approve button (the form's CSRF
+            # token, sent from the collector's own origin).
+            async with self.session.get(url) as page:
+                found = _CSRF.search(await page.text())
+            data = {"csrf_token": found.group(1)} if found else {}
+            parts = urlsplit(url)
+            headers = {"Origin": f"{parts.scheme}://{parts.netloc}"}
+            async with self.session.post(
+                url, data=data, headers=headers, allow_redirects=False
+            ) as response:
                 self.log(f"operator: approved through the signed link -> HTTP {response.status}")
 
 
@@ -197,11 +213,10 @@ class _Demo:
         self, duration: float, interval: float, speed: float, db: Path, port: int | None
     ) -> None:
         self.duration, self.interval, self.speed, self.db = duration, interval, speed, db
-        self.token = secrets.token_urlsafe(24)
         self.environ = {"GPUWARDEN_APPROVAL_SECRET": secrets.token_urlsafe(48)}
         self.port, self.model_port = port or _free_port(), _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.config = _server_config(self.port, self.token, db, self.model_port, speed)
+        self.config = _server_config(self.port, db, self.model_port, speed)
         db.unlink(missing_ok=True)
         self.service = build_service(self.config)
         self.started = time.time()
@@ -269,7 +284,7 @@ class _Demo:
         )
         for node, sim in self.sources.items():
             runtime = build_agent(
-                _agent_config(node, self.port, self.token, spool, self.interval),
+                _agent_config(node, self.port, spool, self.interval),
                 source=(sim, job_hints(sim.jobs), sim.events),
                 clock=self.clock,
                 host=SimulatedHost(HOST_CPU_BUSY[node]).sample,

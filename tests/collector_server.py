@@ -6,16 +6,28 @@ import asyncio
 import socket
 import ssl
 import threading
-from types import MappingProxyType
+from collections.abc import Mapping
+from typing import Any
 
 from aiohttp import web
 
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.ingest.sink import SeriesLog
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
+from gpuwarden.collector.web.remediation_setup import Remediation
 
 TOKEN = "agent-token-for-tests-0123456789"
+"""An agent token bound to every node (``nodes=*``): the tests' agents are many nodes."""
+READER_TOKEN = "reader-token-for-tests-0123456789"
+READER = {"Authorization": f"Bearer {READER_TOKEN}"}
+TOKENS = TokenTable(
+    (
+        credential(TOKEN, Role.AGENT, "agents", ("*",)),
+        credential(READER_TOKEN, Role.READER, "tests"),
+    )
+)
 
 
 def free_port() -> int:
@@ -32,13 +44,24 @@ class CollectorThread:
         port: int | None = None,
         log: SeriesLog | None = None,
         service: CollectorService | None = None,
+        *,
+        unauthenticated: bool = False,
+        remediation: Remediation | None = None,
+        settings: Mapping[str, Any] | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """``unauthenticated``: ``allow_unauthenticated`` (for a browser), else :data:`TOKENS`;
+        ``settings``: more collector config keys (``tokens``, ``signin``...) over those."""
         self.port = port or free_port()
         self.ssl_context = ssl_context  # serve HTTPS with it
         self.log = log if log is not None else SeriesLog()
         self.service = service
-        self.config = CollectorConfig(port=self.port, tokens=MappingProxyType({TOKEN: "agents"}))
+        self.remediation = remediation
+        if unauthenticated:
+            keys: dict[str, Any] = {"allow_unauthenticated": True}
+        else:
+            keys = {"tokens": TOKENS}
+        self.config = CollectorConfig(**{"port": self.port, **keys, **(settings or {})})
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -54,7 +77,13 @@ class CollectorThread:
         self._loop = asyncio.new_event_loop()
 
         async def serve() -> None:
-            self.app = create_app(self.config, self.log, service=self.service, background=False)
+            self.app = create_app(
+                self.config,
+                self.log,
+                service=self.service,
+                background=False,
+                remediation=self.remediation,
+            )
             self._runner = web.AppRunner(self.app, access_log=None)
             await self._runner.setup()
             site = web.TCPSite(

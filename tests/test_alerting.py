@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gpuwarden.collector.alerts.model import FINGERPRINT_LABEL, Alert, AlertStatus, Delivery
 from gpuwarden.collector.alerts.runbooks import Links
+from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.ingest.alertmanager import AlertReceiver, PayloadError, parse_payload
 from gpuwarden.collector.notify.alertmanager_notifier import AlertmanagerNotifier
@@ -506,7 +507,9 @@ async def webhook(aiohttp_client, storage):
     from gpuwarden.collector.web.remediation_setup import Remediation
 
     app = create_app(
-        CollectorConfig(tokens={WEBHOOK_TOKEN: "alertmanager"}),
+        CollectorConfig(
+            tokens=TokenTable((credential(WEBHOOK_TOKEN, Role.ALERT_SOURCE, "alertmanager"),))
+        ),
         remediation=Remediation(
             storage=storage,
             remediator=Remediator(storage, RULES.rules, [], config=PolicyConfig()),

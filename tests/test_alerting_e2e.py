@@ -138,7 +138,9 @@ class Loop:
 
     def start_collector(self) -> subprocess.Popen[str]:
         tmp = self.tmp
-        (tmp / "tokens").write_text(f"ops {OPS_TOKEN}\nalertmanager {AM_TOKEN}\n")
+        (tmp / "tokens").write_text(
+            f"operator ops {OPS_TOKEN}\nalert-source alertmanager {AM_TOKEN}\n"
+        )
         slack_url = f"{self.servers['slack'].url}/services/T000/B000/OURS"
         (tmp / "slack").write_text(f"#gpu-infra {slack_url}\n")
         (tmp / "pagerduty").write_text(f"gpu-infra {OUR_PD_KEY}\n")
@@ -249,7 +251,7 @@ def _run_loop(loop: Loop, am: AlertmanagerServer) -> None:
     assert runbook["text"]["text"] == "Runbook"
     assert runbook["url"].startswith(f"{loop.base}/incidents/")
     assert runbook["url"].endswith("/runbook")
-    page_status, page = get(runbook["url"])
+    page_status, page = get(runbook["url"], OPS_TOKEN)  # a reader's page
     assert page_status == 200
     assert b"prometheus-gpu-failed" in page
     assert b"gpu-07" in page
@@ -300,7 +302,7 @@ def _run_loop(loop: Loop, am: AlertmanagerServer) -> None:
     assert alert["annotations"]["runbook_url"] == runbook["url"]
     assert alert["annotations"]["summary"] == "GPU 0 on gpu-07 has failed"
     assert alert["generatorURL"] == f"{loop.base}/status/incidents/{incident_id}"
-    page_status, page = get(alert["generatorURL"])  # the page a person opens from the alert
+    page_status, page = get(alert["generatorURL"], OPS_TOKEN)  # what a person opens
     assert page_status == 200
     assert b"prometheus-gpu-failed" in page
     assert alert["endsAt"] == "0001-01-01T00:00:00Z"  # firing, as the reference shows

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import MappingProxyType
 
 import pytest
 from aiohttp import web
 
 from gpuwarden.collector.build import load_configured_rules
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.jobs.registry import JobRegistry
@@ -23,6 +23,7 @@ from gpuwarden.collector.web.app import create_app
 NOW = 1_700_002_800.0  # a whole hour
 TOKEN = "api-token-for-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ADMIN_TOKENS = TokenTable((credential(TOKEN, Role.ADMIN, "ops"),))
 H100 = "NVIDIA H100 80GB HBM3"
 GIB = 2**30
 
@@ -159,7 +160,7 @@ def fleet(storage: SqliteStorage | None = None) -> CollectorService:
 
 def collector_app(service: CollectorService) -> web.Application:
     """The real app, as the collector serves it (without the background loops)."""
-    config = CollectorConfig(tokens=MappingProxyType({TOKEN: "ops"}))
+    config = CollectorConfig(tokens=ADMIN_TOKENS)
     return create_app(config, service=service, background=False)
 
 
@@ -527,9 +528,7 @@ rules:
 def skipped_rule_app(service: CollectorService, tmp_path: Path) -> tuple[web.Application, int]:
     """The real app as ``collector`` builds it with ``skip_bad_rules: true`` and one bad rule."""
     (tmp_path / "team.yaml").write_text(RULES_ONE_GOOD_ONE_BAD)
-    config = CollectorConfig(
-        tokens=MappingProxyType({TOKEN: "ops"}), rules=(tmp_path,), skip_bad_rules=True
-    )
+    config = CollectorConfig(tokens=ADMIN_TOKENS, rules=(tmp_path,), skip_bad_rules=True)
     rules = load_configured_rules(config)
     app = create_app(
         config,

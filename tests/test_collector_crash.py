@@ -3,6 +3,7 @@ the agent's spool fills the gap."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -42,7 +43,9 @@ class Collector:
 
     def __init__(self, tmp: Path, port: int) -> None:
         self.port = port
-        (tmp / "tokens").write_text(f"agents {TOKEN}\n")
+        # the hashed form: the file holds no secret (this token pushes, posts jobs and reads)
+        digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+        (tmp / "tokens").write_text(f"admin crash-tests sha256:{digest}\n")
         self.config = tmp / "collector.yaml"
         self.config.write_text(
             f"port: {port}\ntokens_file: {tmp / 'tokens'}\ndatabase: {tmp / 'collector.db'}\n"

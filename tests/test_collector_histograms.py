@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from types import MappingProxyType
 
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -16,6 +15,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.store.types import series_key
 from gpuwarden.collector.web.app import create_app
 
@@ -51,7 +51,7 @@ def histogram(
 @pytest.fixture
 async def setup(aiohttp_client, tmp_path: Path):
     service = build_service(CollectorConfig(database=tmp_path / "c.db"))
-    config = CollectorConfig(tokens=MappingProxyType({TOKEN: "srv"}))
+    config = CollectorConfig(tokens=TokenTable((credential(TOKEN, Role.AGENT, "srv"),)))
     client = await aiohttp_client(create_app(config, service=service, background=False))
     yield client, service
     service.storage.close()

@@ -6,7 +6,6 @@ import gzip
 import io
 import time
 from pathlib import Path
-from types import MappingProxyType
 
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -17,11 +16,13 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.keys import STATS
 
 TOKENS = {"token-of-agent-a-0123456789": "a", "token-of-agent-b-0123456789": "b"}
+TABLE = TokenTable(tuple(credential(t, Role.AGENT, n, ("*",)) for t, n in TOKENS.items()))
 PB = {"Content-Type": "application/x-protobuf"}
 
 
@@ -56,9 +57,7 @@ def service(tmp_path: Path) -> CollectorService:
 
 @pytest.fixture
 async def client(aiohttp_client, service):
-    config = CollectorConfig(
-        tokens=MappingProxyType(TOKENS), max_body_bytes=4 << 20, max_decompressed_bytes=16 << 20
-    )
+    config = CollectorConfig(tokens=TABLE, max_body_bytes=4 << 20, max_decompressed_bytes=16 << 20)
     yield await aiohttp_client(create_app(config, service=service, background=False))
     service.storage.close()
 
@@ -126,7 +125,7 @@ async def test_summaries_are_counted_as_rejected_not_crashes(client):
 
 
 async def test_back_pressure_answers_503_with_retry_after(aiohttp_client, service):
-    config = CollectorConfig(tokens=MappingProxyType(TOKENS), max_inflight_requests=0)
+    config = CollectorConfig(tokens=TABLE, max_inflight_requests=0)
     client = await aiohttp_client(create_app(config, service=service, background=False))
     resp = await client.post("/v1/metrics", data=many_series(1, "a"), headers=auth("a"))
     assert resp.status == 503

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from types import MappingProxyType
 
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -14,6 +13,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.ingest.sink import SeriesLog
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.keys import STATS
@@ -46,7 +46,7 @@ def log() -> SeriesLog:
 @pytest.fixture
 async def client(aiohttp_client, log):
     config = CollectorConfig(
-        tokens=MappingProxyType({TOKEN: "agent-a"}),
+        tokens=TokenTable((credential(TOKEN, Role.AGENT, "agent-a", ("node-*",)),)),
         max_body_bytes=64 * 1024,
         max_decompressed_bytes=1024 * 1024,
     )

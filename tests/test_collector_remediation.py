@@ -17,7 +17,7 @@ TOKEN = "tok-0123456789abcdef0123"
 
 def start(tmp: Path, extra: str = "") -> tuple[subprocess.Popen[str], int]:
     port = free_port()
-    (tmp / "tokens").write_text(f"ops {TOKEN}\n")
+    (tmp / "tokens").write_text(f"operator ops {TOKEN}\n")
     (tmp / "c.yaml").write_text(
         f"port: {port}\ntokens_file: {tmp / 'tokens'}\ndatabase: {tmp / 'c.db'}\n{extra}"
     )
@@ -59,9 +59,11 @@ def test_runbooks_and_the_remediation_api_are_served(tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(port, proc)
-        status, body = get(f"{base}/runbooks/idle-gpu")
+        first = get(f"{base}/runbooks/idle-gpu")  # a person's page: the sign-in form
+        assert (first[0], b'action="/login"' in first[1]) == (200, True)
+        status, body = get(f"{base}/runbooks/idle-gpu", TOKEN)
         assert status == 200
-        assert b"idle-gpu" in body
+        assert b"What automation does" in body
         assert get(f"{base}/v1/actions")[0] == 401
         status, body = get(f"{base}/v1/actions", TOKEN)
         assert status == 200

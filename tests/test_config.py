@@ -9,6 +9,7 @@ import pytest
 from gpuwarden.agent.config import ConfigError, load_agent_config
 from gpuwarden.agent.install import default_config
 from gpuwarden.collector.config import load_collector_config
+from gpuwarden.collector.credentials import Role
 
 
 def write(tmp_path: Path, text: str, name: str = "agent.yaml") -> Path:
@@ -94,15 +95,23 @@ def test_errors_name_the_file_and_key(tmp_path, text, message):
 
 def test_collector_tokens_file(tmp_path):
     tokens = write(
-        tmp_path, "# agents\nnode-a aaaaaaaaaaaaaaaaaaaa\nnode-b bbbbbbbbbbbbbbbbbbbb\n", "t"
+        tmp_path,
+        "# role subject token\nagent node-a aaaaaaaaaaaaaaaaaaaa\nreader b bbbbbbbbbbbbbbbbbbbb\n",
+        "t",
     )
     config = load_collector_config(
         write(tmp_path, f"tokens_file: {tokens}\nport: 9999\n", "c.yaml")
     )
-    assert dict(config.tokens) == {
-        "aaaaaaaaaaaaaaaaaaaa": "node-a",
-        "bbbbbbbbbbbbbbbbbbbb": "node-b",
-    }
+    node_a = config.tokens.match("aaaaaaaaaaaaaaaaaaaa")
+    reader = config.tokens.match("bbbbbbbbbbbbbbbbbbbb")
+    assert node_a is not None
+    assert (node_a.role, node_a.subject, node_a.nodes) == (
+        Role.AGENT,
+        "node-a",
+        ("node-a",),
+    )
+    assert reader is not None
+    assert (reader.role, reader.subject) == (Role.READER, "b")
     assert config.port == 9999
     assert "aaaa" not in repr(config)
 
@@ -120,10 +129,20 @@ def test_collector_config_errors(tmp_path, text, message):
         load_collector_config(write(tmp_path, text, "c.yaml"))
 
 
-def test_short_or_reused_tokens_are_refused(tmp_path):
-    tokens = write(tmp_path, "a short\n", "t")
-    with pytest.raises(ConfigError, match=r"t:1: expected"):
+def test_an_old_two_column_tokens_file_is_refused_naming_the_new_format(tmp_path):
+    tokens = write(tmp_path, "node-a aaaaaaaaaaaaaaaaaaaa\n", "t")
+    with pytest.raises(ConfigError) as info:
         load_collector_config(write(tmp_path, f"tokens_file: {tokens}\n", "c.yaml"))
+    assert str(info.value).startswith(f"{tokens}:1: two columns is the old '<name> <token>'")
+    assert "<role> <subject> <token or sha256:hex> [nodes=a,b]" in str(info.value)
+    assert "aaaa" not in str(info.value)
+
+
+def test_tokens_and_allow_unauthenticated_exclude_each_other(tmp_path):
+    tokens = write(tmp_path, "agent node-a aaaaaaaaaaaaaaaaaaaa\n", "t")
+    config = f"tokens_file: {tokens}\nallow_unauthenticated: true\n"
+    with pytest.raises(ConfigError, match="allow_unauthenticated makes every caller"):
+        load_collector_config(write(tmp_path, config, "c.yaml"))
 
 
 def test_collector_model_servers(tmp_path):

@@ -38,7 +38,7 @@ def test_default_rules_open_idle_incidents_on_the_scripted_fleet(service):  # no
 
 
 def run_collector(tmp: Path, extra: str) -> subprocess.Popen[str]:
-    (tmp / "tokens").write_text("a tok-0123456789abcdef0123\n")
+    (tmp / "tokens").write_text("reader a tok-0123456789abcdef0123\n")
     bad = tmp / "rules"
     bad.mkdir()
     (bad / "bad.yaml").write_text(

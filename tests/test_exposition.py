@@ -69,7 +69,7 @@ def service():
 
 async def scrape(aiohttp_client: Any, service: CollectorService) -> str:
     client = await aiohttp_client(collector_app(service))
-    resp = await client.get("/metrics")  # no token: scraped like a node exporter
+    resp = await client.get("/metrics", headers=AUTH)  # a reader's (here an admin's) token
     assert resp.status == 200
     assert resp.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
     text: str = await resp.text()
@@ -213,12 +213,14 @@ async def test_collector_health(aiohttp_client, service):
     body = otlp_request("node-c", "GPU-C0", 0.5)
     assert (await client.post("/v1/metrics", data=body, headers={**AUTH, **pb})).status == 200
     assert (await client.post("/v1/metrics", data=body, headers=pb)).status == 401
-    text = await (await client.get("/metrics")).text()
+    text = await (await client.get("/metrics", headers=AUTH)).text()
+    refused = {"method": "POST", "route": "/v1/metrics", "status": "401", "reason": "missing"}
     assert samples(text, "gpuwarden_collector_") == expect(
         ("gpuwarden_collector_points_total", {"outcome": "accepted"}, 24.0),  # 23 + 1 over OTLP
         ("gpuwarden_collector_points_total", {"outcome": "rejected"}, 0.0),
         ("gpuwarden_collector_requests_total", {"code": "200"}, 1.0),
         ("gpuwarden_collector_requests_total", {"code": "401"}, 1.0),
+        ("gpuwarden_collector_auth_refusals_total", refused, 1.0),
         ("gpuwarden_collector_series", {}, 24.0),
         ("gpuwarden_collector_store_memory_bytes", {}, float(service.store.memory_bytes())),
         ("gpuwarden_collector_nodes", {}, 3.0),
@@ -267,7 +269,7 @@ async def test_a_failing_section_is_reported_and_the_others_still_served(
 
 async def test_openmetrics_when_asked(aiohttp_client, service):
     client = await aiohttp_client(collector_app(service))
-    resp = await client.get("/metrics", headers={"Accept": "application/openmetrics-text"})
+    resp = await client.get("/metrics", headers={**AUTH, "Accept": "application/openmetrics-text"})
     assert resp.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
     text = await resp.text()
     assert text.endswith("# EOF\n")

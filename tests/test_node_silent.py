@@ -35,7 +35,7 @@ from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import IncidentState
 from gpuwarden.collector.store.fresh import IDENTITY_METRICS
-from tests.collector_server import TOKEN, CollectorThread
+from tests.collector_server import READER, TOKEN, CollectorThread
 from tests.detectors import make_rule
 from tests.test_detect_waste import T0, feed, gauge, gpu_points, job
 
@@ -187,7 +187,8 @@ class Fleet:
 
     def get(self, path: str) -> str:
         url = f"http://127.0.0.1:{self.collector.port}{path}"
-        with urllib.request.urlopen(url, timeout=10) as response:
+        request = urllib.request.Request(url, headers=READER)
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - http only
             text: str = response.read().decode()
             return text
 
@@ -232,7 +233,7 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     clock = [time.time()]  # the agents stamp points with the wall clock (the OTel SDK)
     service = build_service(CollectorConfig(database=tmp_path / "c.db"), clock=lambda: clock[0])
     service.registry.put([dataclasses.replace(JOB, start_time=clock[0] - 600)])
-    with CollectorThread(service=service) as collector:
+    with CollectorThread(service=service, unauthenticated=True) as collector:  # a browser's view
         f = Fleet(tmp_path, collector, service, clock)
         try:
             yield f

@@ -22,6 +22,7 @@ from gpuwarden.collector.cli.actions import (
     run_incidents,
 )
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.remediate.approvals import Approvals, TokenSigner
 from gpuwarden.collector.remediate.policy import PolicyConfig
 from gpuwarden.collector.remediate.remediator import ActionState, Remediator
@@ -43,6 +44,25 @@ from tests.test_remediator import (
 
 TOKEN = "api-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+async def csrf_of(client, token: str, headers: dict[str, str] = AUTH) -> str:
+    """The CSRF token of a valid link's approval page (bound to the caller, not the link)."""
+    page = await client.get(f"/approve/{token}", headers=headers)
+    found = CSRF.search(await page.text())
+    assert found is not None, await page.text()
+    return found.group(1)
+
+
+async def confirm(client, token: str, csrf: str, headers: dict[str, str] = AUTH):
+    """What the approval page's Approve button sends: its CSRF token, from its own origin."""
+    origin = str(client.make_url("/")).rstrip("/")
+    data = {"csrf_token": csrf}
+    return await client.post(f"/approve/{token}", data=data, headers={**headers, "Origin": origin})
+
+
+OPERATOR_TOKENS = TokenTable((credential(TOKEN, Role.OPERATOR, "alice"),))
 
 
 @dataclass
@@ -87,7 +107,7 @@ def build(tmp_path: Path, runbooks_dir: Path | None = None, **config: object) ->
 def make_app(setup: Setup, runbooks_dir: Path | None = None) -> web.Application:
     rules = {"idle-gpu": make_rule(mode=ActionMode.APPROVE)}
     return create_app(
-        CollectorConfig(tokens={TOKEN: "alice"}),
+        CollectorConfig(tokens=OPERATOR_TOKENS),
         remediation=Remediation(
             storage=setup.storage,
             remediator=setup.remediator,
@@ -123,24 +143,24 @@ def awaiting(setup: Setup) -> int:
 
 
 async def test_rule_runbooks_have_stable_urls(client) -> None:
-    response = await client.get("/runbooks/idle-gpu")
+    response = await client.get("/runbooks/idle-gpu", headers=AUTH)
     assert response.status == 200
     assert response.content_type == "text/html"
     page = await response.text()
     assert "<h2>What automation does</h2>" in page
-    markdown = await client.get("/runbooks/idle-gpu?format=md")
+    markdown = await client.get("/runbooks/idle-gpu?format=md", headers=AUTH)
     assert markdown.content_type == "text/markdown"
     assert (await markdown.text()).startswith("# idle-gpu")
     # Runbooks without a detection rule (Prometheus alerts link them) are served by file name.
-    assert (await client.get("/runbooks/collector-health")).status == 200
+    assert (await client.get("/runbooks/collector-health", headers=AUTH)).status == 200
     for bad in ("nope", "_incident", "..%2Fpyproject", "IDLE-GPU"):
-        assert (await client.get(f"/runbooks/{bad}")).status == 404, bad
+        assert (await client.get(f"/runbooks/{bad}", headers=AUTH)).status == 404, bad
 
 
 async def test_incident_runbook_has_the_incident_facts_escaped(client, setup) -> None:
     awaiting(setup)
     (incident,) = setup.storage.incidents()
-    response = await client.get(f"/incidents/{incident.incident_id}/runbook")
+    response = await client.get(f"/incidents/{incident.incident_id}/runbook", headers=AUTH)
     assert response.status == 200
     page = await response.text()
     assert "slurm:test:101" in page
@@ -148,8 +168,8 @@ async def test_incident_runbook_has_the_incident_facts_escaped(client, setup) ->
     assert "requeue on <code>slurm:test:101</code> (mode approve): awaiting_approval" in page
     assert "<script>" not in page
     assert "&lt;script&gt;" in page
-    assert (await client.get("/incidents/999/runbook")).status == 404
-    assert (await client.get("/incidents/abc/runbook")).status == 400
+    assert (await client.get("/incidents/999/runbook", headers=AUTH)).status == 404
+    assert (await client.get("/incidents/abc/runbook", headers=AUTH)).status == 400
 
 
 async def test_a_broken_runbook_is_a_clear_500_not_a_crash(aiohttp_client, setup, tmp_path):
@@ -157,7 +177,7 @@ async def test_a_broken_runbook_is_a_clear_500_not_a_crash(aiohttp_client, setup
     folder.mkdir()
     (folder / "idle-gpu.md").write_text("# idle\n\n{{ job.nmae }}\n")
     client = await aiohttp_client(make_app(setup, folder))
-    response = await client.get("/runbooks/idle-gpu")
+    response = await client.get("/runbooks/idle-gpu", headers=AUTH)
     assert response.status == 500
     assert re.search(r"idle-gpu\.md:3: error: .*nmae", await response.text())
     assert (await client.get("/v1/breaker", headers=AUTH)).status == 200  # still serving
@@ -170,55 +190,57 @@ async def test_get_never_approves_and_post_approves_once(client, setup) -> None:
     action_id = awaiting(setup)
     token = setup.approval_token()
     for _ in range(3):  # chat apps prefetch links
-        page = await client.get(f"/approve/{token}")
+        page = await client.get(f"/approve/{token}", headers=AUTH)
         assert page.status == 200
         assert 'method="post"' in await page.text()
         assert page.headers["Cache-Control"] == "no-store"
-        assert page.headers["Referrer-Policy"] == "no-referrer"
-    assert (await client.head(f"/approve/{token}")).status == 200
+        assert page.headers["Referrer-Policy"] == "same-origin"
+    assert (await client.head(f"/approve/{token}", headers=AUTH)).status == 200
     row = setup.storage.action(action_id)
     assert row is not None
     assert row.state == ActionState.AWAITING_APPROVAL
     assert setup.actuator.calls == []
 
-    done = await client.post(f"/approve/{token}", data={"approver": "bob"})
+    csrf = await csrf_of(client, token)
+    done = await confirm(client, token, csrf)
     assert done.status == 200
     assert "verifying" in await done.text()
     assert len(setup.actuator.real_calls) == 1
-    again = await client.post(f"/approve/{token}", data={"approver": "bob"})
+    again = await confirm(client, token, csrf)
     assert again.status == 410
-    assert (await client.get(f"/approve/{token}")).status == 410
+    assert (await client.get(f"/approve/{token}", headers=AUTH)).status == 410
     assert len(setup.actuator.real_calls) == 1
-    assert any(e.actor == "link:bob" for e in setup.storage.audit())
+    assert any(e.actor == "alice" for e in setup.storage.audit())  # the token's person
 
 
 async def test_expired_and_forged_links_do_nothing(client, setup) -> None:
     awaiting(setup)
     token = setup.approval_token()
     forged = token[:-3] + ("abc" if not token.endswith("abc") else "xyz")
-    assert (await client.get(f"/approve/{forged}")).status == 403
-    assert (await client.post(f"/approve/{forged}")).status == 403
-    assert (await client.get("/approve/not-a-token")).status == 400
+    csrf = await csrf_of(client, token)
+    assert (await client.get(f"/approve/{forged}", headers=AUTH)).status == 403
+    assert (await confirm(client, forged, csrf)).status == 403
+    assert (await client.get("/approve/not-a-token", headers=AUTH)).status == 400
     setup.clock.now += 601
-    assert (await client.get(f"/approve/{token}")).status == 410
-    assert (await client.post(f"/approve/{token}")).status == 410
-    assert (await client.post(f"/approve/{token}", data={"approver": "<b>"})).status == 400
+    assert (await client.get(f"/approve/{token}", headers=AUTH)).status == 410
+    assert (await confirm(client, token, csrf)).status == 410
     assert setup.actuator.calls == []
 
 
 async def test_an_expired_action_cannot_be_approved_by_link_or_api(client, setup) -> None:
     action_id = awaiting(setup)
     token = setup.approval_token()
+    csrf = await csrf_of(client, token)
     (incident,) = setup.storage.incidents()
     resolved = replace(incident, state=IncidentState.RESOLVED, resolved_time=setup.clock.now)
     assert setup.storage.update_incident(resolved)
     setup.clock.now += 30
     assert setup.remediator.tick().expired == 1
 
-    page = await client.get(f"/approve/{token}")
+    page = await client.get(f"/approve/{token}", headers=AUTH)
     assert page.status == 410  # like a used or expired link
     assert "no longer awaits approval" in await page.text()
-    post = await client.post(f"/approve/{token}", data={"approver": "bob"})
+    post = await confirm(client, token, csrf)
     assert post.status == 410
     assert "Not approved" in await post.text()
     api = await client.post(f"/v1/actions/{action_id}/approve", headers=AUTH)
@@ -386,7 +408,7 @@ async def test_create_remediation_from_settings(aiohttp_client, tmp_path) -> Non
             make({SECRET_ENV: "short"})
         without = make({})
         assert without.approvals is None
-        app = create_app(CollectorConfig(tokens={TOKEN: "alice"}), remediation=without)
+        app = create_app(CollectorConfig(tokens=OPERATOR_TOKENS), remediation=without)
         client = await aiohttp_client(app)
-        assert (await client.get("/approve/v1.1.2.3.4")).status == 404
-        assert (await client.get("/runbooks/idle-gpu")).status == 200
+        assert (await client.get("/approve/v1.1.2.3.4", headers=AUTH)).status == 404
+        assert (await client.get("/runbooks/idle-gpu", headers=AUTH)).status == 200

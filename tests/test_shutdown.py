@@ -100,7 +100,7 @@ def assert_clean(stderr: str) -> None:
 
 
 def collector_config(tmp_path: Path, port: int) -> Path:
-    (tmp_path / "tokens").write_text(f"agents {TOKEN}\n")
+    (tmp_path / "tokens").write_text(f"agent agents {TOKEN} nodes=*\n")
     config = tmp_path / "collector.yaml"
     config.write_text(
         f"port: {port}\ntokens_file: {tmp_path / 'tokens'}\n"

@@ -56,7 +56,9 @@ async def test_status_page_shows_fleet_incidents_waste_actions_and_audit(
     service,  # noqa: F811
 ):
     detected(service)
-    client = await aiohttp_client(create_app(CollectorConfig(), service=service, background=False))
+    client = await aiohttp_client(
+        create_app(CollectorConfig(allow_unauthenticated=True), service=service, background=False)
+    )
     resp = await client.get("/status")
     assert resp.status == 200
     assert resp.headers["Content-Security-Policy"].startswith("default-src 'none'")
@@ -96,7 +98,9 @@ async def test_status_page_shows_fleet_incidents_waste_actions_and_audit(
 
 async def test_incident_page_and_errors(aiohttp_client, service):  # noqa: F811
     detected(service)
-    client = await aiohttp_client(create_app(CollectorConfig(), service=service, background=False))
+    client = await aiohttp_client(
+        create_app(CollectorConfig(allow_unauthenticated=True), service=service, background=False)
+    )
     incident = service.storage.incidents()[0]
     resp = await client.get(f"/status/incidents/{incident.incident_id}")
     assert resp.status == 200
@@ -218,7 +222,7 @@ def test_incident_facts_show_times_as_dates():
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
 def test_headless_chromium_renders_incidents_actions_and_charts(service, tmp_path):  # noqa: F811
     detected(service)
-    server = CollectorThread(service=service)
+    server = CollectorThread(service=service, unauthenticated=True)  # a browser sends no token
     server.start()
     try:
         url = f"http://127.0.0.1:{server.port}/status"

@@ -31,6 +31,7 @@ from gpuwarden.collector.rules.model import RuleError
 from gpuwarden.collector.storage.base import StorageError
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.tls import reload_on_sighup, server_context
+from gpuwarden.collector.web.auth import exposure_warning
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,12 @@ def _config(config_path: Path | None, host: str | None, port: int | None) -> Col
     if not config.tokens and not config.allow_unauthenticated:
         raise _StartupRefusedError(
             2,
-            "no agent tokens configured; set tokens_file in the config "
-            "(lines '<agent-name> <token>'), or allow_unauthenticated: true for a lab setup",
+            "no tokens configured; set tokens_file in the config (lines '<role> <subject> "
+            "<token or sha256:hex> [nodes=a,b]', made by 'gpuwarden collector token'), or "
+            "allow_unauthenticated: true for a loopback lab setup",
         )
+    if (warning := exposure_warning(config)) is not None:
+        log.warning("%s", warning)
     return config
 
 

@@ -46,10 +46,12 @@ from gpuwarden.collector.storage.records import (
 )
 from gpuwarden.collector.web.gpus import GPU_READINGS, GpuStatus, gpu_statuses
 from gpuwarden.collector.web.keys import (
+    OPERATORS,
+    PROBE,
+    READERS,
     READINESS,
     SERVICE,
     SKIPPED_RULES,
-    Access,
     Handler,
     add_route,
 )
@@ -452,22 +454,25 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def setup_api(app: web.Application) -> None:
-    """Add the ``/v1`` JSON routes (API token) and ``/readyz`` (open); reads ``app[SERVICE]``."""
+    """Add the ``/v1`` JSON routes (readers read, operators write) and ``/readyz`` (a probe);
+    reads ``app[SERVICE]``."""
     if READINESS not in app:
         app[READINESS] = []
     if SKIPPED_RULES not in app:
         app[SKIPPED_RULES] = ()
+    # Jobs, models and events steer detection and remediation (a posted job names the GPUs an
+    # action would touch): writing them is an operator's, never an agent's.
     routes = [
-        ("GET", "/v1/gpus", get_gpus),
-        ("GET", "/v1/jobs", get_jobs),
-        ("POST", "/v1/jobs", post_jobs),
-        ("GET", "/v1/models", get_models),
-        ("POST", "/v1/models", post_models),
-        ("GET", "/v1/events", get_events),
-        ("POST", "/v1/events", post_events),
-        ("GET", "/v1/accounting", get_accounting),
+        ("GET", "/v1/gpus", get_gpus, READERS),
+        ("GET", "/v1/jobs", get_jobs, READERS),
+        ("POST", "/v1/jobs", post_jobs, OPERATORS),
+        ("GET", "/v1/models", get_models, READERS),
+        ("POST", "/v1/models", post_models, OPERATORS),
+        ("GET", "/v1/events", get_events, READERS),
+        ("POST", "/v1/events", post_events, OPERATORS),
+        ("GET", "/v1/accounting", get_accounting, READERS),
     ]
-    for method, path, handler in routes:
+    for method, path, handler, admits in routes:
         # The JSON API has never answered HEAD (405); keep it so.
-        add_route(app, method, path, _answering(handler), Access.API_TOKEN, allow_head=False)
-    add_route(app, "GET", "/readyz", readyz, Access.OPEN)
+        add_route(app, method, path, _answering(handler), admits, allow_head=False)
+    add_route(app, "GET", "/readyz", readyz, PROBE)

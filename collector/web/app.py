@@ -22,20 +22,26 @@ from gpuwarden.collector.web.auth import authentication
 from gpuwarden.collector.web.exposition import setup_metrics
 from gpuwarden.collector.web.headers import security_headers
 from gpuwarden.collector.web.keys import (
+    AUTH_STATS,
     CONFIG,
+    CREDENTIAL_SOURCES,
     REMEDIATION,
     ROUTE_ACCESS,
     SERVICE,
     SINK,
     SKIPPED_RULES,
     STATS,
+    THROTTLE,
+    AuthStats,
     IngestStats,
 )
+from gpuwarden.collector.web.login import setup_signin
 from gpuwarden.collector.web.receiver import setup_receiver
 from gpuwarden.collector.web.remediation import setup_remediation
 from gpuwarden.collector.web.remediation_setup import Remediation
 from gpuwarden.collector.web.static import setup_static
 from gpuwarden.collector.web.status_page import setup_status_page
+from gpuwarden.collector.web.throttle import FailureThrottle
 
 
 def create_app(
@@ -67,6 +73,14 @@ def create_app(
     app[CONFIG] = config
     app[STATS] = IngestStats()
     app[ROUTE_ACCESS] = {}
+    app[AUTH_STATS] = AuthStats()
+    app[CREDENTIAL_SOURCES] = []
+    app[THROTTLE] = FailureThrottle(
+        config.auth_failure_limit,
+        config.auth_failure_window_seconds,
+        config.auth_failure_sources,
+    )
+    setup_signin(app)  # sessions and proxy identities for the pages (status, runbooks, approvals)
     if service is not None:
         app[SERVICE] = service
         app[SINK] = service

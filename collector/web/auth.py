@@ -1,70 +1,170 @@
-"""Authentication: one middleware, driven by what each route declared (:class:`Access`).
+"""Authentication and roles: one middleware, driven by what each route admits (:class:`Admits`).
 
-Routes add themselves with :func:`~gpuwarden.collector.web.keys.add_route`, naming who may call
-them; a route that declared nothing needs the API token. The middleware checks the bearer
-token before the handler runs, puts the token's owner in ``request[CALLER]``, and refuses with
-401 in the shape of the route: JSON for the API, text for the OTLP receiver (which counts every
-answer it gives). Requests that match no route go on to their 404 or 405.
+Routes add themselves with :func:`~gpuwarden.collector.web.keys.add_route`, naming the roles
+they admit; a route that declared nothing admits administrators only (fail closed). For a
+request to a route that is not open, the middleware
+
+1. answers 429 with ``Retry-After``, without looking at the credential, when the source address
+   failed to authenticate too often (:class:`~.throttle.FailureThrottle`);
+2. finds the caller: the ``Authorization: Bearer`` token first; on pages for people
+   (``keys.add_page``) and only there, each of ``app[CREDENTIAL_SOURCES]`` (a trusted proxy's
+   identity, a session; see ``web.login``) when the request has no ``Authorization`` header;
+   under ``allow_unauthenticated`` everyone is the anonymous admin. No caller: 401 with
+   ``WWW-Authenticate``, or for a page without a credential, a browser's GET goes to ``/login``;
+3. checks the caller's role against the route's: 403 with a one-line reason otherwise;
+4. puts the caller in ``request[CALLER]`` and calls the handler.
+
+Every refusal is counted in ``app[AUTH_STATS]`` under the route's path template (shown on
+``/metrics`` as ``gpuwarden_collector_auth_refusals_total``). Refusals are JSON, or text on the
+OTLP receiver (which counts every answer it gives). Requests that match no route go on to their
+404 or 405.
 """
 
 from __future__ import annotations
 
-import hmac
+import ipaddress
+from urllib.parse import quote
 
 from aiohttp import web
 
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.web.keys import (
+    ADMINS,
+    AUTH_STATS,
     CALLER,
     CONFIG,
+    CREDENTIAL_SOURCES,
+    PAGES,
     ROUTE_ACCESS,
     STATS,
-    Access,
+    THROTTLE,
+    Admits,
     Caller,
     Handler,
     Role,
+    route_template,
 )
 
-_REFUSED = "missing or invalid bearer token"
+ANONYMOUS = Caller("anonymous", Role.ADMIN, via="anonymous")
+"""Everyone, under ``allow_unauthenticated`` ("auth: none": the demo and loopback set-ups)."""
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
-def authenticate(config: CollectorConfig, header: str | None) -> Caller | None:
-    """Return the caller for a valid ``Bearer`` token, else None (constant-time compare).
+def exposure_warning(config: CollectorConfig) -> str | None:
+    """The start-up warning for ``allow_unauthenticated`` on an address beyond loopback, else None.
 
-    Every token is still an administrator here: roles per token come with the tokens file's
-    role column.
+    Loopback is ``localhost`` or a literal loopback address (127.0.0.0/8, ``::1``); any other
+    host, a name or ``0.0.0.0``, may be reached from elsewhere.
     """
-    if not config.tokens:
-        if not config.allow_unauthenticated:
-            return None
-        return Caller("anonymous", Role.ADMIN, via="anonymous")
-    scheme, _, presented = (header or "").partition(" ")
-    if scheme.lower() != "bearer" or not presented:
+    if not config.allow_unauthenticated or _is_loopback(config.host):
         return None
-    name = None
-    candidate = presented.strip().encode("utf-8")
-    for token, owner in config.tokens.items():
-        if hmac.compare_digest(candidate, token.encode("utf-8")):
-            name = owner
-    return Caller(name, Role.ADMIN) if name is not None else None
+    return (
+        f"allow_unauthenticated on {config.host}:{config.port}, beyond loopback: anyone who "
+        "reaches it is an admin (writes any node, approves actions, reads every page); set "
+        "tokens_file, or host: 127.0.0.1 behind an authenticating proxy"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def authenticate(config: CollectorConfig, header: str | None) -> Caller | None:
+    """The caller of an ``Authorization: Bearer`` header, else None.
+
+    The token is matched by its SHA-256 (:class:`~gpuwarden.collector.credentials.TokenTable`).
+    Under ``allow_unauthenticated`` (which excludes tokens) every request is :data:`ANONYMOUS`.
+    """
+    if config.allow_unauthenticated:
+        return ANONYMOUS
+    scheme, _, presented = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not presented.strip():
+        return None
+    found = config.tokens.match(presented.strip())
+    if found is None:
+        return None
+    return Caller(found.subject, found.role, frozenset(found.nodes))
+
+
+def find_caller(request: web.Request, *, page: bool) -> Caller | None:
+    """The bearer token's caller; on a page without ``Authorization``, the first credential
+    source's; else None.
+
+    Only pages ask the sources: a session cookie travels with every request a browser makes,
+    so it must never authorise the API, whose POSTs carry no CSRF token.
+    """
+    config = request.app[CONFIG]
+    header = request.headers.get("Authorization")
+    if header is not None or config.allow_unauthenticated or not page:
+        return authenticate(config, header)
+    for source in request.app.get(CREDENTIAL_SOURCES, ()):
+        caller = source(request)
+        if caller is not None:
+            return caller
+    return None
+
+
+def sign_in_first(request: web.Request) -> web.Response:
+    """A page without a person: a browser's GET goes to the sign-in form, anything else 401."""
+    request.app[AUTH_STATS].count(request, 401, "sign-in")
+    if request.method in ("GET", "HEAD"):
+        location = "/login?next=" + quote(request.rel_url.path_qs, safe="")
+        return web.Response(status=303, headers={"Location": location, "Cache-Control": "no-store"})
+    return web.Response(status=401, text="sign in first: /login\n", headers=_CHALLENGE)
+
+
+def _refuse(
+    request: web.Request, admits: Admits, status: int, reason: str, message: str
+) -> web.Response:
+    """Count the refusal and answer it in the route's shape."""
+    request.app[AUTH_STATS].count(request, status, reason)
+    headers = _CHALLENGE if status == 401 else {}
+    if admits.plain_refusals:
+        request.app[STATS].responses[status] += 1
+        return web.Response(status=status, text=f"{message}\n", headers=headers)
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def _no_caller(request: web.Request, admits: Admits, *, page: bool) -> web.Response:
+    """A request without a caller: a page without a credential goes to sign in (nothing was
+    guessed, so no throttled failure), anything else is a counted, throttled 401."""
+    missing = "Authorization" not in request.headers
+    if page and missing:
+        return sign_in_first(request)
+    request.app[THROTTLE].failed(request.remote or "")
+    reason = "missing" if missing else "invalid"
+    return _refuse(request, admits, 401, reason, "missing or invalid bearer token")
 
 
 @web.middleware
 async def authentication(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Let the request through when its route is open or its token valid; else answer 401."""
+    """Let the request through when its route is open or its caller admitted; else refuse."""
     match = request.match_info
     if match.http_exception is not None:  # no such route or method: nothing to protect
         return await handler(request)
     app = request.app
-    access = app[ROUTE_ACCESS].get(match.handler, Access.API_TOKEN)
-    if access is Access.OPEN:
+    admits = app[ROUTE_ACCESS].get(match.handler, ADMINS)
+    if admits.open_because:
         return await handler(request)
-    caller = authenticate(app[CONFIG], request.headers.get("Authorization"))
+    throttle, source = app[THROTTLE], request.remote or ""
+    wait = throttle.retry_after(source)
+    if wait:
+        response = _refuse(
+            request, admits, 429, "throttled", "too many failed authentications; retry later"
+        )
+        response.headers["Retry-After"] = str(wait)
+        return response
+    page = match.handler in app.get(PAGES, ())
+    caller = find_caller(request, page=page)
     if caller is None:
-        if access is Access.INGEST_TOKEN:
-            app[STATS].responses[401] += 1
-            return web.Response(status=401, text=f"{_REFUSED}\n", headers=_CHALLENGE)
-        return web.json_response({"error": _REFUSED}, status=401, headers=_CHALLENGE)
+        return _no_caller(request, admits, page=page)
+    if not admits.admits(caller.role):
+        message = f"role {caller.role.value} may not {request.method} {route_template(request)}"
+        return _refuse(request, admits, 403, "role", message)
     request[CALLER] = caller
     return await handler(request)

@@ -46,10 +46,12 @@ from gpuwarden.collector.storage.records import IncidentState, RollupTotal
 from gpuwarden.collector.web.exposition_models import model_families
 from gpuwarden.collector.web.gpus import GPU_READINGS, gpu_statuses
 from gpuwarden.collector.web.keys import (
+    AUTH_STATS,
     METRICS_REGISTRY,
+    READERS,
     SERVICE,
     STATS,
-    Access,
+    AuthStats,
     IngestStats,
     add_route,
 )
@@ -78,6 +80,7 @@ class FleetMetrics:
     Args:
         service: the collector core.
         stats: the OTLP receiver's counters (``gpuwarden_collector_requests_total``), if any.
+        auth: the refusals (``gpuwarden_collector_auth_refusals_total``), if any.
         accounting_window_seconds: rolling window of the per-job and per-team families.
         max_jobs: cap on jobs in the per-job families (largest by allocated GPU-hours).
         clock: Unix time in seconds (default: the service's clock).
@@ -88,6 +91,7 @@ class FleetMetrics:
         service: CollectorService,
         *,
         stats: IngestStats | None = None,
+        auth: AuthStats | None = None,
         accounting_window_seconds: float = DEFAULT_ACCOUNTING_WINDOW_SECONDS,
         max_jobs: int = DEFAULT_MAX_JOBS,
         clock: Callable[[], float] | None = None,
@@ -96,6 +100,7 @@ class FleetMetrics:
             raise ValueError("accounting_window_seconds must be > 0 and max_jobs >= 0")
         self._service = service
         self._stats = stats
+        self._auth = auth
         self._window = accounting_window_seconds
         self._max_jobs = max_jobs
         self._clock = clock if clock is not None else service.clock
@@ -328,6 +333,15 @@ class FleetMetrics:
         responses = dict(self._stats.responses) if self._stats is not None else {}
         for code, count in sorted(responses.items()):
             requests.add_metric([str(code)], float(count))
+        refusals = CounterMetricFamily(
+            "gpuwarden_collector_auth_refusals",
+            "Requests refused by authentication or roles, by method, route template, status "
+            "(401 no valid credential, 403 role or node not allowed, 429 throttled) and reason.",
+            labels=["method", "route", "status", "reason"],
+        )
+        refused = dict(self._auth.refusals) if self._auth is not None else {}
+        for (method, route, status, reason), count in sorted(refused.items()):
+            refusals.add_metric([method, route, str(status), reason], float(count))
         lag = GaugeMetricFamily(
             "gpuwarden_collector_lag_seconds",
             "Wall clock minus the time of the newest point received (absent before the first).",
@@ -344,7 +358,7 @@ class FleetMetrics:
                 ("jobs", "Current jobs (schedulers and API).", len(service.registry.jobs())),
             )
         ]
-        return [points, requests, *simple, lag]
+        return [points, requests, refusals, *simple, lag]
 
 
 def _seconds(total: RollupTotal) -> tuple[float, float, float]:
@@ -365,9 +379,11 @@ def setup_metrics(
     max_jobs: int = DEFAULT_MAX_JOBS,
     clock: Callable[[], float] | None = None,
 ) -> None:
-    """Add ``GET /metrics`` (no authentication, like node exporters) reading ``app[SERVICE]``.
+    """Add ``GET /metrics`` (readers: the families name jobs, teams, nodes and costs) reading
+    ``app[SERVICE]``.
 
-    The receiver's counters come from ``app[STATS]`` when the app has them.
+    The receiver's counters come from ``app[STATS]``, the refusals from ``app[AUTH_STATS]``,
+    when the app has them.
     """
     service = app[SERVICE]
     registry = CollectorRegistry()
@@ -375,10 +391,11 @@ def setup_metrics(
         FleetMetrics(
             service,
             stats=app.get(STATS),
+            auth=app.get(AUTH_STATS),
             accounting_window_seconds=accounting_window_seconds,
             max_jobs=max_jobs,
             clock=clock if clock is not None else service.clock,
         )
     )
     app[METRICS_REGISTRY] = registry
-    add_route(app, "GET", "/metrics", metrics, Access.OPEN)
+    add_route(app, "GET", "/metrics", metrics, READERS)

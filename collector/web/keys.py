@@ -2,13 +2,13 @@
 state types they hold, and how a route declares who may call it.
 
 ``create_app`` sets the keys; route modules read them and add their routes with
-:func:`add_route`, which records the route's :class:`Access` for the authentication middleware.
-This module imports only the core, never a route module, so every route module can import it.
+:func:`add_route`, which records the roles the route admits (:class:`Admits`) for the
+authentication middleware. This module imports only the core, never a route module, so every
+route module can import it.
 """
 
 from __future__ import annotations
 
-import enum
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,10 +18,48 @@ from jinja2.sandbox import SandboxedEnvironment
 from prometheus_client import CollectorRegistry
 
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.credentials import Role, node_allowed
 from gpuwarden.collector.ingest.alertmanager import AlertReceiver
 from gpuwarden.collector.ingest.sink import MetricsSink
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.remediation_setup import Remediation
+from gpuwarden.collector.web.throttle import FailureThrottle
+
+__all__ = [
+    "ADMINS",
+    "AGENTS",
+    "ALERT_RECEIVER",
+    "ALERT_SOURCES",
+    "AUTH_STATS",
+    "CALLER",
+    "CONFIG",
+    "CREDENTIAL_SOURCES",
+    "METRICS_REGISTRY",
+    "OPERATORS",
+    "PAGES",
+    "PROBE",
+    "READERS",
+    "READINESS",
+    "REMEDIATION",
+    "ROUTE_ACCESS",
+    "SERVICE",
+    "SIGNED_LINK",
+    "SINK",
+    "SKIPPED_RULES",
+    "STATS",
+    "STATUS_TEMPLATES",
+    "THROTTLE",
+    "Admits",
+    "AuthStats",
+    "Caller",
+    "CredentialSource",
+    "Handler",
+    "IngestStats",
+    "Role",
+    "add_page",
+    "add_route",
+    "route_template",
+]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -36,15 +74,70 @@ class IngestStats:
     inflight: int = 0
 
 
-class Access(enum.Enum):
-    """Who may call a route. A route that declares nothing needs the API token (fail closed)."""
+@dataclass
+class AuthStats:
+    """Refused requests by method, route template, status and reason
+    (``gpuwarden_collector_auth_refusals_total``): bounded, never a raw path."""
 
-    OPEN = enum.auto()
-    """Probes, ``/metrics``, the status page, runbooks and approval links (signed tokens)."""
-    API_TOKEN = enum.auto()
-    """A bearer token of ``CollectorConfig.tokens``; refused with a JSON 401."""
-    INGEST_TOKEN = enum.auto()
-    """The same tokens for agents; refused with a text 401 the receiver counts."""
+    refusals: Counter[tuple[str, str, int, str]] = field(default_factory=Counter)
+    #: (caller, node) pairs already logged as unbound writes; bounded, then forgotten at once
+    unbound_logged: set[tuple[str, str]] = field(default_factory=set)
+    max_unbound_logged: int = 4096
+
+    def count(self, request: web.Request, status: int, reason: str) -> None:
+        """Count one refusal of ``request`` under its route's template."""
+        self.refusals[(request.method, route_template(request), status, reason)] += 1
+
+    def first_unbound(self, caller: str, node: str) -> bool:
+        """True the first time ``caller`` is refused writing ``node`` (log it then only)."""
+        if (caller, node) in self.unbound_logged:
+            return False
+        if len(self.unbound_logged) >= self.max_unbound_logged:
+            self.unbound_logged.clear()
+        self.unbound_logged.add((caller, node))
+        return True
+
+
+def route_template(request: web.Request) -> str:
+    """The matched route's path template (``/v1/actions/{id}/{verb}``), never the raw path."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@dataclass(frozen=True)
+class Admits:
+    """Who may call a route: the roles it admits (an admin always), or open to anyone.
+
+    ``open_because`` (non-empty) makes the route need no credential and says why: liveness and
+    readiness probes, and approval links whose signed, single-use token in the URL decides.
+    ``plain_refusals``: refusals are text and counted by the OTLP receiver, whose clients are
+    exporters, not browsers or API scripts.
+    """
+
+    roles: frozenset[Role] = frozenset()
+    open_because: str = ""
+    plain_refusals: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "roles", self.roles | {Role.ADMIN})
+
+    def admits(self, role: Role) -> bool:
+        """Whether a caller of ``role`` may call the route."""
+        return role in self.roles
+
+
+PROBE = Admits(open_because="a probe: liveness and readiness tell nothing about the fleet")
+SIGNED_LINK = Admits(open_because="the signed, single-use token in the URL decides")
+READERS = Admits(frozenset({Role.READER, Role.OPERATOR}))
+"""Pages, reads of the API and ``/metrics``."""
+OPERATORS = Admits(frozenset({Role.OPERATOR}))
+"""Decisions (approve, reject, reset) and the API's writes of jobs, models and events."""
+AGENTS = Admits(frozenset({Role.AGENT}), plain_refusals=True)
+"""OTLP ingest, each agent for its bound nodes."""
+ALERT_SOURCES = Admits(frozenset({Role.ALERT_SOURCE}))
+"""The Alertmanager webhook."""
+ADMINS = Admits()
+"""Administrators only: what a route that declares nothing gets (fail closed)."""
 
 
 CONFIG = web.AppKey("config", CollectorConfig)
@@ -60,32 +153,20 @@ METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
 STATUS_TEMPLATES = web.AppKey("status_templates", SandboxedEnvironment)
 REMEDIATION = web.AppKey("remediation", Remediation)
 ALERT_RECEIVER = web.AppKey("alert_receiver", AlertReceiver)
-ROUTE_ACCESS: web.AppKey[dict[Handler, Access]] = web.AppKey("route_access")
-"""Each handler's :class:`Access`, as declared by :func:`add_route`."""
-
-
-class Role(enum.Enum):
-    """What a credential may do; each route declares the roles it admits (least privilege)."""
-
-    AGENT = "agent"
-    """Ingest only, for the node names the credential is bound to."""
-    READER = "reader"
-    """The status page, API reads, ``/metrics``."""
-    OPERATOR = "operator"
-    """Approve or reject actions, reset the breaker, silence."""
-    ADMIN = "admin"
-    """Configuration reloads."""
-    ALERT_SOURCE = "alert-source"
-    """The Alertmanager webhook only."""
+ROUTE_ACCESS: web.AppKey[dict[Handler, Admits]] = web.AppKey("route_access")
+"""Each handler's :class:`Admits`, as declared by :func:`add_route`."""
+AUTH_STATS = web.AppKey("auth_stats", AuthStats)
+THROTTLE = web.AppKey("throttle", FailureThrottle)
+"""Failed authentications per source address (``auth_failure_*`` of the config)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Caller:
     """Who made a request, as established by the authentication middleware.
 
-    ``name`` is the token's subject or the signed-in person; ``nodes`` the node names an agent
-    credential may write (empty for other roles); ``via`` how it was established (``token``,
-    ``session``, ``proxy``, ``client-cert`` or ``anonymous``).
+    ``name`` is the token's subject or the signed-in person; ``nodes`` the node names or globs
+    (``gpu-rack3-*``) an agent credential may write (empty for other roles); ``via`` how it
+    was established (``token``, ``session``, ``proxy``, ``client-cert`` or ``anonymous``).
     """
 
     name: str
@@ -96,9 +177,24 @@ class Caller:
     def __str__(self) -> str:
         return self.name
 
+    def may_write(self, node: str) -> bool:
+        """Whether this caller may write ``node``'s telemetry (its ``host.name``; "" for none):
+        an admin (and the anonymous caller of ``allow_unauthenticated``) any node, an agent its
+        bound nodes (names or globs), nobody else any."""
+        if self.role is Role.ADMIN:
+            return True
+        return self.role is Role.AGENT and node_allowed(self.nodes, node)
+
+
+CredentialSource = Callable[[web.Request], Caller | None]
+"""Another way to establish a caller after the bearer token (a session, a trusted proxy's
+identity header): the caller, or None when the request carries no such credential."""
+
 
 CALLER = web.RequestKey("caller", Caller)
 """Who called, set by the authentication middleware on routes that need a credential."""
+CREDENTIAL_SOURCES: web.AppKey[list[CredentialSource]] = web.AppKey("credential_sources")
+"""Tried in order when a request has no ``Authorization`` header (see :data:`CredentialSource`)."""
 
 
 def add_route(
@@ -106,15 +202,34 @@ def add_route(
     method: str,
     path: str,
     handler: Handler,
-    access: Access,
+    admits: Admits = ADMINS,
     *,
     allow_head: bool = True,
 ) -> None:
-    """Add a route and declare who may call it; ``GET`` answers ``HEAD`` too unless told not."""
+    """Add a route and declare who may call it (:class:`Admits`; nothing declared: admins
+    only); ``GET`` answers ``HEAD`` too unless told not."""
     if method == "GET":
         app.router.add_get(path, handler, allow_head=allow_head)
     else:
         app.router.add_route(method, path, handler)
     if ROUTE_ACCESS not in app:
         app[ROUTE_ACCESS] = {}
-    app[ROUTE_ACCESS][handler] = access
+    app[ROUTE_ACCESS][handler] = admits
+
+
+# People on the web ------------------------------------------------------------------------------
+
+PAGES: web.AppKey[set[Handler]] = web.AppKey("pages")
+"""Handlers of pages for people, added by :func:`add_page`."""
+
+
+def add_page(
+    app: web.Application, method: str, path: str, handler: Handler, admits: Admits
+) -> None:
+    """Add a page for people: besides a bearer token, a session or a trusted proxy's identity
+    lets them in, and a browser without a credential is sent to ``/login`` instead of a 401.
+
+    A POST page checks its own CSRF token and ``Origin`` (cookies travel with every request).
+    """
+    add_route(app, method, path, handler, admits)
+    app.setdefault(PAGES, set()).add(handler)

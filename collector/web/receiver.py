@@ -1,13 +1,16 @@
 """The OTLP/HTTP receiver (``POST /v1/metrics``) and liveness (``GET /healthz``).
 
 Handlers parse, call the core and translate domain errors into HTTP answers: 200 (with a
-partial-success count when points were rejected), 400 malformed, 401 bad token (answered by the
-authentication middleware, counted here all the same), 413 too large, 415 wrong content type or
-encoding, 503 with ``Retry-After`` when too many requests are in flight. Never a 5xx for bad
-input.
+partial-success count when points were rejected), 400 malformed, 401 bad token and 403 a role
+other than agent or admin (answered by the authentication middleware, counted here all the
+same), 403 a node the agent's token is not bound to (nothing stored), 413 too large, 415 wrong
+content type or encoding, 503 with ``Retry-After`` when too many requests are in flight. Never a
+5xx for bad input.
 """
 
 from __future__ import annotations
+
+import logging
 
 from aiohttp import web
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -17,6 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.ingest.otlp import histogram_points, number_points
+from gpuwarden.collector.ingest.otlp_hosts import claimed_hosts
 from gpuwarden.collector.ingest.otlp_transport import (
     OtlpError,
     decompress,
@@ -27,14 +31,19 @@ from gpuwarden.collector.ingest.otlp_transport import (
 from gpuwarden.collector.ingest.sink import MetricsSink
 from gpuwarden.collector.service import Accepted, CollectorService
 from gpuwarden.collector.web.keys import (
+    AGENTS,
+    AUTH_STATS,
     CALLER,
     CONFIG,
+    PROBE,
     SINK,
     STATS,
-    Access,
     IngestStats,
+    Role,
     add_route,
 )
+
+log = logging.getLogger(__name__)
 
 
 async def otlp_metrics(request: web.Request) -> web.Response:
@@ -68,6 +77,7 @@ async def _ingest(
         payload = decompress(
             body, request.headers.get("Content-Encoding"), config.max_decompressed_bytes
         )
+        check_bound_nodes(request, payload, kind)
         if isinstance(sink, CollectorService):
             # The fast path: straight into the store, no NumberPoint per point.
             done = sink.accept_payload(payload, kind, source)
@@ -103,6 +113,30 @@ def _accept_parsed(sink: MetricsSink, parsed: ExportMetricsServiceRequest, sourc
     )
 
 
+def check_bound_nodes(request: web.Request, payload: bytes, kind: str) -> None:
+    """Refuse (403, before anything is stored) a request that writes a node its caller is not
+    bound to; admins and the anonymous caller write any node. Each (caller, node) is logged
+    once; every refusal is counted."""
+    caller = request[CALLER]
+    if caller.role is Role.ADMIN:
+        return  # skip reading the hosts: an admin may write any
+    unbound = sorted(h for h in claimed_hosts(payload, kind) if not caller.may_write(h))
+    if not unbound:
+        return
+    auth = request.app[AUTH_STATS]
+    auth.count(request, 403, "node")
+    for node in unbound:
+        if auth.first_unbound(caller.name, node):
+            log.warning(
+                "%s (%s) may not write host.name %r (bound to %s): refused, nothing stored",
+                caller,
+                request.remote,
+                node,
+                ",".join(sorted(caller.nodes)) or "no node",
+            )
+    raise OtlpError(403, f"{caller} may not write host.name {unbound[0]!r}; nothing stored")
+
+
 async def _read_limited(request: web.Request, limit: int) -> bytes:
     """The whole body in one read; aiohttp stops at ``client_max_size`` (``limit`` here)."""
     try:
@@ -120,6 +154,6 @@ async def healthz(_request: web.Request) -> web.Response:
 
 
 def setup_receiver(app: web.Application) -> None:
-    """Add ``POST /v1/metrics`` (agent token) into ``app[SINK]`` and ``GET /healthz`` (open)."""
-    add_route(app, "POST", "/v1/metrics", otlp_metrics, Access.INGEST_TOKEN)
-    add_route(app, "GET", "/healthz", healthz, Access.OPEN)
+    """Add ``POST /v1/metrics`` (agents) into ``app[SINK]`` and ``GET /healthz`` (a probe)."""
+    add_route(app, "POST", "/v1/metrics", otlp_metrics, AGENTS)
+    add_route(app, "GET", "/healthz", healthz, PROBE)

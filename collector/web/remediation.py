@@ -1,10 +1,14 @@
 """HTTP routes of remediation: runbook pages, approval links, and the incidents/actions API.
 
 * ``GET /runbooks/{rule}`` and ``GET /incidents/{id}/runbook``: rendered runbooks (HTML, or
-  Markdown with ``?format=md``) at stable URLs. They carry no bearer token (browsers follow them
-  from Slack); put the collector behind the organisation's SSO proxy when incidents are private.
+  Markdown with ``?format=md``) at stable URLs. They are pages for people (``keys.add_page``):
+  a session from ``/login``, a trusted proxy's identity or a bearer token; a browser without one
+  is sent to ``/login`` and comes back after signing in.
 * ``GET /approve/{token}`` shows a confirmation page and never changes anything (chat apps
-  prefetch links); ``POST /approve/{token}`` approves, once. The signed token is the authority.
+  prefetch links); ``POST /approve/{token}`` approves, once. Both need a signed-in person; the
+  POST also needs the page's CSRF token and a same-origin ``Origin`` (``web.session``), and an
+  operator or admin. The approver recorded (audit actor, link ``used_by``) is that person, never
+  a form field; ``anonymous`` under ``allow_unauthenticated``.
 * ``/v1/incidents``, ``/v1/actions``, ``/v1/actions/{id}/approve|reject``, ``/v1/breaker`` and
   ``/v1/breaker/reset`` need the collector's bearer token; the token's name is the actor.
 
@@ -35,20 +39,33 @@ from gpuwarden.collector.storage.base import ActionRecord, StorageError
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.keys import (
     ALERT_RECEIVER,
+    ALERT_SOURCES,
     CALLER,
+    OPERATORS,
+    READERS,
     REMEDIATION,
-    Access,
+    Admits,
+    Caller,
     Handler,
+    add_page,
     add_route,
 )
 from gpuwarden.collector.web.remediation_setup import Remediation
+from gpuwarden.collector.web.session import (
+    CSRF_FIELD,
+    DECIDING_ROLES,
+    csrf_problem,
+    page_csrf_token,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_LIST = 1000
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
-_APPROVER = re.compile(r"[\w.@+-]{1,64}")
-_NO_STORE = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
+# same-origin, not no-referrer: under no-referrer a browser sends the form's POST with
+# ``Origin: null``, which the cross-origin check must refuse; the link's token still never
+# leaves for another site in a Referer.
+_NO_STORE = {"Cache-Control": "no-store", "Referrer-Policy": "same-origin"}
 _TOKEN_STATUS = {
     TokenProblem.MALFORMED: 400,
     TokenProblem.BAD_SIGNATURE: 403,
@@ -60,19 +77,28 @@ _TOKEN_STATUS = {
 
 _PAGE = SandboxedEnvironment(autoescape=True).from_string(
     """<!doctype html><html lang="en"><head><meta charset="utf-8">
-<meta name="referrer" content="no-referrer"><title>{{ title }}</title>
+<meta name="referrer" content="same-origin"><title>{{ title }}</title>
 <link rel="stylesheet" href="/static/gpuwarden.css"></head><body class="doc narrow">
 <h1>{{ title }}</h1>{% for line in lines %}<p>{{ line }}</p>{% endfor %}
-{% if form %}<form method="post">
-<label>Your name <input name="approver" pattern="[A-Za-z0-9_.@+-]{1,64}"></label>
-<button type="submit">Approve</button></form>{% endif %}
+{% if csrf %}<form method="post">
+<input type="hidden" name="{{ csrf_field }}" value="{{ csrf }}">
+<button id="approve" type="submit">Approve</button></form>{% endif %}
 </body></html>"""
 )
 
 
-def _page(title: str, lines: list[str], *, status: int = 200, form: bool = False) -> web.Response:
-    body = _PAGE.render(title=title, lines=lines, form=form)
+def _page(title: str, lines: list[str], *, status: int = 200, csrf: str = "") -> web.Response:
+    """An approval page; with ``csrf``, the Approve form carrying that token."""
+    body = _PAGE.render(title=title, lines=lines, csrf=csrf, csrf_field=CSRF_FIELD)
     return web.Response(text=body, content_type="text/html", status=status, headers=_NO_STORE)
+
+
+def _signed_in(caller: Caller) -> str:
+    """Who is looking, and whether they may approve."""
+    who = f"Signed in as {caller.name} ({caller.role.value})."
+    if caller.role in DECIDING_ROLES:
+        return f"{who} Approving records you as the approver."
+    return f"{who} Only an operator or admin may approve."
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -198,6 +224,8 @@ async def approve_page(request: web.Request) -> web.Response:
     r = request.app[REMEDIATION]
     approvals = _approvals(r)
     token = request.match_info["token"]
+    caller = request[CALLER]
+    csrf = page_csrf_token(request, caller)
 
     def look() -> web.Response:
         try:
@@ -212,21 +240,32 @@ async def approve_page(request: web.Request) -> web.Response:
             f"Incident {action.incident_id}, rule {action.params.get('rule_id', '?')}; "
             f"state {action.state}; {'dry run' if r.remediator.config.dry_run else 'real'}",
             "Approving runs it through the policy (cooldown, breaker, dry-run still apply).",
+            _signed_in(caller),
         ]
-        return _page("Approve this action?", lines, form=True)
+        return _page("Approve this action?", lines, csrf=csrf)
 
     return await asyncio.to_thread(look)
 
 
 async def approve_post(request: web.Request) -> web.Response:
-    """``POST /approve/{token}``: approve, once."""
+    """``POST /approve/{token}``: approve, once, as the signed-in person.
+
+    Refused with 403 and nothing approved: a cross-origin request, a missing or wrong CSRF
+    token, a person who is not an operator or admin.
+    """
     r = request.app[REMEDIATION]
     approvals = _approvals(r)
     token = request.match_info["token"]
+    caller = request[CALLER]
     form = await request.post()
-    approver = str(form.get("approver") or "anonymous")
-    if not _APPROVER.fullmatch(approver):
-        return _page("Not approved", ["approver: letters, digits and _.@+- only"], status=400)
+    presented = form.get(CSRF_FIELD)
+    problem = csrf_problem(request, caller, presented if isinstance(presented, str) else None)
+    if problem is None and caller.role not in DECIDING_ROLES:
+        problem = f"{caller.name} is a {caller.role.value}: only an operator or admin may approve"
+    if problem is not None:
+        log.warning("approval refused for %s from %s: %s", caller, request.remote, problem)
+        return _page("Not approved", [problem], status=403)
+    approver = caller.name
 
     def approve() -> web.Response:
         try:
@@ -234,7 +273,7 @@ async def approve_post(request: web.Request) -> web.Response:
         except ApprovalError as exc:
             return _page("Not approved", [str(exc)], status=_TOKEN_STATUS[exc.reason])
         try:
-            action = r.remediator.approve(claim.action_id, actor=f"link:{approver}")
+            action = r.remediator.approve(claim.action_id, actor=approver)
         except ActionStateError as exc:
             return _page("Not approved", [str(exc)], status=409)
         lines = [f"Action {action.action_id} ({action.action} {action.target}): {action.state}"]
@@ -361,22 +400,30 @@ async def alertmanager_webhook(request: web.Request) -> web.Response:
 
 
 def setup_remediation(app: web.Application) -> None:
-    """Add the runbook, approval-link (open) and API (token) routes for ``app[REMEDIATION]``."""
+    """Add the runbook and approval pages (readers; operators approve) and the API (readers
+    read, operators decide) and Alertmanager webhook (alert sources) routes for
+    ``app[REMEDIATION]``."""
     remediation = app[REMEDIATION]
     app[ALERT_RECEIVER] = AlertReceiver(remediation.storage, remediation.rules.values())
-    routes: list[tuple[str, str, Handler, Access]] = [
-        ("GET", "/runbooks/{rule}", rule_runbook, Access.OPEN),
-        ("GET", "/incidents/{id}/runbook", incident_runbook, Access.OPEN),
-        ("GET", "/approve/{token}", approve_page, Access.OPEN),  # the signed token decides
-        ("POST", "/approve/{token}", approve_post, Access.OPEN),
-        ("GET", "/v1/incidents", list_incidents, Access.API_TOKEN),
-        ("GET", "/v1/incidents/{id}", show_incident, Access.API_TOKEN),
-        ("GET", "/v1/actions", list_actions, Access.API_TOKEN),
-        ("GET", "/v1/actions/{id}", show_action, Access.API_TOKEN),
-        ("POST", "/v1/actions/{id}/{verb:approve|reject}", decide_action, Access.API_TOKEN),
-        ("GET", "/v1/breaker", show_breaker, Access.API_TOKEN),
-        ("POST", "/v1/breaker/reset", reset_breaker, Access.API_TOKEN),
-        ("POST", "/v1/alertmanager", alertmanager_webhook, Access.API_TOKEN),
+    routes: list[tuple[str, str, Handler, Admits]] = [
+        ("GET", "/v1/incidents", list_incidents, READERS),
+        ("GET", "/v1/incidents/{id}", show_incident, READERS),
+        ("GET", "/v1/actions", list_actions, READERS),
+        ("GET", "/v1/actions/{id}", show_action, READERS),
+        ("POST", "/v1/actions/{id}/{verb:approve|reject}", decide_action, OPERATORS),
+        ("GET", "/v1/breaker", show_breaker, READERS),
+        ("POST", "/v1/breaker/reset", reset_breaker, OPERATORS),
+        ("POST", "/v1/alertmanager", alertmanager_webhook, ALERT_SOURCES),
     ]
     for method, path, handler, access in routes:
         add_route(app, method, path, handler, access)
+    # Pages for people (a session, a trusted proxy's identity or a token); the approval POST
+    # checks its CSRF token, its Origin and the person's role itself.
+    pages: list[tuple[str, str, Handler]] = [
+        ("GET", "/runbooks/{rule}", rule_runbook),
+        ("GET", "/incidents/{id}/runbook", incident_runbook),
+        ("GET", "/approve/{token}", approve_page),  # the signed link names the action
+        ("POST", "/approve/{token}", approve_post),
+    ]
+    for method, path, handler in pages:
+        add_page(app, method, path, handler, READERS)  # a reader sees the page, not the button

@@ -4,9 +4,10 @@ Server-rendered: Jinja2 templates in a sandboxed environment that escapes every 
 names, teams, node names, labels, summaries come from telemetry, jobs and alerts), and SVG charts
 built by ``status_svg`` (the only markup marked safe: it escapes every text it places). No
 JavaScript; styles come from the served stylesheet, and the security headers (CSP, no-store)
-from :mod:`~.headers`. ``GET /status`` and
-``GET /status/incidents/{id}`` are read-only and, like ``/metrics``, need no token: they show
-what ``/metrics`` shows (GPUs, jobs, teams, costs); keep the collector on a private network.
+from :mod:`~.headers`. ``GET /status`` and ``GET /status/incidents/{id}`` are read-only pages
+for people (``keys.add_page``): a signed-in session, a trusted proxy's identity or a bearer
+token; a browser without one is sent to ``/login`` (open to all under
+``allow_unauthenticated``). They show GPUs, jobs, teams, costs.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.base import ActionRecord
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.gpus import gpu_statuses
-from gpuwarden.collector.web.keys import SERVICE, STATUS_TEMPLATES, Access, add_route
+from gpuwarden.collector.web.keys import READERS, SERVICE, STATUS_TEMPLATES, add_page
 from gpuwarden.collector.web.status_charts import fleet_chart, incident_chart
 from gpuwarden.collector.web.status_nodes import node_freshness
 from gpuwarden.collector.web.status_prices import prices_context
@@ -307,7 +308,8 @@ async def incident_page(request: web.Request) -> web.Response:
 
 
 def setup_status_page(app: web.Application) -> None:
-    """Add ``GET /status`` and ``GET /status/incidents/{id}`` (open) reading ``app[SERVICE]``."""
+    """Add ``GET /status`` and ``GET /status/incidents/{id}`` (pages for signed-in people)
+    reading ``app[SERVICE]``."""
     app[STATUS_TEMPLATES] = environment()
-    add_route(app, "GET", "/status", status, Access.OPEN)
-    add_route(app, "GET", "/status/incidents/{id}", incident_page, Access.OPEN)
+    add_page(app, "GET", "/status", status, READERS)
+    add_page(app, "GET", "/status/incidents/{id}", incident_page, READERS)
