@@ -7,8 +7,8 @@ request to a route that is not open, the middleware
 1. answers 429 with ``Retry-After``, without looking at the credential, when the source address
    failed to authenticate too often (:class:`~.throttle.FailureThrottle`);
 2. finds the caller: the ``Authorization: Bearer`` token first, then each of
-   ``app[CREDENTIAL_SOURCES]`` (sessions, a trusted proxy's identity) when the request has no
-   ``Authorization`` header; under ``allow_unauthenticated`` everyone is the anonymous admin.
+   ``app[CREDENTIAL_SOURCES]`` (sessions, a trusted proxy's identity) when the token is absent
+   or matches nothing; under ``allow_unauthenticated`` everyone is the anonymous admin.
    No caller: 401 with ``WWW-Authenticate``;
 3. checks the caller's role against the route's: 403 with a one-line reason otherwise;
 4. puts the caller in ``request[CALLER]`` and calls the handler.
@@ -89,11 +89,15 @@ def authenticate(config: CollectorConfig, header: str | None) -> Caller | None:
 
 
 def find_caller(request: web.Request) -> Caller | None:
-    """The bearer token's caller, else the first other credential source's, else None."""
+    """The bearer token's caller, else the first other credential source's, else None.
+
+    A bearer token that matches nothing does not stop the other sources: a reverse proxy may
+    pass its own ``Authorization`` header along with the identity it vouches for.
+    """
     config = request.app[CONFIG]
-    header = request.headers.get("Authorization")
-    if header is not None or config.allow_unauthenticated:
-        return authenticate(config, header)
+    caller = authenticate(config, request.headers.get("Authorization"))
+    if caller is not None:
+        return caller
     for source in request.app.get(CREDENTIAL_SOURCES, ()):
         caller = source(request)
         if caller is not None:
