@@ -24,7 +24,7 @@ from gpuwarden.collector.rules.loader import default_runbooks_dir
 from gpuwarden.collector.rules.model import ActionMode
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
-from gpuwarden.collector.web.keys import AUTH_STATS
+from gpuwarden.collector.web.keys import AUTH_STATS, CREDENTIAL_SOURCES, Caller
 from gpuwarden.collector.web.remediation_setup import Remediation
 from tests.test_collector_api import fleet
 from tests.test_remediate_web import Setup, build
@@ -225,3 +225,19 @@ async def test_a_route_that_declares_nothing_admits_only_admins(aiohttp_client, 
     for role, token in TOKENS.items():
         resp = await client.get("/undeclared", headers={"Authorization": f"Bearer {token}"})
         assert resp.status == (200 if role is A else 403), role
+
+
+async def test_other_credential_sources_are_asked_after_the_bearer_token(aiohttp_client, app):
+    def session(request: web.Request) -> Caller | None:
+        return Caller("carol", OP, via="session") if "session" in request.cookies else None
+
+    app[CREDENTIAL_SOURCES].append(session)
+    client = await aiohttp_client(app)
+    cookie = {"Cookie": "session=1"}
+    assert (await client.get("/v1/breaker")).status == 401
+    assert (await client.get("/v1/breaker", headers=cookie)).status == 200
+    wrong_and_cookie = {**cookie, "Authorization": f"Bearer {WRONG}"}
+    assert (await client.get("/v1/breaker", headers=wrong_and_cookie)).status == 200
+    refused = await client.post("/v1/alertmanager", headers=cookie, json={})
+    assert refused.status == 403
+    assert await refused.json() == {"error": "role operator may not POST /v1/alertmanager"}

@@ -7,8 +7,8 @@ request to a route that is not open, the middleware
 1. answers 429 with ``Retry-After``, without looking at the credential, when the source address
    failed to authenticate too often (:class:`~.throttle.FailureThrottle`);
 2. finds the caller: the ``Authorization: Bearer`` token first; on pages for people
-   (``keys.add_page``) and only there, each of ``app[CREDENTIAL_SOURCES]`` (a trusted proxy's
-   identity, a session; see ``web.login``) when the request has no ``Authorization`` header;
+   (``keys.add_page``) and only there, when the token is absent or matches nothing, each of
+   ``app[CREDENTIAL_SOURCES]`` (a trusted proxy's identity, a session; see ``web.login``);
    under ``allow_unauthenticated`` everyone is the anonymous admin. No caller: 401 with
    ``WWW-Authenticate``, or for a page without a credential, a browser's GET goes to ``/login``;
 3. checks the caller's role against the route's: 403 with a one-line reason otherwise;
@@ -92,16 +92,18 @@ def authenticate(config: CollectorConfig, header: str | None) -> Caller | None:
 
 
 def find_caller(request: web.Request, *, page: bool) -> Caller | None:
-    """The bearer token's caller; on a page without ``Authorization``, the first credential
+    """The bearer token's caller; on a page, when that gives none, the first credential
     source's; else None.
 
     Only pages ask the sources: a session cookie travels with every request a browser makes,
-    so it must never authorise the API, whose POSTs carry no CSRF token.
+    so it must never authorise the API, whose POSTs carry no CSRF token. On a page a bearer
+    token that matches nothing does not stop the sources: a reverse proxy may pass its own
+    ``Authorization`` header along with the identity it vouches for.
     """
     config = request.app[CONFIG]
-    header = request.headers.get("Authorization")
-    if header is not None or config.allow_unauthenticated or not page:
-        return authenticate(config, header)
+    caller = authenticate(config, request.headers.get("Authorization"))
+    if caller is not None or config.allow_unauthenticated or not page:
+        return caller
     for source in request.app.get(CREDENTIAL_SOURCES, ()):
         caller = source(request)
         if caller is not None:

@@ -194,7 +194,8 @@ identity header): the caller, or None when the request carries no such credentia
 CALLER = web.RequestKey("caller", Caller)
 """Who called, set by the authentication middleware on routes that need a credential."""
 CREDENTIAL_SOURCES: web.AppKey[list[CredentialSource]] = web.AppKey("credential_sources")
-"""Tried in order when a request has no ``Authorization`` header (see :data:`CredentialSource`)."""
+"""Tried in order when a request's bearer token is absent or matches nothing (see
+:data:`CredentialSource`); ``create_app`` starts it empty."""
 
 
 def add_route(
