@@ -30,8 +30,8 @@ __all__ = [
     "CollectorConfig",
     "ConfigError",
     "ModelServer",
-    "TlsSettings",
     "SignInSettings",
+    "TlsSettings",
     "load_collector_config",
     "parse_secrets",
     "parse_tokens",
@@ -90,6 +90,8 @@ class TlsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             "client_ca_file": self.client_ca_file,
         }
         return {key: path for key, path in named.items() if path is not None}
+
+
 #: The roles a person may hold on the web (``web.keys.Role`` without agent and alert-source).
 PersonRole = Literal["reader", "operator", "admin"]
 MIN_SESSION_KEY_BYTES = 32
@@ -283,6 +285,8 @@ def _tls(written: object, where: str, key: str) -> TlsSettings:
                 "(name a readable PEM file)"
             ) from None
     return tls
+
+
 def _signin(written: object, where: str, key: str) -> SignInSettings:
     """``signin``: the section, with its session key file checked now (fail at start)."""
     settings = convert(written, SignInSettings, where, section=key)

@@ -29,7 +29,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 from urllib.parse import quote
 
@@ -226,7 +225,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         alerting=AlertingSettings(),
         clock=clock,
     )
-    config = CollectorConfig(tokens=MappingProxyType({TOKEN: "ops"}))
+    # open pages (auth: none) so that Chromium loads them as they are; who may see them is
+    # tests/test_route_roles.py's subject, what they show is this test's
+    config = CollectorConfig(allow_unauthenticated=True)
     app = create_app(config, service=service, background=False, remediation=remediation)
     collector = ServedApp(app)
     try:
@@ -586,7 +587,8 @@ def test_runbook_values_cannot_change_the_authors_markdown(
 @pytest.mark.parametrize(
     ("path", "status"),
     [
-        ("/v1/incidents", 401),  # the authentication middleware's refusal
+        ("/v1/incidents", 200),  # the API (auth: none here)
+        ("/v1/metrics", 405),  # the router's: GET on a POST route
         ("/status/incidents/abc", 400),  # a handler's HTTPException
         ("/no/such/route", 404),  # the router's
         ("/static/gpuwarden.css", 200),

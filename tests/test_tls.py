@@ -392,7 +392,7 @@ class CollectorProcess:
         self.cert, self.key = tmp / "cert.pem", tmp / "key.pem"
         self.cert.write_bytes(pki.server.cert.read_bytes())
         self.key.write_bytes(pki.server.key.read_bytes())
-        (tmp / "tokens").write_text(f"agents {TOKEN}\n")
+        (tmp / "tokens").write_text(f"agent agents {TOKEN} nodes=*\n")
         self.config = tmp / "collector.yaml"
         self.config.write_text(
             f"port: {self.port}\ntokens_file: {tmp / 'tokens'}\n"

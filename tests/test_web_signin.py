@@ -213,10 +213,11 @@ async def test_the_session_cookie_and_what_it_opens(aiohttp_client, setup) -> No
     assert (await client.get("/runbooks/idle-gpu", headers=cookie)).status == 200
     # The session opens pages, never the API: a cookie cannot drive /v1 from another site.
     assert (await client.get("/v1/actions", headers=cookie)).status == 401
-    # A wrong bearer token is a 401, the session is not asked instead.
+    # On a page a bearer token that matches nothing does not hide the session: a reverse proxy
+    # may pass its own Authorization header along (web.auth.find_caller).
     wrong = {**cookie, "Authorization": "Bearer wrong-token-0123456789abc"}
     page = await client.get("/runbooks/idle-gpu", headers=wrong, allow_redirects=False)
-    assert page.status == 401
+    assert page.status == 200
 
 
 async def test_a_tampered_or_signed_out_cookie_is_not_signed_in(aiohttp_client, setup) -> None:

@@ -30,8 +30,8 @@ from gpuwarden.collector.remediate.policy import PolicyError
 from gpuwarden.collector.rules.model import RuleError
 from gpuwarden.collector.storage.base import StorageError
 from gpuwarden.collector.web.app import create_app
-from gpuwarden.collector.web.tls import reload_on_sighup, server_context
 from gpuwarden.collector.web.auth import exposure_warning
+from gpuwarden.collector.web.tls import reload_on_sighup, server_context
 
 log = logging.getLogger(__name__)
 

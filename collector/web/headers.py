@@ -15,7 +15,10 @@ alike, and a new route cannot forget them. What each header does for us:
 * ``X-Content-Type-Options: nosniff``: a JSON or Markdown answer is never run as script or
   rendered as HTML.
 * ``Referrer-Policy: no-referrer``: approval links carry signed bearer tokens in their path; a
-  link followed from such a page must not send it to the next site.
+  link followed from such a page must not send it to the next site. A page that posts a form
+  to itself (sign-in, approval) sets ``same-origin`` instead, which still sends nothing to
+  another site: under ``no-referrer`` Chromium sends ``Origin: null`` with the POST, which the
+  Origin check must refuse.
 * ``Cache-Control: no-store`` on HTML: incident, runbook and approval pages show live state
   and tokens; no shared or browser cache keeps them. Other answers keep their own
   ``Cache-Control`` (the stylesheet may be cached).
@@ -41,14 +44,17 @@ ALWAYS = {
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
 }
 """Set on every response, replacing whatever a handler set: one policy, not one per route."""
+REFERRER_POLICIES = frozenset({"no-referrer", "same-origin"})
+"""What a handler may set ``Referrer-Policy`` to; anything else becomes ``no-referrer``."""
 
 
 async def security_headers(request: web.Request, response: web.StreamResponse) -> None:
     """``on_response_prepare`` hook: add :data:`ALWAYS`, and ``no-store`` to HTML."""
     del request  # the signal's signature; the headers do not depend on the request
     response.headers.update(ALWAYS)
+    if response.headers.get("Referrer-Policy") not in REFERRER_POLICIES:
+        response.headers["Referrer-Policy"] = "no-referrer"
     if response.content_type == "text/html":
         response.headers["Cache-Control"] = "no-store"

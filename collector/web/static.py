@@ -11,9 +11,10 @@ from importlib import resources
 
 from aiohttp import web
 
-from gpuwarden.collector.web.keys import Access, add_route
+from gpuwarden.collector.web.keys import Admits, add_route
 
 STYLESHEET_PATH = "/static/gpuwarden.css"
+_ANYONE = Admits(open_because="the pages' stylesheet: the same for everyone, no data in it")
 _CACHE_SECONDS = 300
 
 
@@ -30,4 +31,4 @@ def setup_static(app: web.Application) -> None:
             headers={"Cache-Control": f"public, max-age={_CACHE_SECONDS}"},
         )
 
-    add_route(app, "GET", STYLESHEET_PATH, stylesheet, Access.OPEN)
+    add_route(app, "GET", STYLESHEET_PATH, stylesheet, _ANYONE)
