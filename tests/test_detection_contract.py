@@ -344,6 +344,7 @@ PARAMS: dict[str, dict[str, Case]] = {
         "recent_seconds": Unobserved(60.0, "the drop is in the newest minute too"),
         "score_above": Fires(0.99, 0),
         "max_series": Bounds(1, 1, "the firing series is scored first"),
+        "min_fold_change": Fires(20.0, 0),  # the drop is 300 W to 30 W: tenfold, under 20
     },
     "level_shift": {
         "window_seconds": Fires(3 * HOUR, 0),  # 2 h of data: baseline unknown

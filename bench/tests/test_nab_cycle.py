@@ -15,6 +15,7 @@ import pytest
 from bench import nab, nab_cycle
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.detect.metric_anomaly import fold_change
 from gpuwarden.collector.detect.numerics import anomaly
 
 NAB_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "nab"
@@ -48,13 +49,17 @@ def test_the_counter_reads_back_as_the_values_at_one_minute(tmp_path, shift):
     np.testing.assert_allclose(matrix.values[0], values - min(0.0, values.min()), rtol=1e-6)
 
 
-def sliding_reference(values: np.ndarray, threshold: float) -> tuple[list[int], list[int]]:
+def sliding_reference(
+    values: np.ndarray, threshold: float, min_fold: float
+) -> tuple[list[int], list[int]]:
     """(incident rows, firing rows) of the shipped rule, from its semantics, without the store.
 
     Each minute: the newest 720 one-minute slots (12 h; NaN before the series began), UNKNOWN
-    up to the scorer's warm-up of known minutes, FIRING when a score in the newest 3 slots
-    reaches the threshold; an incident opens on a firing cycle and resolves after 3 clear
-    cycles in a row (UNKNOWN changes nothing).
+    up to the scorer's warm-up of known minutes, FIRING when the top score in the newest 3
+    slots reaches the threshold and its value is at least ``min_fold`` times above or below
+    the median of the 60 slots before those 3 (not judged when that hour has no value); an
+    incident opens on a firing cycle and resolves after 3 clear cycles in a row (UNKNOWN
+    changes nothing).
     """
     opened, firing = [], []
     is_open, clears = False, 0
@@ -64,7 +69,14 @@ def sliding_reference(values: np.ndarray, threshold: float) -> tuple[list[int], 
         window = padded[row + 1 : row + 721]
         if np.isfinite(window).sum() <= warmup:
             continue
-        fires = bool(np.nanmax(anomaly.score_series(None, window)[-3:]) >= threshold)
+        newest = anomaly.score_series(None, window)[-3:]
+        scores = np.where(np.isfinite(newest), newest, -np.inf)
+        top = int(np.argmax(scores))
+        fires = bool(scores[top] >= threshold)
+        hour = window[-63:-3][np.isfinite(window[-63:-3])]
+        if fires and hour.size:
+            fold = fold_change(float(window[-3:][top]), float(np.median(hour)))
+            fires = not (np.isfinite(fold) and fold < min_fold)
         if fires:
             firing.append(row)
             if not is_open:
@@ -81,7 +93,10 @@ def test_the_engine_replay_matches_the_sliding_window_semantics():
     _, values = nab.load_data_file(NAB_DIR / "data" / HELD_OUT_FILE)
     rule = nab_cycle.shipped_rule()
     run = nab_cycle.replay(HELD_OUT_FILE, values, rule=rule, rows=ROWS)
-    opened, firing = sliding_reference(values[:ROWS], nab_cycle.threshold_of(rule))
+    fold = rule.parameters["min_fold_change"]
+    assert isinstance(fold, float)
+    assert fold > 1.0  # the shipped rule gates: the reference must apply it too
+    opened, firing = sliding_reference(values[:ROWS], nab_cycle.threshold_of(rule), fold)
     assert run.cycles == ROWS
     assert opened  # the span holds incidents, so the comparison means something
     assert (list(run.opened), list(run.firing)) == (opened, firing)
