@@ -105,12 +105,10 @@ def read_histograms(
     for (model, bounds), infos in groups.items():
         parts = np.full((times.size, len(bounds) + 2), np.nan)
         for info in infos:
-            for i, t0 in enumerate(times.tolist()):
-                got = store.bucket_counts(info.key, t0, t0 + bin_seconds)
-                if got is None:
-                    continue
-                row = np.concatenate([got.counts, [got.sum_value]])
-                parts[i] = np.where(np.isnan(parts[i]), row, parts[i] + row)
+            if not times.size:
+                break
+            rows = store.bucket_bins(info.key, float(times[0]), bin_seconds, times.size)
+            parts = np.where(np.isnan(parts), rows, np.where(np.isnan(rows), parts, parts + rows))
         out.append(
             Binned(model, metric, Kind.HISTOGRAM, times, parts, bin_seconds, bounds, len(infos))
         )

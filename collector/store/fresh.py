@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from gpuwarden.collector.store.types import (
     BucketCounts,
@@ -123,6 +124,20 @@ class FreshReads(WindowStore):
         if self._stale_key(key, end):
             return None
         return self._store.bucket_counts(key, start, end)
+
+    def bucket_bins(
+        self, key: SeriesKey, start: float, bin_seconds: float, bins: int
+    ) -> npt.NDArray[np.float64]:
+        """``WindowStore.bucket_bins``, each bin judged as ``bucket_counts`` judges it: NaN
+        when the series was stale at the bin's end."""
+        got = self._store.bucket_bins(key, start, bin_seconds, bins)
+        if key[0] in IDENTITY_METRICS or not got.size:
+            return got
+        seen = self._store.last_seen_of((key,))[0]
+        ends = start + bin_seconds * np.arange(1, got.shape[0] + 1)
+        stale = ~(seen >= np.minimum(ends, self.now()) - self._store.staleness_seconds)
+        got[stale] = np.nan
+        return got
 
     def quantile(self, key: SeriesKey, q: float, start: float, end: float) -> float:
         """``WindowStore.quantile``; NaN for a stale series."""

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.store.histograms import histogram_quantile
+from gpuwarden.collector.store.histograms import binned_totals, histogram_quantile
 from gpuwarden.collector.store.types import (
     HOST_NAME,
     BucketCounts,
@@ -210,6 +210,35 @@ class WindowReads(WindowState):
             if totals is None:
                 return None
             return BucketCounts(bounds=series.bounds, counts=totals[0], sum_value=totals[1])
+
+    def bucket_bins(
+        self, key: SeriesKey, start: float, bin_seconds: float, bins: int
+    ) -> npt.NDArray[np.float64]:
+        """:meth:`bucket_counts` of ``bins`` consecutive bins ``[start + i·bin, start +
+        (i+1)·bin)`` as one ``bins × (buckets + 2)`` array (bucket counts, then the sum of
+        observations), a NaN row for a bin without data.
+
+        Bins aligned on slots are read at once; others fall back to one call per bin, which
+        gives the same answer slower.
+        """
+        step = self.step_seconds
+        per_bin = bin_seconds / step
+        if bins > 0 and per_bin >= 1 and per_bin == int(per_bin) and start % step == 0:
+            with self._lock:
+                series = self._histograms[key]
+                head = self._table.recent.head
+                if head is not None:
+                    series.ring.advance(head)
+                return binned_totals(series, round(start / step), int(per_bin), bins)
+        with self._lock:
+            width = len(self._histograms[key].bounds) + 2
+        out = np.full((max(bins, 0), width), np.nan)
+        for i in range(max(bins, 0)):
+            t0 = start + i * bin_seconds
+            got = self.bucket_counts(key, t0, t0 + bin_seconds)
+            if got is not None:
+                out[i, :-1], out[i, -1] = got.counts, got.sum_value
+        return out
 
     def quantile(self, key: SeriesKey, q: float, start: float, end: float) -> float:
         """The ``q``-quantile (0..1) of a histogram over ``[start, end)``; NaN without data."""
