@@ -9,6 +9,8 @@ input.
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -16,7 +18,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.ingest.otlp import histogram_points, number_points
+from gpuwarden.collector.ingest.otlp import flatten, histogram_points, request_points
+from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
 from gpuwarden.collector.ingest.otlp_transport import (
     OtlpError,
     decompress,
@@ -38,68 +41,112 @@ from gpuwarden.collector.web.keys import (
 
 
 async def otlp_metrics(request: web.Request) -> web.Response:
-    """``POST /v1/metrics``: OTLP/HTTP metrics, protobuf or JSON, optionally gzip."""
+    """``POST /v1/metrics``: OTLP/HTTP metrics, protobuf or JSON, optionally gzip.
+
+    The body is read first (``web.guard.body_guard`` has buffered it under the body timeout),
+    then the request takes an in-flight slot for its decoding and storing only, which run in a
+    worker thread: a slow client holds no slot, and the event loop keeps serving others while a
+    big request is decoded. Beyond ``max_inflight_requests`` in all, or
+    ``max_inflight_per_token`` of one caller, the answer is 503 with ``Retry-After``.
+    """
     config = request.app[CONFIG]
     stats = request.app[STATS]
-    if stats.inflight >= config.max_inflight_requests:
-        # Back-pressure: agents keep the batch in their spool and retry after the delay.
-        stats.responses[503] += 1
-        return web.Response(
-            status=503, text="collector busy, retry later\n", headers={"Retry-After": "2"}
-        )
-    stats.inflight += 1
-    try:
-        return await _ingest(request, config, stats)
-    finally:
-        stats.inflight -= 1
-
-
-async def _ingest(
-    request: web.Request, config: CollectorConfig, stats: IngestStats
-) -> web.Response:
-    sink = request.app[SINK]
     source = request[CALLER]  # the authentication middleware checked the token
-    parsed = None
     try:
         kind = media_type(request.headers.get("Content-Type"))
         if request.content_length is not None and request.content_length > config.max_body_bytes:
             raise OtlpError(413, f"body exceeds {config.max_body_bytes} bytes")
         body = await _read_limited(request, config.max_body_bytes)
-        payload = decompress(
-            body, request.headers.get("Content-Encoding"), config.max_decompressed_bytes
-        )
-        if isinstance(sink, CollectorService):
-            # The fast path: straight into the store, no NumberPoint per point.
-            done = sink.accept_payload(payload, kind, source)
-        else:
-            parsed = parse_request(payload, kind)
     except OtlpError as exc:
         stats.responses[exc.status] += 1
         return web.Response(status=exc.status, text=exc.message + "\n")
-    if parsed is not None:
-        done = _accept_parsed(sink, parsed, source)
+    busy = _busy(config, stats, source)
+    if busy:
+        # Back-pressure: agents keep the batch in their spool and retry after the delay.
+        stats.responses[503] += 1
+        return web.Response(status=503, text=f"{busy}, retry later\n", headers={"Retry-After": "2"})
+    stats.inflight += 1
+    stats.inflight_by_caller[source] += 1
+    try:
+        done = await asyncio.to_thread(
+            _store,
+            request.app[SINK],
+            body,
+            kind,
+            request.headers.get("Content-Encoding"),
+            source,
+            config,
+        )
+    except OtlpError as exc:
+        stats.responses[exc.status] += 1
+        return web.Response(status=exc.status, text=exc.message + "\n")
+    finally:
+        stats.inflight -= 1
+        stats.inflight_by_caller[source] -= 1
+        if not stats.inflight_by_caller[source]:
+            del stats.inflight_by_caller[source]
     stats.points_accepted += done.points - done.stored_rejected
     stats.points_rejected += done.rejected
+    stats.points_over_limits += done.over_limits
     stats.responses[200] += 1
     response = ExportMetricsServiceResponse()
     if done.rejected:
         response.partial_success.rejected_data_points = done.rejected
+        over = f"{done.over_limits} " if done.over_limits else ""
         response.partial_success.error_message = (
             "rejected: non-finite values, points outside the window, series over the limit, "
-            "or metric types not stored (summary)"
+            f"metric types not stored (summary), or {over}points over the label limits "
+            f"({config.ingest_limits.describe()})"
         )
     return web.Response(body=encode_response(response, kind), content_type=kind)
 
 
-def _accept_parsed(sink: MetricsSink, parsed: ExportMetricsServiceRequest, source: str) -> Accepted:
+def _busy(config: CollectorConfig, stats: IngestStats, source: str) -> str | None:
+    """Why the request cannot take a slot now (None: it can)."""
+    if stats.inflight >= config.max_inflight_requests:
+        return "collector busy"
+    if stats.inflight_by_caller[source] >= config.max_inflight_per_token:
+        return f"{config.max_inflight_per_token} requests of this caller in flight"
+    return None
+
+
+def _store(
+    sink: MetricsSink,
+    body: bytes,
+    kind: str,
+    encoding: str | None,
+    source: str,
+    config: CollectorConfig,
+) -> Accepted:
+    """Decode and store one body (in a worker thread); raises ``OtlpError``."""
+    payload = decompress(body, encoding, config.max_decompressed_bytes)
+    if isinstance(sink, CollectorService):
+        # The fast path: straight into the store, no NumberPoint per point.
+        return sink.accept_payload(payload, kind, source)
+    parsed = parse_request(payload, kind)
+    if request_points(parsed) > config.max_points_per_request:
+        raise OtlpError(413, f"request holds more than {config.max_points_per_request} data points")
+    return _accept_parsed(sink, parsed, source, config.ingest_limits)
+
+
+def _accept_parsed(
+    sink: MetricsSink,
+    parsed: ExportMetricsServiceRequest,
+    source: str,
+    limits: IngestLimits = DEFAULT_LIMITS,
+) -> Accepted:
     """Any sink: flatten to ``NumberPoint`` and ``HistogramPoint`` objects and hand them over."""
-    points, rejected = number_points(parsed)
-    histograms = histogram_points(parsed)
+    flat = flatten(parsed, limits)
+    points, rejected = flat.points, flat.rejected
+    histograms = histogram_points(parsed, limits)
     stored_rejected = sink.accept(points, source)
     if histograms:  # number_points counted them as rejected; the sink says which it kept
         rejected -= len(histograms) - sink.accept_histograms(histograms, source)
     return Accepted(
-        points=len(points), rejected=rejected + stored_rejected, stored_rejected=stored_rejected
+        points=len(points),
+        rejected=rejected + stored_rejected,
+        stored_rejected=stored_rejected,
+        over_limits=flat.over_limits,
     )
 
 

@@ -118,7 +118,7 @@ def _storage_answers(handler: Callable[[web.Request], Awaitable[web.Response]]) 
 
 def _int(request: web.Request, name: str) -> int:
     text = request.match_info.get(name) or request.query.get(name) or ""
-    if not text.isdigit() or len(text) > 18:
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
         raise web.HTTPBadRequest(text=f"{name}: expected a positive integer\n")
     return int(text)
 

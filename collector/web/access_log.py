@@ -1,0 +1,67 @@
+"""The access log, with secrets redacted.
+
+aiohttp's default access log writes the request line as sent, so an approval link
+(``/approve/<signed token>``) put its whole token in the INFO log, where anyone who reads the logs
+could approve with it. :class:`RedactingAccessLogger` writes what an operator needs (client,
+method, path, status, size, time, user agent) with secrets replaced by ``<redacted>``: route
+parameters named like secrets, any other path segment long enough to be a token, every query
+value, and the same in the ``Referer``. No request header but the user agent and the referer
+is ever written (so never ``Authorization`` nor ``Cookie``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+
+REDACTED = "<redacted>"
+SECRET_PARAMETERS = frozenset({"token", "secret", "key", "session"})
+"""Route parameters (``{token}``) whose value is always redacted."""
+_LONG_SEGMENT = re.compile(r"[^/?#]{32,}")
+"""A path segment this long is an id or a token: ours (incident ids, rule names) are shorter."""
+_QUERY_VALUE = re.compile(r"=[^&#]*")
+
+
+def redact_target(target: str, secrets: tuple[str, ...] = ()) -> str:
+    """A request target (path and query) with ``secrets``, long segments and query values out."""
+    path, sep, query = target.partition("?")
+    for secret in secrets:
+        if secret:
+            path = path.replace(secret, REDACTED)
+    path = _LONG_SEGMENT.sub(REDACTED, path)
+    if sep:
+        query = _QUERY_VALUE.sub("=" + REDACTED, query)
+    return path + sep + query
+
+
+def _printable(text: str) -> str:
+    """Control characters and bad bytes as escapes: one request, one log line."""
+    return text.encode("ascii", "backslashreplace").decode("ascii").replace('"', '\\"')
+
+
+class RedactingAccessLogger(AbstractAccessLogger):
+    """``client "METHOD target HTTP/x.y" status bytes seconds "referer" "user-agent"``, redacted."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        """Write one line at INFO for a finished request."""
+        match = getattr(request, "match_info", None)
+        secrets = tuple(value for name, value in (match or {}).items() if name in SECRET_PARAMETERS)
+        target = _printable(redact_target(request.raw_path, secrets))
+        referer = request.headers.get("Referer")
+        referer_shown = _printable(redact_target(referer, secrets)) if referer else "-"
+        agent = _printable(request.headers.get("User-Agent", "-"))
+        version = f"{request.version.major}.{request.version.minor}"
+        self.logger.info(
+            '%s "%s %s HTTP/%s" %d %s %.6f "%s" "%s"',
+            request.remote or "-",
+            _printable(request.method),
+            target,
+            version,
+            response.status,
+            response.body_length,
+            time,
+            referer_shown,
+            agent,
+        )
