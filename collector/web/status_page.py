@@ -281,10 +281,10 @@ async def status(request: web.Request) -> web.Response:
 async def incident_page(request: web.Request) -> web.Response:
     """``GET /status/incidents/{id}``."""
     service, env = request.app[SERVICE], request.app[STATUS_TEMPLATES]
-    text = request.match_info["id"]
-    if not (text.isascii() and text.isdigit()) or len(text) > 18:  # SQLite integers: 63 bits
+    written = request.match_info["id"]
+    if not (written.isascii() and written.isdigit()) or len(written) > 18:  # 63-bit integers
         raise web.HTTPBadRequest(text="incident ids are integers\n")
-    incident_id = int(text)
+    incident_id = int(written)
 
     def render() -> str | None:
         incident = service.storage.incident(incident_id)
