@@ -1,0 +1,198 @@
+"""The web layer against hostile clients, each guard on its own, on the real app over loopback:
+header and body read timeouts, in-flight slots charged only while processing with a per-caller
+cap, 4xx for bad header bytes and ids, and an access log without secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterable, Sequence
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from gpuwarden.collector.build import build_remediation, build_service, load_configured_rules
+from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
+from gpuwarden.collector.web.access_log import redact_target
+from gpuwarden.collector.web.app import create_app
+from gpuwarden.collector.web.keys import STATS
+
+TOKENS = {"token-of-agent-a-0123456789": "a", "token-of-agent-b-0123456789": "b"}
+
+
+def headers(name: str) -> dict[str, str]:
+    token = next(t for t, n in TOKENS.items() if n == name)
+    return {"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {token}"}
+
+
+def body(host: str = "node-1") -> bytes:
+    req = ExportMetricsServiceRequest()
+    rm = req.resource_metrics.add()
+    rm.resource.attributes.append(KeyValue(key="host.name", value=AnyValue(string_value=host)))
+    m = rm.scope_metrics.add().metrics.add()
+    m.name = "util"
+    dp = m.gauge.data_points.add()
+    dp.as_double = 1.0
+    dp.time_unix_nano = 1
+    return req.SerializeToString()
+
+
+def config(**settings: object) -> CollectorConfig:
+    return CollectorConfig(tokens=MappingProxyType(TOKENS), **settings)  # type: ignore[arg-type]
+
+
+async def raw(port: int, data: bytes) -> bytes:
+    """Send raw bytes; everything the server answers until it closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 30)
+    writer.close()
+    return answer
+
+
+# --- header and body read timeouts ------------------------------------------------------
+
+
+async def test_a_half_sent_request_head_is_cut_off(aiohttp_client):
+    client = await aiohttp_client(create_app(config(header_timeout_seconds=0.3)))
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    writer.write(b"POST /v1/metrics HTTP/1.1\r\nHost: c\r\nContent-Le")
+    await writer.drain()
+    # closed by the collector, no answer (the bound only keeps a regression from hanging)
+    assert await asyncio.wait_for(reader.read(), 30) == b""
+    writer.close()
+
+
+async def test_a_trickled_body_is_answered_408_and_takes_no_slot(aiohttp_client):
+    app = create_app(config(body_timeout_seconds=0.3))
+    client = await aiohttp_client(app)
+    never = asyncio.Event()
+    inflight: list[int] = []
+
+    async def trickle() -> AsyncIterator[bytes]:
+        yield b"\x0a"
+        inflight.append(app[STATS].inflight)
+        await never.wait()
+        yield b"never sent"
+
+    resp = await client.post("/v1/metrics", data=trickle(), headers=headers("a"))
+    assert resp.status == 408
+    assert inflight == [0]
+    assert app[STATS].responses[408] == 1
+
+
+# --- in-flight slots: while processing only, and at most N per caller --------------------
+
+
+class BlockingSink:
+    """A sink whose ``accept`` waits until released: holds its request in processing."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Semaphore(0)
+        self.release = threading.Event()
+
+    def accept(self, points: Iterable[NumberPoint], source: str) -> int:
+        self.entered.release()
+        self.release.wait(30)
+        return 0
+
+    def accept_histograms(self, points: Sequence[HistogramPoint], source: str) -> int:
+        return 0
+
+
+async def test_one_caller_cannot_take_every_slot(aiohttp_client):
+    sink = BlockingSink()
+    app = create_app(config(max_inflight_requests=3, max_inflight_per_token=2), sink)
+    client = await aiohttp_client(app)
+    held = [
+        asyncio.create_task(client.post("/v1/metrics", data=body(), headers=headers("a")))
+        for _ in range(2)
+    ]
+    for _ in range(2):
+        assert await asyncio.to_thread(sink.entered.acquire, True, 30)
+    third = await client.post("/v1/metrics", data=body(), headers=headers("a"))
+    assert third.status == 503
+    assert third.headers["Retry-After"] == "2"
+    assert "2 requests of this caller" in await third.text()
+    other = asyncio.create_task(client.post("/v1/metrics", data=body(), headers=headers("b")))
+    assert await asyncio.to_thread(sink.entered.acquire, True, 30)  # b got the last slot
+    busy = await client.post("/v1/metrics", data=body(), headers=headers("b"))
+    assert busy.status == 503
+    assert "collector busy" in await busy.text()
+    sink.release.set()
+    assert [r.status for r in await asyncio.gather(*held, other)] == [200, 200, 200]
+    assert app[STATS].inflight == 0
+    assert not app[STATS].inflight_by_caller
+
+
+# --- bad bytes and ids are 4xx ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /v1/metrics HTTP/1.1\r\nHost: c\r\nAuthorization: Bearer \xff\xfe\r\n"
+        b"Content-Length: 0\r\nConnection: close\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: c\r\nX-Note: caf\xe9\r\nConnection: close\r\n\r\n",
+        b"GET /status/incidents/"
+        + b"9" * 30
+        + b" HTTP/1.1\r\nHost: c\r\nConnection: close\r\n\r\n",
+        b"GET /status/incidents/%C2%B2 HTTP/1.1\r\nHost: c\r\nConnection: close\r\n\r\n",
+        b"GET /v1/incidents/" + b"9" * 30 + b" HTTP/1.1\r\nHost: c\r\nConnection: close\r\n"
+        b"Authorization: Bearer token-of-agent-a-0123456789\r\n\r\n",
+    ],
+    ids=["authorization", "any header", "status id", "superscript id", "api id"],
+)
+async def test_bad_bytes_and_ids_are_400(aiohttp_client, tmp_path: Path, head: bytes):
+    service = build_service(CollectorConfig(database=tmp_path / "c.db"))
+    cfg = config(database=tmp_path / "c.db")
+    rules = load_configured_rules(cfg)
+    remediation = build_remediation(cfg, service, rules, actuators=[], notifiers={}, environ={})
+    app = create_app(cfg, service=service, background=False, remediation=remediation)
+    client = await aiohttp_client(app)
+    answer = await raw(client.port, head)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    service.storage.close()
+
+
+# --- the access log -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "shown"),
+    [
+        ("/approve/eyJhY3Rpb24iOjEyfQ.c2lnbmF0dXJlLW9mLXRoZS1saW5r", "/approve/<redacted>"),
+        ("/v1/incidents/12", "/v1/incidents/12"),
+        ("/runbooks/idle-gpu?token=abc&x=1", "/runbooks/idle-gpu?token=<redacted>&x=<redacted>"),
+    ],
+)
+def test_targets_are_redacted(target, shown):
+    assert redact_target(target) == shown
+
+
+def test_a_route_secret_is_redacted_however_short():
+    assert redact_target("/approve/short", ("short",)) == "/approve/<redacted>"
+
+
+async def test_the_access_log_has_no_token_and_no_link_secret(aiohttp_client, caplog):
+    secret = "eyJhY3Rpb24iOjEyfQ.c2lnbmF0dXJlLW9mLXRoZS1saW5r"
+    client = await aiohttp_client(create_app(config()))
+    with caplog.at_level(logging.INFO, logger="aiohttp.access"):
+        await client.post("/v1/metrics", data=body(), headers=headers("a"))
+        await client.get(f"/approve/{secret}", headers={"Referer": f"https://x/approve/{secret}"})
+    lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+    assert len(lines) == 2
+    assert '"POST /v1/metrics HTTP/1.1" 200' in lines[0]
+    assert '"GET /approve/<redacted> HTTP/1.1"' in lines[1]
+    assert '"https://x/approve/<redacted>"' in lines[1]
+    for line in lines:
+        assert secret not in line
+        assert "token-of-agent" not in line
