@@ -5,7 +5,9 @@ series budget that refills and never refuses a node's known series."""
 from __future__ import annotations
 
 import gzip
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import MappingProxyType
 
@@ -262,4 +264,22 @@ def test_a_node_series_that_was_evicted_is_known_when_it_comes_back(tmp_path):
     back = service.accept_payload(payload(10, "node-1"), PROTOBUF, "a")
     assert back.rejected == 0
     assert service.store.series_count() == 20
+    service.storage.close()
+
+
+def test_concurrent_requests_of_one_sender_share_one_budget(tmp_path):
+    service = build_service(
+        CollectorConfig(database=tmp_path / "c.db", max_new_series_per_source_hour=1000)
+    )
+    bodies = [payload(1000, "node-1", offset=1000 * i) for i in range(4)]
+    start = threading.Barrier(4)
+
+    def send(body: bytes) -> int:
+        start.wait()
+        return service.accept_payload(body, PROTOBUF, "a").rejected
+
+    with ThreadPoolExecutor(4) as pool:
+        rejected = list(pool.map(send, bodies))
+    assert sum(rejected) == 3000
+    assert service.store.series_count() == 1000
     service.storage.close()

@@ -1,9 +1,10 @@
 """OTLP intake: points into the WindowStore, per-sender series budgets, node facts, announcements.
 
 The receiver's work behind ``CollectorService.accept``, ``accept_payload`` and
-``accept_histograms``: each request's points go to the store under the sender's hourly budget of
-new series, the resources they came with leave their node's facts and announce the workload's job
-and model, and the running totals say what the store did with them.
+``accept_histograms``: each request's points go to the store under the label limits and the
+sender's budget of new series (refilling by the hour), the resources they came with leave their
+node's facts and announce the workload's job and model, and the running totals say what the
+store did with them.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class Intake:
     #: what a point, its resource and its metric name may carry (``otlp_limits``)
     limits: IngestLimits = DEFAULT_LIMITS
     _budgets: dict[str, tuple[float, float]] = field(default_factory=dict)
+    _source_locks: dict[str, threading.Lock] = field(default_factory=dict)
     _announced: set[tuple[tuple[str, str | int | float | bool], ...]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -92,9 +94,10 @@ class Intake:
                 seen.add(id(point.resource))
                 resources.append(point.resource)
         self._remember_resources(resources, source)
-        counts = self.store.ingest(points, new_series_budget=self._budget(source))
-        newest = max((p.time_unix_nano for p in points), default=None)
-        self._count(source, counts, newest)
+        with self._source_lock(source):  # the budget read, spent and written back as one
+            counts = self.store.ingest(points, new_series_budget=self._budget(source))
+            newest = max((p.time_unix_nano for p in points), default=None)
+            self._count(source, counts, newest)
         return counts.rejected
 
     def accept_payload(self, payload: bytes, kind: str, source: str) -> Accepted:
@@ -105,11 +108,12 @@ class Intake:
         agent's steady state, without parsing: ``WindowStore.ingest_payload``). Raises
         ``OtlpError`` (400) for a body that does not parse.
         """
-        result = self.store.ingest_payload(
-            payload, kind, new_series_budget=self._budget(source), limits=self.limits
-        )
+        with self._source_lock(source):  # concurrent requests of one sender: one budget
+            result = self.store.ingest_payload(
+                payload, kind, new_series_budget=self._budget(source), limits=self.limits
+            )
+            self._count(source, result.counts, result.newest_ns)
         self._remember_resources(result.resources, source)
-        self._count(source, result.counts, result.newest_ns)
         rejected = result.rejected + result.counts.rejected
         if result.histogram_request is not None:
             histograms = histogram_points(result.histogram_request, self.limits)
@@ -184,6 +188,11 @@ class Intake:
                 facts = {k: str(v) for k, v in resource.items() if k in NODE_FACTS}
                 with self._lock:  # merge: other senders (scrapes) must not erase agent facts
                     self.nodes[host] = {**self.nodes.get(host, {}), **facts, "source": source}
+
+    def _source_lock(self, source: str) -> threading.Lock:
+        """The lock that makes one sender's requests spend its budget one after the other."""
+        with self._lock:
+            return self._source_locks.setdefault(source, threading.Lock())
 
     def _budget(self, source: str) -> int:
         """The new series ``source`` may create now: its bucket, refilled since last asked."""
