@@ -23,6 +23,7 @@ from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
 from gpuwarden.collector.web.access_log import redact_target
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.keys import STATS
+from gpuwarden.collector.web.receiver import SMALL_PAYLOAD_BYTES
 
 TOKENS = {"token-of-agent-a-0123456789": "a", "token-of-agent-b-0123456789": "b"}
 
@@ -32,16 +33,23 @@ def headers(name: str) -> dict[str, str]:
     return {"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {token}"}
 
 
-def body(host: str = "node-1") -> bytes:
+def body(host: str = "node-1", points: int = 1) -> bytes:
     req = ExportMetricsServiceRequest()
     rm = req.resource_metrics.add()
     rm.resource.attributes.append(KeyValue(key="host.name", value=AnyValue(string_value=host)))
     m = rm.scope_metrics.add().metrics.add()
     m.name = "util"
-    dp = m.gauge.data_points.add()
-    dp.as_double = 1.0
-    dp.time_unix_nano = 1
+    for i in range(points):
+        dp = m.gauge.data_points.add()
+        dp.as_double = 1.0
+        dp.time_unix_nano = 1
+        label = f"{i:08d}" + "x" * 100
+        dp.attributes.append(KeyValue(key="gpu", value=AnyValue(string_value=label)))
     return req.SerializeToString()
+
+
+BIG = body(points=3000)
+"""Past ``receiver.SMALL_PAYLOAD_BYTES``: decoded and stored in a worker thread, in a slot."""
 
 
 def config(**settings: object) -> CollectorConfig:
@@ -108,23 +116,27 @@ class BlockingSink:
         return 0
 
 
+def test_big_is_big():
+    assert len(BIG) > SMALL_PAYLOAD_BYTES
+
+
 async def test_one_caller_cannot_take_every_slot(aiohttp_client):
     sink = BlockingSink()
     app = create_app(config(max_inflight_requests=3, max_inflight_per_token=2), sink)
     client = await aiohttp_client(app)
     held = [
-        asyncio.create_task(client.post("/v1/metrics", data=body(), headers=headers("a")))
+        asyncio.create_task(client.post("/v1/metrics", data=BIG, headers=headers("a")))
         for _ in range(2)
     ]
     for _ in range(2):
         assert await asyncio.to_thread(sink.entered.acquire, True, 30)
-    third = await client.post("/v1/metrics", data=body(), headers=headers("a"))
+    third = await client.post("/v1/metrics", data=BIG, headers=headers("a"))
     assert third.status == 503
     assert third.headers["Retry-After"] == "2"
     assert "2 requests of this caller" in await third.text()
-    other = asyncio.create_task(client.post("/v1/metrics", data=body(), headers=headers("b")))
+    other = asyncio.create_task(client.post("/v1/metrics", data=BIG, headers=headers("b")))
     assert await asyncio.to_thread(sink.entered.acquire, True, 30)  # b got the last slot
-    busy = await client.post("/v1/metrics", data=body(), headers=headers("b"))
+    busy = await client.post("/v1/metrics", data=BIG, headers=headers("b"))
     assert busy.status == 503
     assert "collector busy" in await busy.text()
     sink.release.set()
