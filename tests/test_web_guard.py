@@ -208,3 +208,18 @@ async def test_the_access_log_has_no_token_and_no_link_secret(aiohttp_client, ca
     for line in lines:
         assert secret not in line
         assert "token-of-agent" not in line
+
+
+async def test_a_request_the_parser_refuses_is_one_quiet_line(aiohttp_client, caplog):
+    client = await aiohttp_client(create_app(config()))
+    with caplog.at_level(logging.INFO):
+        answer = await raw(client.port, b"GET /a\x01b HTTP/1.1\r\nHost: c\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.0 400 ")
+    assert [r.levelno for r in caplog.records if r.levelno > logging.INFO] == []
+    assert all(r.exc_info is None for r in caplog.records)
+    server = [r.getMessage() for r in caplog.records if r.name.endswith("web.server")]
+    assert len(server) == 1
+    assert "Invalid char in url path" in server[0]
+    access = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+    assert len(access) == 1
+    assert '" 400 ' in access[0]

@@ -11,10 +11,12 @@ is ever written (so never ``Authorization`` nor ``Cookie``).
 
 from __future__ import annotations
 
+import logging
 import re
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http import HttpProcessingError
 
 REDACTED = "<redacted>"
 SECRET_PARAMETERS = frozenset({"token", "secret", "key", "session"})
@@ -41,13 +43,24 @@ def _printable(text: str) -> str:
     return text.encode("ascii", "backslashreplace").decode("ascii").replace('"', '\\"')
 
 
+def _route_parameters(request: web.BaseRequest) -> list[tuple[str, str]]:
+    """The request's route parameters; none for a request that never reached routing (one the
+    HTTP parser refused), whose ``match_info`` aiohttp asserts is there."""
+    try:
+        match = request.match_info if isinstance(request, web.Request) else None
+    except AssertionError:
+        return []
+    return list(match.items()) if match is not None else []
+
+
 class RedactingAccessLogger(AbstractAccessLogger):
     """``client "METHOD target HTTP/x.y" status bytes seconds "referer" "user-agent"``, redacted."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         """Write one line at INFO for a finished request."""
-        match = getattr(request, "match_info", None)
-        secrets = tuple(value for name, value in (match or {}).items() if name in SECRET_PARAMETERS)
+        secrets = tuple(
+            value for name, value in _route_parameters(request) if name in SECRET_PARAMETERS
+        )
         target = _printable(redact_target(request.raw_path, secrets))
         referer = request.headers.get("Referer")
         referer_shown = _printable(redact_target(referer, secrets)) if referer else "-"
@@ -65,3 +78,27 @@ class RedactingAccessLogger(AbstractAccessLogger):
             referer_shown,
             agent,
         )
+
+
+class _ClientErrors(logging.Filter):
+    """A parser's refusal of a request (a 4xx) as one INFO line, without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= exc.code < 500:
+            record.msg = f"{record.msg}: %s"
+            reason = " ".join(str(exc.message).split())[:200]
+            record.args = (*(record.args or ()), _printable(reason))
+            record.exc_info = None
+            record.exc_text = None
+            if record.levelno > logging.INFO:
+                record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+def server_logger() -> logging.Logger:
+    """``gpuwarden.collector.web.server``, for aiohttp's ``logger``: client errors quietened."""
+    logger = logging.getLogger("gpuwarden.collector.web.server")
+    if not any(isinstance(f, _ClientErrors) for f in logger.filters):
+        logger.addFilter(_ClientErrors())
+    return logger

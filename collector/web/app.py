@@ -17,7 +17,7 @@ from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.ingest.sink import MetricsSink, SeriesLog
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web import tasks
-from gpuwarden.collector.web.access_log import RedactingAccessLogger
+from gpuwarden.collector.web.access_log import RedactingAccessLogger, server_logger
 from gpuwarden.collector.web.api import setup_api
 from gpuwarden.collector.web.auth import authentication
 from gpuwarden.collector.web.exposition import setup_metrics
@@ -67,6 +67,7 @@ def create_app(
             "auto_decompress": False,
             "keepalive_timeout": config.header_timeout_seconds,
             "access_log_class": RedactingAccessLogger,
+            "logger": server_logger(),
         },
         middlewares=[header_guard, authentication, body_guard],
     )
