@@ -79,6 +79,7 @@ CASES = [
     ([{"gpu": "0"}], {"host": "node\x1b[2J"}, 1),
     ([{"gpu": "0"}], {"host": "n" * 254}, 1),
     ([{"gpu": "0"}], {"host": ""}, 1),
+    ([{"gpu": "0"}, {"host.name": "node/b"}, {"host.name": "node-b"}], {}, 1),  # point's own
     ([{"gpu": "0"}], {"resource": {f"r{i}": "v" for i in range(4)}}, 1),  # 5 with host.name
     ([{"gpu": "0"}], {"resource": {"service.name": "v" * 17}}, 1),
 ]

@@ -57,21 +57,22 @@ class IngestLimits:
         return bool(name) and not _too_long(name, self.max_metric_name_bytes)
 
     def items_ok(self, items: Iterable[tuple[str, AttrScalar | None]]) -> bool:
-        """Whether a point's attribute items (as sent) are within the limits."""
+        """Whether a point's attribute items (as sent) are within the limits; a ``host.name``
+        among them (it would name the series' node instead of the resource's) must be a plain
+        node name too."""
         key_limit, value_limit = self.max_label_key_bytes, self.max_label_value_bytes
         for count, (key, value) in enumerate(items, 1):
             if count > self.max_attributes or _too_long(key, key_limit):
                 return False
             if isinstance(value, str) and _too_long(value, value_limit):
                 return False
+            if key == HOST_NAME and value is not None and not valid_node_name(value):
+                return False
         return True
 
     def resource_ok(self, attributes: Mapping[str, AttrScalar]) -> bool:
         """Whether a resource is within the limits and names its node plainly (if it does)."""
-        if len(attributes) > self.max_attributes or not self.items_ok(attributes.items()):
-            return False
-        host = attributes.get(HOST_NAME)
-        return host is None or valid_node_name(host)
+        return len(attributes) <= self.max_attributes and self.items_ok(attributes.items())
 
     def describe(self) -> str:
         """The limits in one line, for the partial-success message."""
