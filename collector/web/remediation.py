@@ -343,7 +343,7 @@ async def alertmanager_webhook(request: web.Request) -> web.Response:
     receiver = request.app[ALERT_RECEIVER]
     if request.content_length is not None and request.content_length > MAX_WEBHOOK_BYTES:
         return _error(413, f"payload over {MAX_WEBHOOK_BYTES} bytes")
-    raw = await request.content.read(MAX_WEBHOOK_BYTES + 1)
+    raw = await request.read()  # buffered by web.guard.body_guard, up to max_body_bytes
     if len(raw) > MAX_WEBHOOK_BYTES:
         return _error(413, f"payload over {MAX_WEBHOOK_BYTES} bytes")
     try:
