@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
+import aiohttp
 import pytest
+from aiohttp import web
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
@@ -22,7 +24,7 @@ from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
 from gpuwarden.collector.web.access_log import redact_target
 from gpuwarden.collector.web.app import create_app
-from gpuwarden.collector.web.keys import STATS
+from gpuwarden.collector.web.keys import STATS, Access, add_route
 from gpuwarden.collector.web.receiver import SMALL_PAYLOAD_BYTES
 
 TOKENS = {"token-of-agent-a-0123456789": "a", "token-of-agent-b-0123456789": "b"}
@@ -223,3 +225,28 @@ async def test_a_request_the_parser_refuses_is_one_quiet_line(aiohttp_client, ca
     access = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
     assert len(access) == 1
     assert '" 400 ' in access[0]
+
+
+async def test_a_multipart_form_is_parsed_once_and_a_broken_one_is_400(aiohttp_client):
+    seen: list[dict[str, str]] = []
+
+    async def form(request: web.Request) -> web.Response:
+        seen.append({k: str(v) for k, v in (await request.post()).items()})
+        return web.Response(text="ok")
+
+    app = create_app(config())
+    add_route(app, "POST", "/form", form, Access.OPEN)
+    client = await aiohttp_client(app)
+    data = aiohttp.FormData()
+    data.add_field("approver", "alice")
+    data.add_field("note", "x", filename="n.txt")  # a file field: multipart
+    resp = await client.post("/form", data=data)
+    assert resp.status == 200
+    assert seen == [{"approver": "alice", "note": seen[0]["note"]}]
+    broken = await client.post(
+        "/form",
+        data=b"--b\r\nno headers, no end",
+        headers={"Content-Type": "multipart/form-data; boundary=zz"},
+    )
+    assert broken.status == 400
+    assert len(seen) == 1

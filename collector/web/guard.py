@@ -4,11 +4,11 @@
   UTF-8 (aiohttp keeps such bytes as lone surrogates, which every later ``encode`` trips on)
   is answered 400 before any handler or middleware reads them.
 - :func:`body_guard` (after authentication, so only callers with a valid token, or open routes,
-  get their bodies read): the whole body is read before the handler runs, within
-  ``CollectorConfig.body_timeout_seconds`` of the request head; a body that trickles in slower
-  is answered 408 and the connection closed. Handlers then read the buffered body at once, so
-  no handler (nor a receiver slot) waits on a slow client. A body over ``client_max_size``
-  is a 413 as before.
+  get their bodies read): the whole body is read (a multipart form parsed) before the handler
+  runs, within ``CollectorConfig.body_timeout_seconds`` of the request head; a body that
+  trickles in slower is answered 408 and the connection closed. Handlers then read the buffered
+  body (``read``, ``json``, ``post``) at once, never the stream, so no handler (nor a receiver
+  slot) waits on a slow client. A body over ``client_max_size`` is a 413 as before.
 
 The header read timeout is not here: aiohttp closes a connection that has not sent a whole
 request head within its ``keepalive_timeout`` of connecting or of its previous answer, and
@@ -64,7 +64,10 @@ async def body_guard(request: web.Request, handler: Handler) -> web.StreamRespon
         timeout = config.body_timeout_seconds
         try:
             async with asyncio.timeout(timeout):
-                await request.read()  # buffered: the handler's read() returns it at once
+                if request.content_type == "multipart/form-data":
+                    await request.post()  # parsed and kept: the handler's post() returns it
+                else:
+                    await request.read()  # buffered: the handler's read() returns it at once
         except TimeoutError:
             log.info("%s: body not received within %g s, closing", request.remote, timeout)
             _count(request, 408)
@@ -74,7 +77,7 @@ async def body_guard(request: web.Request, handler: Handler) -> web.StreamRespon
         except web.HTTPRequestEntityTooLarge:
             _count(request, 413)
             raise
-        except web.RequestPayloadError as exc:  # e.g. broken chunked encoding
+        except (web.RequestPayloadError, ValueError) as exc:  # broken chunks, bad multipart
             _count(request, 400)
             return web.Response(status=400, text=f"malformed body: {exc}\n")
     return await handler(request)
