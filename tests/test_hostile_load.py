@@ -18,7 +18,7 @@ logged no traceback, and its access log shows neither a token nor the approval l
 
 The RSS bound. ``bench/hostile_rss.py`` measures one 100k-new-series request into a fresh
 service: with a series budget of 5,000 per token it grows RSS by 74 MiB (peak 78): 5,000 series
-at about 5.3 KiB each, plus what decoding 100,000 points leaves in the allocator. Here that
+at about 5.2 KiB each, plus what decoding 100,000 points leaves in the allocator. Here that
 request is decoded in a worker thread (its own malloc arena) while the other attacks run, and
 the peak growth measured over four runs of this test was 91 to 111 MiB. The other attacks hold
 little: their bodies are refused, or never complete. The bound, ``RSS_BOUND_MIB`` over the RSS
