@@ -424,6 +424,7 @@ def test_the_agent_keeps_delivering_under_hostile_load(collector, agent, tmp_pat
     log = collector.log.read_text(errors="replace")
     assert "Traceback" not in log
     assert " ERROR " not in log
+    assert "source labels: 20 point(s) over the label limits refused" in log
     for secret in (AGENT_TOKEN, ATTACKER_TOKEN, LABELS_TOKEN, FORGED_LINK_SECRET):
         assert secret not in log
     assert "/approve/<redacted>" in log

@@ -114,6 +114,13 @@ class Intake:
             )
             self._count(source, result.counts, result.newest_ns)
         self._remember_resources(result.resources, source)
+        if result.over_limits:
+            log.warning(
+                "source %s: %d point(s) over the label limits refused (%s)",
+                source,
+                result.over_limits,
+                self.limits.describe(),
+            )
         rejected = result.rejected + result.counts.rejected
         if result.histogram_request is not None:
             histograms = histogram_points(result.histogram_request, self.limits)
