@@ -1,10 +1,11 @@
 """The OTLP/HTTP receiver (``POST /v1/metrics``) and liveness (``GET /healthz``).
 
 Handlers parse, call the core and translate domain errors into HTTP answers: 200 (with a
-partial-success count when points were rejected), 400 malformed, 401 bad token (answered by the
-authentication middleware, counted here all the same), 413 too large, 415 wrong content type or
-encoding, 503 with ``Retry-After`` when too many requests are in flight. Never a 5xx for bad
-input.
+partial-success count when points were rejected, label limits included), 400 malformed, 401 bad
+token (answered by the authentication middleware, counted here all the same), 408 body too slow
+(``web.guard``, counted here too), 413 too large (body, inflated body, points), 415 wrong content
+type or encoding, 503 with ``Retry-After`` when too many requests, or too many of one caller,
+are being processed. Never a 5xx for bad input.
 """
 
 from __future__ import annotations
