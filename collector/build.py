@@ -215,4 +215,6 @@ def build_service(
         ),
         period_seconds=config.accounting_period_seconds,
         clock=clock,
+        max_new_series_per_source_hour=config.max_new_series_per_source_hour,
+        limits=config.ingest_limits,
     )

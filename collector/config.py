@@ -22,6 +22,7 @@ from gpuwarden.agent.schema import ONE_OR_MANY, ConfigError, convert, read_yaml,
 from gpuwarden.collector.accounting.prices import PricesSection, PriceTable
 from gpuwarden.collector.credentials import CredentialsError, TokenTable
 from gpuwarden.collector.credentials import parse_tokens as parse_tokens_text
+from gpuwarden.collector.ingest.otlp_limits import IngestLimits
 from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.remediate.actuators.settings import ActuatorSettings, traffic_targets
 from gpuwarden.collector.remediate.policy import RemediationSection, RemediationSettings
@@ -188,6 +189,26 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     kubernetes_namespace: str | None = None
     job_poll_seconds: Positive = 30.0
     max_inflight_requests: int = 64
+    # --- hostile load (docs/limits.md): each limit answers with a 4xx or a counted rejection
+    #: a connection must send a complete request head within this time of connecting or of
+    #: its previous answer, or it is closed (half-sent headers; idle keep-alive connections)
+    header_timeout_seconds: Positive = 15.0
+    #: a request body must arrive whole within this time of its head (408 otherwise)
+    body_timeout_seconds: Positive = 30.0
+    #: requests of one token processed at once (503 + Retry-After beyond), within
+    #: max_inflight_requests: one caller cannot take every slot
+    max_inflight_per_token: PositiveInt = 16
+    #: new series one token may create per hour (a bucket refilling continuously); the
+    #: series a node already has are never refused by it
+    max_new_series_per_source_hour: PositiveInt = 100_000
+    #: data points of one request (413 beyond); attributes per point and per resource;
+    #: label key and value sizes and metric-name size in UTF-8 bytes (points over them are
+    #: rejected and counted in the OTLP partial success, the rest is stored)
+    max_points_per_request: PositiveInt = 200_000
+    max_attributes: PositiveInt = 64
+    max_label_key_bytes: PositiveInt = 128
+    max_label_value_bytes: PositiveInt = 1024
+    max_metric_name_bytes: PositiveInt = 256
     model_servers: tuple[ModelServer, ...] = ()
     scrape_seconds: Positive = 15.0
     #: rule files or folders (default: the packaged rules/); runbooks checked against runbooks_dir
@@ -219,6 +240,17 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
 
     def __repr__(self) -> str:
         return redacted_repr(self, "tokens")
+
+    @property
+    def ingest_limits(self) -> IngestLimits:
+        """The per-request limits the OTLP decoders apply (``ingest.otlp_limits``)."""
+        return IngestLimits(
+            max_attributes=self.max_attributes,
+            max_label_key_bytes=self.max_label_key_bytes,
+            max_label_value_bytes=self.max_label_value_bytes,
+            max_metric_name_bytes=self.max_metric_name_bytes,
+            max_points_per_request=self.max_points_per_request,
+        )
 
     @property
     def actuators(self) -> ActuatorSettings:

@@ -21,6 +21,7 @@ from gpuwarden.collector.accounting.fleet import Fleet
 from gpuwarden.collector.accounting.gpu_time import AccountingConfig, GpuRef, GpuTimeline, Usage
 from gpuwarden.collector.ingest.intake import Accepted, IngestTotals, Intake
 from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
+from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
 from gpuwarden.collector.ingest.scrape import ModelServerScraper
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.storage.base import Storage
@@ -68,6 +69,7 @@ class CollectorService:
     nodes = _OnParts[dict[str, dict[str, str]]]("intake", "fleet")
     totals = _OnParts[IngestTotals]("intake")
     max_new_series_per_source_hour = _OnParts[int]("intake")
+    limits = _OnParts[IngestLimits]("intake")
     accounting = _OnParts[AccountingConfig]("fleet")
     period_seconds = _OnParts[int]("fleet")
     recompute_periods = _OnParts[int]("fleet")
@@ -85,6 +87,7 @@ class CollectorService:
         nodes: dict[str, dict[str, str]] | None = None,
         totals: IngestTotals | None = None,
         max_new_series_per_source_hour: int = 100_000,
+        limits: IngestLimits = DEFAULT_LIMITS,
     ) -> None:
         nodes = {} if nodes is None else nodes  # one dict: the intake writes, the fleet reads
         self.intake = Intake(
@@ -95,6 +98,7 @@ class CollectorService:
             nodes=nodes,
             totals=IngestTotals() if totals is None else totals,
             max_new_series_per_source_hour=max_new_series_per_source_hour,
+            limits=limits,
         )
         self.fleet = Fleet(
             store,

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gpuwarden.collector.store.fresh import FreshReads
+from gpuwarden.collector.store.types import SeriesKey
 from gpuwarden.collector.store.window import WindowStore
 
 NS = 1_000_000_000
@@ -15,7 +16,7 @@ T0 = 1_700_000_000.0  # a multiple of 10 s
 BOUNDS = (0.1, 0.5, 1.0)
 
 
-def filled(now: float, *, stop: float | None = None) -> tuple[WindowStore, tuple]:
+def filled(now: float, *, stop: float | None = None) -> tuple[WindowStore, SeriesKey]:
     """A store whose one histogram got a point every 10 s from T0 (with a 5-minute gap)."""
     store = WindowStore(step_seconds=10, recent_seconds=3600, clock=lambda: now)
     rng = np.random.default_rng(5)
@@ -34,7 +35,7 @@ def filled(now: float, *, stop: float | None = None) -> tuple[WindowStore, tuple
     return store, info.key
 
 
-def one_by_one(store: WindowStore, key: tuple, start: float, width: float, bins: int):
+def one_by_one(store: WindowStore, key: SeriesKey, start: float, width: float, bins: int):
     out = np.full((bins, len(BOUNDS) + 2), np.nan)
     for i in range(bins):
         got = store.bucket_counts(key, start + i * width, start + (i + 1) * width)

@@ -1,9 +1,10 @@
 """OTLP intake: points into the WindowStore, per-sender series budgets, node facts, announcements.
 
 The receiver's work behind ``CollectorService.accept``, ``accept_payload`` and
-``accept_histograms``: each request's points go to the store under the sender's hourly budget of
-new series, the resources they came with leave their node's facts and announce the workload's job
-and model, and the running totals say what the store did with them.
+``accept_histograms``: each request's points go to the store under the label limits and the
+sender's budget of new series (refilling by the hour), the resources they came with leave their
+node's facts and announce the workload's job and model, and the running totals say what the
+store did with them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint, histogram_points
+from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
 from gpuwarden.collector.ingest.workloads import announcement
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.storage.base import Storage
@@ -56,6 +58,8 @@ class Accepted:
     """Points to report to the sender as rejected (OTLP partial success), histograms included."""
     stored_rejected: int
     """Of ``points``, those the store refused."""
+    over_limits: int = 0
+    """Of ``rejected``, the points over the label limits (``otlp_limits``)."""
 
 
 @dataclass
@@ -68,9 +72,15 @@ class Intake:
     clock: Callable[[], float] = time.time
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
     totals: IngestTotals = field(default_factory=IngestTotals)
-    #: new series one sender (token) may create per hour: a runaway label cannot flood the store
+    #: new series one sender (token) may create per hour: a runaway label cannot flood the store.
+    #: A token bucket: it refills continuously (this many per hour), so a flood that spent it
+    #: delays a node's next new series by minutes, not for the rest of the hour; series the
+    #: store holds (or held: evicted ones that come back) are never refused by it.
     max_new_series_per_source_hour: int = 100_000
-    _new_series: dict[str, tuple[float, int]] = field(default_factory=dict)
+    #: what a point, its resource and its metric name may carry (``otlp_limits``)
+    limits: IngestLimits = DEFAULT_LIMITS
+    _budgets: dict[str, tuple[float, float]] = field(default_factory=dict)
+    _source_locks: dict[str, threading.Lock] = field(default_factory=dict)
     _announced: set[tuple[tuple[str, str | int | float | bool], ...]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -84,11 +94,10 @@ class Intake:
                 seen.add(id(point.resource))
                 resources.append(point.resource)
         self._remember_resources(resources, source)
-        now = self.clock()
-        window_start, created, budget = self._budget(source, now)
-        counts = self.store.ingest(points, new_series_budget=budget)
-        newest = max((p.time_unix_nano for p in points), default=None)
-        self._count(source, window_start, created, counts, newest)
+        with self._source_lock(source):  # the budget read, spent and written back as one
+            counts = self.store.ingest(points, new_series_budget=self._budget(source))
+            newest = max((p.time_unix_nano for p in points), default=None)
+            self._count(source, counts, newest)
         return counts.rejected
 
     def accept_payload(self, payload: bytes, kind: str, source: str) -> Accepted:
@@ -99,18 +108,29 @@ class Intake:
         agent's steady state, without parsing: ``WindowStore.ingest_payload``). Raises
         ``OtlpError`` (400) for a body that does not parse.
         """
-        now = self.clock()
-        window_start, created, budget = self._budget(source, now)
-        result = self.store.ingest_payload(payload, kind, new_series_budget=budget)
+        with self._source_lock(source):  # concurrent requests of one sender: one budget
+            result = self.store.ingest_payload(
+                payload, kind, new_series_budget=self._budget(source), limits=self.limits
+            )
+            self._count(source, result.counts, result.newest_ns)
         self._remember_resources(result.resources, source)
-        self._count(source, window_start, created, result.counts, result.newest_ns)
+        if result.over_limits:
+            log.warning(
+                "source %s: %d point(s) over the label limits refused (%s)",
+                source,
+                result.over_limits,
+                self.limits.describe(),
+            )
         rejected = result.rejected + result.counts.rejected
         if result.histogram_request is not None:
-            histograms = histogram_points(result.histogram_request)
+            histograms = histogram_points(result.histogram_request, self.limits)
             # counted as rejected by the decoder; the store says which it kept
             rejected -= len(histograms) - self.accept_histograms(histograms, source)
         return Accepted(
-            points=result.points, rejected=rejected, stored_rejected=result.counts.rejected
+            points=result.points,
+            rejected=rejected,
+            stored_rejected=result.counts.rejected,
+            over_limits=result.over_limits,
         )
 
     def record_events(self, events: Iterable[Event]) -> int:
@@ -176,24 +196,25 @@ class Intake:
                 with self._lock:  # merge: other senders (scrapes) must not erase agent facts
                     self.nodes[host] = {**self.nodes.get(host, {}), **facts, "source": source}
 
-    def _budget(self, source: str, now: float) -> tuple[float, int, int]:
-        """The source's hourly window start, series created in it, and what it may still create."""
+    def _source_lock(self, source: str) -> threading.Lock:
+        """The lock that makes one sender's requests spend its budget one after the other."""
         with self._lock:
-            window_start, created = self._new_series.get(source, (now, 0))
-            if now - window_start >= 3600:
-                window_start, created = now, 0
-            return window_start, created, max(0, self.max_new_series_per_source_hour - created)
+            return self._source_locks.setdefault(source, threading.Lock())
 
-    def _count(
-        self,
-        source: str,
-        window_start: float,
-        created: int,
-        counts: IngestCounts,
-        newest_ns: int | None,
-    ) -> None:
+    def _budget(self, source: str) -> int:
+        """The new series ``source`` may create now: its bucket, refilled since last asked."""
+        now = self.clock()
+        capacity = self.max_new_series_per_source_hour
         with self._lock:
-            self._new_series[source] = (window_start, created + counts.new_series)
+            tokens, then = self._budgets.get(source, (float(capacity), now))
+            tokens = min(float(capacity), tokens + max(0.0, now - then) * capacity / 3600)
+            self._budgets[source] = (tokens, now)
+            return int(tokens)
+
+    def _count(self, source: str, counts: IngestCounts, newest_ns: int | None) -> None:
+        with self._lock:
+            tokens, then = self._budgets.get(source, (0.0, self.clock()))
+            self._budgets[source] = (max(0.0, tokens - counts.new_series), then)
             if counts.rejected_limit:
                 log.warning(
                     "source %s: %d point(s) of new series refused (series limit)",

@@ -19,7 +19,7 @@ aiohttp receiver, the tests and the fuzzers. It is split by job:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from google.protobuf import json_format
@@ -28,6 +28,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
+
+from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
 
 
 def any_value(value: AnyValue) -> str | int | float | bool | None:
@@ -91,23 +93,29 @@ class HistogramPoint:
 CUMULATIVE = 2  # AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 
 
-def histogram_points(request: ExportMetricsServiceRequest) -> list[HistogramPoint]:
-    """Cumulative explicit-bucket histogram points that are well formed.
+def histogram_points(
+    request: ExportMetricsServiceRequest, limits: IngestLimits = DEFAULT_LIMITS
+) -> list[HistogramPoint]:
+    """Cumulative explicit-bucket histogram points that are well formed and within ``limits``.
 
     ``number_points`` counts every histogram point as rejected; a sink that stores histograms
-    takes these and un-counts the ones it kept. Delta temporality and bucket/bound mismatches are
-    left out (so they stay rejected).
+    takes these and un-counts the ones it kept. Delta temporality, bucket/bound mismatches and
+    points over the label limits are left out (so they stay rejected).
     """
     out = []
     for rm in request.resource_metrics:
-        resource = attributes(rm.resource.attributes)
+        resource = _resource(rm.resource.attributes, limits)
+        if resource is None:
+            continue
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
-                if metric.WhichOneof("data") != "histogram":
+                if metric.WhichOneof("data") != "histogram" or not limits.metric_ok(metric.name):
                     continue
                 if metric.histogram.aggregation_temporality != CUMULATIVE:
                     continue
                 for dp in metric.histogram.data_points:
+                    if not _attributes_ok(dp.attributes, limits):
+                        continue
                     bounds = tuple(dp.explicit_bounds)
                     counts = tuple(dp.bucket_counts)
                     if len(counts) != len(bounds) + 1 or list(bounds) != sorted(set(bounds)):
@@ -129,33 +137,81 @@ def histogram_points(request: ExportMetricsServiceRequest) -> list[HistogramPoin
     return out
 
 
-def number_points(request: ExportMetricsServiceRequest) -> tuple[list[NumberPoint], int]:
+def number_points(
+    request: ExportMetricsServiceRequest, limits: IngestLimits = DEFAULT_LIMITS
+) -> tuple[list[NumberPoint], int]:
     """Flatten gauges and sums; return them and the count of points rejected.
 
-    Rejected: non-finite values, points without a value, and metric types this receiver does not
-    store yet (histograms, summaries), which are counted so the agent sees a partial success.
+    Rejected: non-finite values, points without a value, points over the label ``limits`` (their
+    own, their metric name's or their resource's), and metric types this receiver does not store
+    yet (histograms, summaries), which are counted so the agent sees a partial success.
     """
+    flat = flatten(request, limits)
+    return flat.points, flat.rejected
+
+
+@dataclass(frozen=True, slots=True)
+class Flattened:
+    """``number_points``' answer, with how many of the rejected points broke the limits."""
+
+    points: list[NumberPoint]
+    rejected: int
+    over_limits: int
+
+
+def flatten(
+    request: ExportMetricsServiceRequest, limits: IngestLimits = DEFAULT_LIMITS
+) -> Flattened:
+    """``number_points`` with the count of points over the label limits (of the rejected)."""
     accepted: list[NumberPoint] = []
-    rejected = 0
+    rejected = over = 0
     for rm in request.resource_metrics:
-        resource = attributes(rm.resource.attributes)
+        resource = _resource(rm.resource.attributes, limits)
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
-                rejected += _flatten(metric, resource, accepted)
-    return accepted, rejected
+                if resource is None or not limits.metric_ok(metric.name):
+                    count = data_points(metric)
+                    rejected += count
+                    over += count
+                    continue
+                bad, over_here = _flatten(metric, resource, accepted, limits)
+                rejected += bad
+                over += over_here
+    return Flattened(accepted, rejected, over)
+
+
+def _resource(
+    kvs: Sequence[KeyValue], limits: IngestLimits
+) -> dict[str, str | int | float | bool] | None:
+    """A resource's attributes, or None when it breaks the label limits."""
+    if len(kvs) > limits.max_attributes:
+        return None
+    resource = attributes(kvs)
+    return resource if limits.resource_ok(resource) else None
+
+
+def _attributes_ok(kvs: Sequence[KeyValue], limits: IngestLimits) -> bool:
+    if len(kvs) > limits.max_attributes:
+        return False
+    return limits.items_ok((kv.key, any_value(kv.value)) for kv in kvs)
 
 
 def _flatten(
-    metric: Metric, resource: dict[str, str | int | float | bool], out: list[NumberPoint]
-) -> int:
+    metric: Metric,
+    resource: dict[str, str | int | float | bool],
+    out: list[NumberPoint],
+    limits: IngestLimits,
+) -> tuple[int, int]:
+    """Append a metric's good points; return how many were rejected, and of those how many
+    broke the label limits."""
     kind = metric.WhichOneof("data")
     if kind == "gauge":
         dps, monotonic = metric.gauge.data_points, False
     elif kind == "sum":
         dps, monotonic = metric.sum.data_points, metric.sum.is_monotonic
     else:
-        return other_points(metric)
-    rejected = 0
+        return other_points(metric), 0
+    rejected = over = 0
     for dp in dps:
         if dp.WhichOneof("value") is None:
             rejected += 1
@@ -163,6 +219,10 @@ def _flatten(
         value = _number(dp)
         if not math.isfinite(value):
             rejected += 1
+            continue
+        if not _attributes_ok(dp.attributes, limits):
+            rejected += 1
+            over += 1
             continue
         out.append(
             NumberPoint(
@@ -176,7 +236,27 @@ def _flatten(
                 value=value,
             )
         )
-    return rejected
+    return rejected, over
+
+
+def request_points(request: ExportMetricsServiceRequest) -> int:
+    """Data points of every type in a parsed request (lengths only: nothing is built)."""
+    return sum(
+        data_points(metric)
+        for rm in request.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+    )
+
+
+def data_points(metric: Metric) -> int:
+    """A metric's data points, of whatever type."""
+    kind = metric.WhichOneof("data")
+    if kind == "gauge":
+        return len(metric.gauge.data_points)
+    if kind == "sum":
+        return len(metric.sum.data_points)
+    return other_points(metric)
 
 
 def other_points(metric: Metric) -> int:

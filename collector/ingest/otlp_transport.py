@@ -37,22 +37,35 @@ def media_type(content_type: str | None) -> str:
 
 
 def decompress(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
-    """Undo ``Content-Encoding``; refuse anything that inflates past ``max_bytes`` (gzip bombs)."""
+    """Undo ``Content-Encoding``; refuse anything that inflates past ``max_bytes`` (gzip bombs).
+
+    A gzip body of several members (``cat a.gz b.gz``, as RFC 1952 allows) is read whole, every
+    member, under the one cap; anything after a member that is not another whole member is a
+    400, never silently dropped.
+    """
     enc = (encoding or "identity").strip().lower()
     if enc == "identity":
         return body
     if enc != "gzip":
         raise OtlpError(415, f"unsupported content encoding {enc!r}; use gzip or identity")
-    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, max_bytes + 1)
-    except zlib.error as exc:
-        raise OtlpError(400, f"invalid gzip body: {exc}") from None
-    if len(out) > max_bytes or inflater.unconsumed_tail:
-        raise OtlpError(413, f"decompressed body exceeds {max_bytes} bytes")
-    if not inflater.eof:
-        raise OtlpError(400, "truncated gzip body")
-    return out
+    members: list[bytes] = []
+    size = 0
+    rest = body
+    while True:
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            out = inflater.decompress(rest, max_bytes + 1 - size)  # >= 1: 0 means no limit
+        except zlib.error as exc:
+            raise OtlpError(400, f"invalid gzip body: {exc}") from None
+        size += len(out)
+        if size > max_bytes or inflater.unconsumed_tail:
+            raise OtlpError(413, f"decompressed body exceeds {max_bytes} bytes")
+        if not inflater.eof:
+            raise OtlpError(400, "truncated gzip body")
+        members.append(out)
+        rest = inflater.unused_data
+        if not rest:
+            return members[0] if len(members) == 1 else b"".join(members)
 
 
 def parse_request(payload: bytes, kind: str) -> ExportMetricsServiceRequest:

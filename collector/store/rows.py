@@ -122,10 +122,13 @@ class SeriesTable(RowWrites):
         self.flush_long(ratio)
         self.evictions += 1
         gone = rows.tolist()
+        if len(self.retired) + len(gone) > self.max_rows:
+            self.retired.clear()  # a memory of names, bounded like the table
         for row in gone:
             info = self.infos[row]
             if info is not None:
                 del self.rows_by_key[info.key]
+                self.retired.add(hash(info.key))
             self.infos[row] = None
         self.recent.clear_rows(rows)
         self.long.clear_rows(rows)
@@ -170,7 +173,14 @@ class SeriesTable(RowWrites):
             self.raw_value,
             self.object_bytes,
         )
-        containers = (self.aliases, self.rows_by_key, self.infos, self.free_rows, self.strings)
+        containers = (
+            self.aliases,
+            self.rows_by_key,
+            self.infos,
+            self.free_rows,
+            self.strings,
+            self.retired,
+        )
         return (
             self.recent.nbytes
             + self.long.nbytes

@@ -55,6 +55,9 @@ class RowIdentity:
         self.free_counter_rows: list[int] = []
         self.next_counter_row = 0
         self.created = 0
+        self.retired: set[int] = set()
+        """Hashes of evicted series' keys: a node's series that come back are known, not new,
+        and a sender's spent budget of new series never refuses them."""
         self.evictions = 0
         """Bumped whenever rows are freed: row numbers cached outside the table go stale."""
         self._pending: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []
@@ -77,8 +80,8 @@ class RowIdentity:
         Attribute items without a value are dropped and a repeated key keeps its last value, as
         ``otlp.attributes`` does. ``unit``, ``counter`` and ``time_ns`` describe the point that
         creates the series. ``total`` counts series held elsewhere (histograms) against
-        ``max_rows``; with ``create`` false an unknown series is not created (-1: the sender's
-        budget is spent).
+        ``max_rows``; with ``create`` false a new series is not created (-1: the sender's budget
+        is spent), but a series the table held before (evicted, in ``retired``) still is.
         """
         metric, host, raw = alias
         strings = self.strings
@@ -97,7 +100,9 @@ class RowIdentity:
         key: SeriesKey = (sys.intern(metric), tuple(sorted(pairs.values())))
         row = self.rows_by_key.get(key)
         if row is None:
-            if not create or len(self.rows_by_key) + total >= self.max_rows:
+            if len(self.rows_by_key) + total >= self.max_rows:
+                return -1
+            if not create and hash(key) not in self.retired:
                 return -1
             row = self._create(key, unit, counter, time_ns)
             self.object_bytes[row] = _object_bytes(key, alias)

@@ -16,9 +16,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
+from gpuwarden.collector.ingest.otlp import request_points
 from gpuwarden.collector.ingest.otlp_columns import NumberColumns, number_columns
+from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
 from gpuwarden.collector.ingest.otlp_shape import RequestShape, shape_key
-from gpuwarden.collector.ingest.otlp_transport import PROTOBUF, parse_request
+from gpuwarden.collector.ingest.otlp_transport import PROTOBUF, OtlpError, parse_request
 from gpuwarden.collector.store.types import AttrValue, IngestCounts
 from gpuwarden.collector.store.window_ingest import PointIngest
 from gpuwarden.collector.store.window_state import NS, Shaped
@@ -50,13 +52,19 @@ class RequestIngest:
     resources: tuple[Mapping[str, AttrValue], ...]
     newest_ns: int | None
     histogram_request: ExportMetricsServiceRequest | None = None
+    over_limits: int = 0
 
 
 class PayloadIngest(PointIngest):
     """``ingest_payload``: parse (or read through a kept shape) and store an OTLP body."""
 
     def ingest_payload(
-        self, payload: bytes, kind: str, *, new_series_budget: int | None = None
+        self,
+        payload: bytes,
+        kind: str,
+        *,
+        new_series_budget: int | None = None,
+        limits: IngestLimits = DEFAULT_LIMITS,
     ) -> RequestIngest:
         """Parse and store an OTLP/HTTP body's gauges and sums (histograms are the caller's).
 
@@ -68,7 +76,10 @@ class PayloadIngest(PointIngest):
         matches it byte for byte but for point times and values is read without parsing. When
         a sender whose shape matched sends another shape (a new series), that one is kept at
         once; a sender whose shapes never match gets one built every other request at most.
-        Raises ``OtlpError`` (400) for a body that does not parse.
+        Points over the label ``limits`` are rejected (a shape is only ever built from a request
+        without them, and a match has the same attributes byte for byte).
+        Raises ``OtlpError``: 400 for a body that does not parse, 413 for one with more than
+        ``limits.max_points_per_request`` points (before its columns are built).
         """
         key = shape_key(payload) if kind == PROTOBUF else None
         if key is not None:
@@ -77,7 +88,11 @@ class PayloadIngest(PointIngest):
             if done is not None:
                 return done
         request = parse_request(payload, kind)
-        columns = number_columns(request)
+        if request_points(request) > limits.max_points_per_request:
+            raise OtlpError(
+                413, f"request holds more than {limits.max_points_per_request} data points"
+            )
+        columns = number_columns(request, limits)
         shape = None
         if key is not None and not columns.histograms and self._shape_wanted(key):
             shape = RequestShape.of(payload, request)
@@ -193,4 +208,5 @@ def _request_ingest(
         resources=tuple(columns.resources[i] for i in with_points),
         newest_ns=newest,
         histogram_request=request if columns.histograms else None,
+        over_limits=columns.over_limits,
     )

@@ -17,9 +17,11 @@ from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.ingest.sink import MetricsSink, SeriesLog
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web import tasks
+from gpuwarden.collector.web.access_log import RedactingAccessLogger, server_logger
 from gpuwarden.collector.web.api import setup_api
 from gpuwarden.collector.web.auth import authentication
 from gpuwarden.collector.web.exposition import setup_metrics
+from gpuwarden.collector.web.guard import body_guard, header_guard
 from gpuwarden.collector.web.headers import security_headers
 from gpuwarden.collector.web.keys import (
     AUTH_STATS,
@@ -63,11 +65,19 @@ def create_app(
     runbook, approval and API routes are served. ``rule_problems`` are the rules skipped under
     ``skip_bad_rules``: ``/readyz`` lists them and stays 200 (the other rules run).
     """
-    # We inflate bodies ourselves, with a cap: aiohttp's own decompression has none.
+    # We inflate bodies ourselves, with a cap: aiohttp's own decompression has none. aiohttp
+    # closes a connection without a whole request head within ``keepalive_timeout`` of its
+    # start or of its previous answer: that is the header read timeout (``web.guard``). The
+    # handler arguments apply however the app is served (``run_app``, a runner in tests).
     app = web.Application(
         client_max_size=config.max_body_bytes,
-        handler_args={"auto_decompress": False},
-        middlewares=[authentication],
+        handler_args={
+            "auto_decompress": False,
+            "keepalive_timeout": config.header_timeout_seconds,
+            "access_log_class": RedactingAccessLogger,
+            "logger": server_logger(),
+        },
+        middlewares=[header_guard, authentication, body_guard],
     )
     app.on_response_prepare.append(security_headers)  # CSP & co. on every response
     app[CONFIG] = config

@@ -71,7 +71,11 @@ class IngestStats:
     responses: Counter[int] = field(default_factory=Counter)
     points_accepted: int = 0
     points_rejected: int = 0
+    points_over_limits: int = 0
+    """Of ``points_rejected``, those over the label limits (decoded by the fast path)."""
     inflight: int = 0
+    """Requests being decoded and stored (their bodies read): the slots in use."""
+    inflight_by_caller: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass

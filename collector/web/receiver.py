@@ -1,15 +1,17 @@
 """The OTLP/HTTP receiver (``POST /v1/metrics``) and liveness (``GET /healthz``).
 
 Handlers parse, call the core and translate domain errors into HTTP answers: 200 (with a
-partial-success count when points were rejected), 400 malformed, 401 bad token and 403 a role
-other than agent or admin (answered by the authentication middleware, counted here all the
-same), 403 a node the agent's token is not bound to (nothing stored), 413 too large, 415 wrong
-content type or encoding, 503 with ``Retry-After`` when too many requests are in flight. Never a
-5xx for bad input.
+partial-success count when points were rejected, label limits included), 400 malformed, 401 bad
+token and 403 a role other than agent or admin (answered by the authentication middleware,
+counted here all the same), 403 a node the agent's token is not bound to (nothing stored), 408
+body too slow (``web.guard``, counted here too), 413 too large (body, inflated body, points), 415
+wrong content type or encoding, 503 with ``Retry-After`` when too many requests, or too many of
+one caller, are being processed. Never a 5xx for bad input.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import web
@@ -19,8 +21,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.ingest.otlp import histogram_points, number_points
+from gpuwarden.collector.ingest.otlp import flatten, histogram_points, request_points
 from gpuwarden.collector.ingest.otlp_hosts import claimed_hosts
+from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
 from gpuwarden.collector.ingest.otlp_transport import (
     OtlpError,
     decompress,
@@ -38,6 +41,7 @@ from gpuwarden.collector.web.keys import (
     PROBE,
     SINK,
     STATS,
+    Caller,
     IngestStats,
     Role,
     add_route,
@@ -45,87 +49,143 @@ from gpuwarden.collector.web.keys import (
 
 log = logging.getLogger(__name__)
 
+SMALL_PAYLOAD_BYTES = 256 << 10
+"""A body that decodes to at most this is stored on the event loop at once (an agent's round of
+an 8-GPU node is about 40 KiB): a few milliseconds at most, cheaper than a thread hand-off. A
+bigger one is decoded and stored in a worker thread, holding an in-flight slot meanwhile, so
+the event loop keeps serving everyone else."""
+
 
 async def otlp_metrics(request: web.Request) -> web.Response:
-    """``POST /v1/metrics``: OTLP/HTTP metrics, protobuf or JSON, optionally gzip."""
+    """``POST /v1/metrics``: OTLP/HTTP metrics, protobuf or JSON, optionally gzip.
+
+    The body is read first (``web.guard.body_guard`` has buffered it under the body timeout), so
+    a slow client holds no slot. A small request (an agent's round) is then decoded and stored
+    at once; a big one takes an in-flight slot for its decoding and storing only, which run in
+    a worker thread while the event loop serves everyone else. Beyond
+    ``max_inflight_requests`` slots in use, or ``max_inflight_per_token`` of one caller, the
+    answer is 503 with ``Retry-After``.
+    """
     config = request.app[CONFIG]
     stats = request.app[STATS]
-    if stats.inflight >= config.max_inflight_requests:
-        # Back-pressure: agents keep the batch in their spool and retry after the delay.
-        stats.responses[503] += 1
-        return web.Response(
-            status=503, text="collector busy, retry later\n", headers={"Retry-After": "2"}
-        )
-    stats.inflight += 1
-    try:
-        return await _ingest(request, config, stats)
-    finally:
-        stats.inflight -= 1
-
-
-async def _ingest(
-    request: web.Request, config: CollectorConfig, stats: IngestStats
-) -> web.Response:
-    sink = request.app[SINK]
-    source = request[CALLER].name  # the authentication middleware checked the token
-    parsed = None
+    caller = request[CALLER]  # the authentication middleware checked the token
+    source = caller.name
     try:
         kind = media_type(request.headers.get("Content-Type"))
         if request.content_length is not None and request.content_length > config.max_body_bytes:
             raise OtlpError(413, f"body exceeds {config.max_body_bytes} bytes")
         body = await _read_limited(request, config.max_body_bytes)
-        payload = decompress(
-            body, request.headers.get("Content-Encoding"), config.max_decompressed_bytes
-        )
-        check_bound_nodes(request, payload, kind)
-        if isinstance(sink, CollectorService):
-            # The fast path: straight into the store, no NumberPoint per point.
-            done = sink.accept_payload(payload, kind, source)
-        else:
-            parsed = parse_request(payload, kind)
     except OtlpError as exc:
         stats.responses[exc.status] += 1
         return web.Response(status=exc.status, text=exc.message + "\n")
-    if parsed is not None:
-        done = _accept_parsed(sink, parsed, source)
+    busy = _busy(config, stats, source)
+    if busy:
+        # Back-pressure: agents keep the batch in their spool and retry after the delay.
+        stats.responses[503] += 1
+        return web.Response(status=503, text=f"{busy}, retry later\n", headers={"Retry-After": "2"})
+    encoding = request.headers.get("Content-Encoding")
+    try:
+        small = _small_payload(body, encoding, config)
+        if small is not None:  # an agent's usual request: decoded at once, on the event loop
+            done = _store_payload(request.app[SINK], small, kind, caller, config)
+        else:
+            done = await _store_in_thread(request, body, kind, encoding, caller)
+    except OtlpError as exc:
+        if isinstance(exc, UnboundNodesError):
+            _log_unbound(request, caller, exc.nodes)
+        stats.responses[exc.status] += 1
+        return web.Response(status=exc.status, text=exc.message + "\n")
     stats.points_accepted += done.points - done.stored_rejected
     stats.points_rejected += done.rejected
+    stats.points_over_limits += done.over_limits
     stats.responses[200] += 1
     response = ExportMetricsServiceResponse()
     if done.rejected:
         response.partial_success.rejected_data_points = done.rejected
+        over = f"{done.over_limits} " if done.over_limits else ""
         response.partial_success.error_message = (
             "rejected: non-finite values, points outside the window, series over the limit, "
-            "or metric types not stored (summary)"
+            f"metric types not stored (summary), or {over}points over the label limits "
+            f"({config.ingest_limits.describe()})"
         )
     return web.Response(body=encode_response(response, kind), content_type=kind)
 
 
-def _accept_parsed(sink: MetricsSink, parsed: ExportMetricsServiceRequest, source: str) -> Accepted:
-    """Any sink: flatten to ``NumberPoint`` and ``HistogramPoint`` objects and hand them over."""
-    points, rejected = number_points(parsed)
-    histograms = histogram_points(parsed)
-    stored_rejected = sink.accept(points, source)
-    if histograms:  # number_points counted them as rejected; the sink says which it kept
-        rejected -= len(histograms) - sink.accept_histograms(histograms, source)
-    return Accepted(
-        points=len(points), rejected=rejected + stored_rejected, stored_rejected=stored_rejected
-    )
+def _busy(config: CollectorConfig, stats: IngestStats, source: str) -> str | None:
+    """Why the request cannot take a slot now (None: it can)."""
+    if stats.inflight >= config.max_inflight_requests:
+        return "collector busy"
+    if stats.inflight_by_caller[source] >= config.max_inflight_per_token:
+        return f"{config.max_inflight_per_token} requests of this caller in flight"
+    return None
 
 
-def check_bound_nodes(request: web.Request, payload: bytes, kind: str) -> None:
-    """Refuse (403, before anything is stored) a request that writes a node its caller is not
-    bound to; admins and the anonymous caller write any node. Each (caller, node) is logged
-    once; every refusal is counted."""
-    caller = request[CALLER]
+async def _store_in_thread(
+    request: web.Request, body: bytes, kind: str, encoding: str | None, caller: Caller
+) -> Accepted:
+    """Decode and store a big body in a worker thread, holding an in-flight slot meanwhile."""
+    config, stats = request.app[CONFIG], request.app[STATS]
+    source = caller.name
+    stats.inflight += 1
+    stats.inflight_by_caller[source] += 1
+    try:
+        return await asyncio.to_thread(
+            _decode_and_store, request.app[SINK], body, kind, encoding, caller, config
+        )
+    finally:
+        stats.inflight -= 1
+        stats.inflight_by_caller[source] -= 1
+        if not stats.inflight_by_caller[source]:
+            del stats.inflight_by_caller[source]
+
+
+def _decode_and_store(
+    sink: MetricsSink,
+    body: bytes,
+    kind: str,
+    encoding: str | None,
+    caller: Caller,
+    config: CollectorConfig,
+) -> Accepted:
+    """Inflate and store one body (in a worker thread); raises ``OtlpError``."""
+    payload = decompress(body, encoding, config.max_decompressed_bytes)
+    return _store_payload(sink, payload, kind, caller, config)
+
+
+def _small_payload(body: bytes, encoding: str | None, config: CollectorConfig) -> bytes | None:
+    """The decoded payload when it is at most ``SMALL_PAYLOAD_BYTES``, else None (big)."""
+    if len(body) > SMALL_PAYLOAD_BYTES:
+        return None
+    cap = min(SMALL_PAYLOAD_BYTES, config.max_decompressed_bytes)
+    try:
+        return decompress(body, encoding, cap)
+    except OtlpError as exc:
+        if exc.status == 413 and cap < config.max_decompressed_bytes:
+            return None  # inflates past the small size: the worker thread decodes it
+        raise
+
+
+class UnboundNodesError(OtlpError):
+    """A request writes nodes its caller is not bound to: 403, nothing of it stored."""
+
+    def __init__(self, caller: Caller, nodes: list[str]) -> None:
+        super().__init__(403, f"{caller} may not write host.name {nodes[0]!r}; nothing stored")
+        self.nodes = nodes
+
+
+def unbound_nodes(caller: Caller, payload: bytes, kind: str) -> list[str]:
+    """The nodes ``payload`` writes that ``caller`` is not bound to (sorted); admins and the
+    anonymous caller write any node."""
     if caller.role is Role.ADMIN:
-        return  # skip reading the hosts: an admin may write any
-    unbound = sorted(h for h in claimed_hosts(payload, kind) if not caller.may_write(h))
-    if not unbound:
-        return
+        return []  # skip reading the hosts: an admin may write any
+    return sorted(h for h in claimed_hosts(payload, kind) if not caller.may_write(h))
+
+
+def _log_unbound(request: web.Request, caller: Caller, nodes: list[str]) -> None:
+    """Count a refusal for unbound nodes; log each (caller, node) once."""
     auth = request.app[AUTH_STATS]
     auth.count(request, 403, "node")
-    for node in unbound:
+    for node in nodes:
         if auth.first_unbound(caller.name, node):
             log.warning(
                 "%s (%s) may not write host.name %r (bound to %s): refused, nothing stored",
@@ -134,7 +194,45 @@ def check_bound_nodes(request: web.Request, payload: bytes, kind: str) -> None:
                 node,
                 ",".join(sorted(caller.nodes)) or "no node",
             )
-    raise OtlpError(403, f"{caller} may not write host.name {unbound[0]!r}; nothing stored")
+
+
+def _store_payload(
+    sink: MetricsSink, payload: bytes, kind: str, caller: Caller, config: CollectorConfig
+) -> Accepted:
+    """Check the caller's nodes, then decode and store one payload (all or nothing); raises
+    ``OtlpError`` (``UnboundNodesError`` for a node the caller may not write)."""
+    unbound = unbound_nodes(caller, payload, kind)
+    if unbound:
+        raise UnboundNodesError(caller, unbound)
+    source = caller.name
+    if isinstance(sink, CollectorService):
+        # The fast path: straight into the store, no NumberPoint per point.
+        return sink.accept_payload(payload, kind, source)
+    parsed = parse_request(payload, kind)
+    if request_points(parsed) > config.max_points_per_request:
+        raise OtlpError(413, f"request holds more than {config.max_points_per_request} data points")
+    return _accept_parsed(sink, parsed, source, config.ingest_limits)
+
+
+def _accept_parsed(
+    sink: MetricsSink,
+    parsed: ExportMetricsServiceRequest,
+    source: str,
+    limits: IngestLimits = DEFAULT_LIMITS,
+) -> Accepted:
+    """Any sink: flatten to ``NumberPoint`` and ``HistogramPoint`` objects and hand them over."""
+    flat = flatten(parsed, limits)
+    points, rejected = flat.points, flat.rejected
+    histograms = histogram_points(parsed, limits)
+    stored_rejected = sink.accept(points, source)
+    if histograms:  # number_points counted them as rejected; the sink says which it kept
+        rejected -= len(histograms) - sink.accept_histograms(histograms, source)
+    return Accepted(
+        points=len(points),
+        rejected=rejected + stored_rejected,
+        stored_rejected=stored_rejected,
+        over_limits=flat.over_limits,
+    )
 
 
 async def _read_limited(request: web.Request, limit: int) -> bytes:

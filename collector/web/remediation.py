@@ -144,7 +144,7 @@ def _storage_answers(handler: Callable[[web.Request], Awaitable[web.Response]]) 
 
 def _int(request: web.Request, name: str) -> int:
     text = request.match_info.get(name) or request.query.get(name) or ""
-    if not text.isdigit() or len(text) > 18:
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
         raise web.HTTPBadRequest(text=f"{name}: expected a positive integer\n")
     return int(text)
 
@@ -382,7 +382,7 @@ async def alertmanager_webhook(request: web.Request) -> web.Response:
     receiver = request.app[ALERT_RECEIVER]
     if request.content_length is not None and request.content_length > MAX_WEBHOOK_BYTES:
         return _error(413, f"payload over {MAX_WEBHOOK_BYTES} bytes")
-    raw = await request.content.read(MAX_WEBHOOK_BYTES + 1)
+    raw = await request.read()  # buffered by web.guard.body_guard, up to max_body_bytes
     if len(raw) > MAX_WEBHOOK_BYTES:
         return _error(413, f"payload over {MAX_WEBHOOK_BYTES} bytes")
     try:

@@ -286,10 +286,10 @@ async def status(request: web.Request) -> web.Response:
 async def incident_page(request: web.Request) -> web.Response:
     """``GET /status/incidents/{id}``."""
     service, env = request.app[SERVICE], request.app[STATUS_TEMPLATES]
-    try:
-        incident_id = int(request.match_info["id"])
-    except ValueError:
-        raise web.HTTPBadRequest(text="incident ids are integers\n") from None
+    written = request.match_info["id"]
+    if not (written.isascii() and written.isdigit()) or len(written) > 18:  # 63-bit integers
+        raise web.HTTPBadRequest(text="incident ids are integers\n")
+    incident_id = int(written)
 
     def render() -> str | None:
         incident = service.storage.incident(incident_id)

@@ -1,0 +1,93 @@
+"""Guards against hostile clients, around the authentication middleware.
+
+- :func:`header_guard` (before authentication): a request whose header names or values are not
+  UTF-8 (aiohttp keeps such bytes as lone surrogates, which every later ``encode`` trips on)
+  is answered 400 before any handler or middleware reads them.
+- :func:`body_guard` (after authentication, so only callers with a valid token, or open routes,
+  get their bodies read): the whole body is read (a multipart form parsed) before the handler
+  runs, within ``CollectorConfig.body_timeout_seconds`` of the request head; a body that
+  trickles in slower is answered 408 and the connection closed. Handlers then read the buffered
+  body (``read``, ``json``, ``post``) at once, never the stream, so no handler (nor a receiver
+  slot) waits on a slow client. A body over ``client_max_size`` is a 413 as before.
+
+The header read timeout is not here: aiohttp closes a connection that has not sent a whole
+request head within its ``keepalive_timeout`` of connecting or of its previous answer, and
+the app factory sets that to ``header_timeout_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from gpuwarden.collector.web.keys import CONFIG, ROUTE_ACCESS, STATS, Handler
+
+log = logging.getLogger(__name__)
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is what aiohttp decoded from valid UTF-8 (no lone surrogates)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@web.middleware
+async def header_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer 400 to a request with a header name or value that is not UTF-8."""
+    for name, value in request.headers.items():
+        if not (_utf8(name) and _utf8(value)):
+            shown = name if _utf8(name) else "(a header name)"
+            _count(request, 400)
+            return web.Response(status=400, text=f"header {shown} is not valid UTF-8\n")
+    return await handler(request)
+
+
+@web.middleware
+async def body_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Read the whole body within the body timeout before the handler runs (408 otherwise)."""
+    if request.body_exists and request.match_info.http_exception is None:
+        config = request.app[CONFIG]
+        length = request.content_length
+        if length is not None and length > config.max_body_bytes:
+            _count(request, 413)
+            text = f"body exceeds {config.max_body_bytes} bytes\n"
+            response = web.Response(status=413, text=text)
+            response.force_close()
+            return response
+        timeout = config.body_timeout_seconds
+        try:
+            async with asyncio.timeout(timeout):
+                if request.content_type == "multipart/form-data":
+                    await request.post()  # parsed and kept: the handler's post() returns it
+                else:
+                    await request.read()  # buffered: the handler's read() returns it at once
+        except TimeoutError:
+            log.info("%s: body not received within %g s, closing", request.remote, timeout)
+            _count(request, 408)
+            response = web.Response(status=408, text=f"body not received within {timeout:g} s\n")
+            response.force_close()
+            return response
+        except web.HTTPRequestEntityTooLarge:
+            _count(request, 413)
+            raise
+        except (web.RequestPayloadError, ValueError) as exc:  # broken chunks, bad multipart
+            _count(request, 400)
+            return web.Response(status=400, text=f"malformed body: {exc}\n")
+    return await handler(request)
+
+
+def _count(request: web.Request, status: int) -> None:
+    """Count an answer of the OTLP receiver's routes in its own counters (as it would)."""
+    match = request.match_info
+    if match.http_exception is not None:
+        return
+    admits = request.app[ROUTE_ACCESS].get(match.handler)
+    if admits is not None and admits.plain_refusals:  # the receiver's routes
+        request.app[STATS].responses[status] += 1
