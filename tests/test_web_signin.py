@@ -30,7 +30,7 @@ from gpuwarden.collector.remediate.remediator import ActionState
 from gpuwarden.collector.rules.loader import default_runbooks_dir
 from gpuwarden.collector.rules.model import ActionMode
 from gpuwarden.collector.web.app import create_app
-from gpuwarden.collector.web.keys import Caller, Role
+from gpuwarden.collector.web.keys import AUTH_STATS, Caller, Role
 from gpuwarden.collector.web.login import safe_next, sign_in_refusal
 from gpuwarden.collector.web.remediation_setup import Remediation
 from gpuwarden.collector.web.session import COOKIE, SESSIONS, SessionSigner
@@ -340,6 +340,8 @@ async def test_cross_origin_and_csrf_less_posts_approve_nothing(aiohttp_client, 
         assert response.status == 403, (headers, data)
         assert reason in await response.text()
     assert state_of(setup, action_id) == ActionState.AWAITING_APPROVAL
+    counted = client.app[AUTH_STATS].refusals[("POST", "/approve/{token}", 403, "csrf")]
+    assert counted == len(refused)
     # Another person's token does not pass for this session's.
     other = await sign_in(client)
     other_csrf = await csrf_of(client, link, other)
@@ -378,6 +380,8 @@ async def test_a_reader_sees_the_page_but_cannot_approve(aiohttp_client, setup) 
     assert post.status == 403
     assert "rita is a reader: only an operator or admin may approve" in await post.text()
     assert state_of(setup, action_id) == ActionState.AWAITING_APPROVAL
+    # counted with the middleware's refusals, under the route's template
+    assert app[AUTH_STATS].refusals[("POST", "/approve/{token}", 403, "role")] == 1
 
 
 async def test_without_auth_the_approver_is_anonymous(aiohttp_client, setup) -> None:

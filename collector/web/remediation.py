@@ -40,6 +40,7 @@ from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.keys import (
     ALERT_RECEIVER,
     ALERT_SOURCES,
+    AUTH_STATS,
     CALLER,
     OPERATORS,
     READERS,
@@ -260,10 +261,12 @@ async def approve_post(request: web.Request) -> web.Response:
     form = await request.post()
     presented = form.get(CSRF_FIELD)
     problem = csrf_problem(request, caller, presented if isinstance(presented, str) else None)
+    reason = "csrf" if problem is not None else "role"
     if problem is None and caller.role not in DECIDING_ROLES:
         problem = f"{caller.name} is a {caller.role.value}: only an operator or admin may approve"
     if problem is not None:
         log.warning("approval refused for %s from %s: %s", caller, request.remote, problem)
+        request.app[AUTH_STATS].count(request, 403, reason)  # as the middleware's refusals
         return _page("Not approved", [problem], status=403)
     approver = caller.name
 
