@@ -75,12 +75,15 @@ TABLE: dict[tuple[str, str], frozenset[Role] | str] = {
     ("GET", "/v1/silences"): READ,
     ("POST", "/v1/silences"): DECIDE,
     ("DELETE", "/v1/silences/{id}"): DECIDE,
+    # the incident page's "Silence 4h" button: the handler checks Origin and CSRF itself
+    ("POST", "/status/incidents/{id}/silence"): DECIDE,
     ("POST", "/v1/admin/reload"): frozenset({A}),
 }
 #: Pages for people: without any credential a browser's GET goes to /login, a POST gets 401.
 PAGES = {
     "/status",
     "/status/incidents/{id}",
+    "/status/incidents/{id}/silence",
     "/runbooks/{rule}",
     "/incidents/{id}/runbook",
     "/approve/{token}",

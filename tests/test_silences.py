@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -25,8 +26,9 @@ from gpuwarden.collector.remediate.policy import RemediationSettings
 from gpuwarden.collector.rules.loader import default_runbooks_dir
 from gpuwarden.collector.storage.records import Incident
 from gpuwarden.collector.storage.sqlite import SqliteStorage
-from gpuwarden.collector.web.keys import REMEDIATION
+from gpuwarden.collector.web.keys import SERVICE
 from gpuwarden.collector.web.remediation_setup import create_remediation
+from gpuwarden.collector.web.session import CSRF_FIELD
 from tests.capture_servers import Capture, ServedApp, slack_app
 from tests.test_alerting import RULES, dispatcher, resolve
 from tests.test_collector_api import fleet
@@ -275,7 +277,7 @@ async def test_operators_create_and_expire_readers_list_agents_get_nothing(aioht
     assert [s["state"] for s in everything["silences"]] == ["expired"]
     audit = [
         (e.actor, e.action, e.target)
-        for e in app[REMEDIATION].storage.audit()
+        for e in app[SERVICE].storage.audit()
         if e.action.startswith("silence")
     ]
     target = f"silence:{made['silence_id']}"
@@ -291,7 +293,7 @@ async def test_the_api_refuses_a_bad_silence_with_one_line(aiohttp_client, app):
     assert (await resp.json())["error"].startswith("unknown field 'created_by'")
     resp = await client.post("/v1/silences", headers=bearer(OP), data=b"{not json")
     assert (resp.status, await resp.json()) == (400, {"error": "expected a JSON object"})
-    assert [e for e in app[REMEDIATION].storage.audit() if e.action == "silence"] == []
+    assert [e for e in app[SERVICE].storage.audit() if e.action == "silence"] == []
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -334,3 +336,38 @@ def test_the_cli_adds_lists_and_expires_through_the_api(tmp_path):
         served.stop()
         setup.storage.close()
         service.storage.close()
+
+
+# --- the incident page's "Silence 4h" button ----------------------------------------------------
+
+
+async def test_the_incident_page_silences_four_hours_as_the_signed_in_operator(aiohttp_client, app):
+    storage = app[SERVICE].storage
+    incident = idle_on(storage, 1, "gpu-07", 1.0)
+    client = await aiohttp_client(app)
+    page_path = f"/status/incidents/{incident.incident_id}"
+    reader_page = await (await client.get(page_path, headers=bearer(R))).text()
+    assert "Silence 4h" not in reader_page
+    page = await (await client.get(page_path, headers=bearer(OP))).text()
+    found = re.search(rf'name="{CSRF_FIELD}" value="([^"]+)"', page)
+    assert found is not None
+    assert "Silence 4h" in page
+    form = {CSRF_FIELD: found.group(1)}
+    own = {"Origin": f"http://{client.host}:{client.port}"}
+    path = f"{page_path}/silence"
+    no_token = await client.post(path, headers={**bearer(OP), **own}, data={})
+    assert no_token.status == 403
+    assert "missing or wrong CSRF token" in await no_token.text()
+    evil = {**bearer(OP), "Origin": "https://evil.example"}
+    assert (await client.post(path, headers=evil, data=form)).status == 403
+    assert (await client.post(path, headers={**bearer(R), **own}, data=form)).status == 403
+    assert storage.silences() == []
+    done = await client.post(path, headers={**bearer(OP), **own}, data=form, allow_redirects=False)
+    assert (done.status, done.headers["Location"]) == (303, page_path)
+    (made,) = storage.silences()
+    assert (made.created_by, dict(made.matchers), made.ends_at - made.starts_at) == (
+        "operator-1",
+        {"rule": "idle-gpu", "job": "slurm:c:1", "node": "gpu-07"},
+        4 * 3600.0,
+    )
+    assert [e.actor for e in storage.audit() if e.action == "silence"] == ["operator-1"]

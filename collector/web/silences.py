@@ -6,6 +6,11 @@
 * ``GET /v1/silences`` (reader and up): the silences in force; ``?state=all`` adds the ended.
 * ``DELETE /v1/silences/{id}`` (operator, admin): expire it now; 404 unknown, 409 already ended.
 
+* ``POST /status/incidents/{id}/silence`` (a page; operator, admin): the incident page's
+  "Silence 4h" button, checked like an approval (same-origin ``Origin`` and the page's CSRF
+  token, ``web.session``): silences the incident's rule on its job and node for four hours,
+  then goes back to the page.
+
 Creating and expiring are audited with the caller as actor. While a silence matches an open
 incident the alert dispatcher holds its notifications (and, with ``actions: true``, the
 remediator its actions); see :mod:`gpuwarden.collector.notify.dispatcher`.
@@ -22,7 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gpuwarden.collector.alerts.silencing import SilenceError, new_silence
+from gpuwarden.collector.alerts.silencing import SilenceError, incident_facts, new_silence
 from gpuwarden.collector.storage.base import SilenceRecord, Storage, StorageError
 from gpuwarden.collector.storage.records import AuditEntry
 from gpuwarden.collector.web.keys import (
@@ -32,11 +37,15 @@ from gpuwarden.collector.web.keys import (
     REMEDIATION,
     SERVICE,
     Handler,
+    add_page,
     add_route,
 )
+from gpuwarden.collector.web.session import CSRF_FIELD, csrf_problem
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 16 * 1024
+PAGE_SILENCE = "4h"
+"""How long the incident page's button silences."""
 
 
 def silence_json(silence: SilenceRecord, now: float) -> dict[str, Any]:
@@ -48,8 +57,9 @@ def silence_json(silence: SilenceRecord, now: float) -> dict[str, Any]:
 
 
 def _storage(request: web.Request) -> Storage:
+    """The service's storage (the status page's incidents; the dispatcher's in the collector)."""
     app = request.app
-    return app[REMEDIATION].storage if REMEDIATION in app else app[SERVICE].storage
+    return app[SERVICE].storage if SERVICE in app else app[REMEDIATION].storage
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -101,17 +111,50 @@ async def create_silence(request: web.Request) -> web.Response:
         silence = new_silence(body, creator=actor, now=now)
     except SilenceError as exc:
         return _error(400, str(exc))
-    storage = _storage(request)
-
-    def store() -> SilenceRecord:
-        silence_id = storage.add_silence(silence)
-        stored = replace(silence, silence_id=silence_id)
-        storage.append_audit(_audit("silence", stored, actor, now))
-        return stored
-
-    stored = await asyncio.to_thread(store)
-    log.info("silence %s created by %s: %s", stored.silence_id, actor, dict(stored.matchers))
+    stored = await asyncio.to_thread(_store, _storage(request), silence, actor, now)
     return web.json_response(silence_json(stored, now), status=201)
+
+
+def _store(storage: Storage, silence: SilenceRecord, actor: str, now: float) -> SilenceRecord:
+    """Store a new silence and its audit entry; the stored silence."""
+    stored = replace(silence, silence_id=storage.add_silence(silence))
+    storage.append_audit(_audit("silence", stored, actor, now))
+    log.info("silence %s created by %s: %s", stored.silence_id, actor, dict(stored.matchers))
+    return stored
+
+
+async def silence_from_page(request: web.Request) -> web.Response:
+    """``POST /status/incidents/{id}/silence``: the incident page's "Silence 4h" button."""
+    caller = request[CALLER]
+    form = await request.post()
+    presented = form.get(CSRF_FIELD)
+    problem = csrf_problem(request, caller, presented if isinstance(presented, str) else None)
+    if problem is not None:
+        log.warning("silence from the page refused for %s: %s", caller, problem)
+        return web.Response(status=403, text=f"not silenced: {problem}\n")
+    text = request.match_info["id"]
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        return web.Response(status=400, text="incident ids are integers\n")
+    incident_id, now, storage = int(text), time.time(), _storage(request)
+
+    def silence() -> SilenceRecord | None:
+        incident = storage.incident(incident_id)
+        if incident is None:
+            return None
+        facts = incident_facts(incident, None)
+        matchers = {"rule": incident.rule_id}
+        matchers.update({key: facts[key][0] for key in ("job", "node") if facts[key]})
+        body = {
+            "matchers": matchers,
+            "duration": PAGE_SILENCE,
+            "comment": f"silenced from the page of incident {incident_id}",
+        }
+        made = new_silence(body, creator=caller.name, now=now)
+        return _store(storage, made, caller.name, now)
+
+    if await asyncio.to_thread(silence) is None:
+        return web.Response(status=404, text=f"no incident {incident_id}\n")
+    raise web.HTTPSeeOther(f"/status/incidents/{incident_id}")
 
 
 async def list_silences(request: web.Request) -> web.Response:
@@ -154,3 +197,4 @@ def setup_silences(app: web.Application) -> None:
     add_route(app, "POST", "/v1/silences", _answers(create_silence), OPERATORS)
     add_route(app, "GET", "/v1/silences", _answers(list_silences), READERS)
     add_route(app, "DELETE", "/v1/silences/{id}", _answers(expire_silence), OPERATORS)
+    add_page(app, "POST", "/status/incidents/{id}/silence", silence_from_page, OPERATORS)
