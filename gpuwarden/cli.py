@@ -122,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
 
     add_incidents_parser(sub)
     add_actions_parser(sub)
+    from gpuwarden.collector.cli.silences import add_silence_parser
+
+    add_silence_parser(sub)
     from gpuwarden.collector.backtest.cli import add_backtest_parser
 
     add_backtest_parser(sub)
@@ -210,6 +213,12 @@ def _run_actions(args: argparse.Namespace) -> int:
     return run_actions(args, os.environ)
 
 
+def _run_silence(args: argparse.Namespace) -> int:
+    from gpuwarden.collector.cli.silences import run_silence
+
+    return run_silence(args, os.environ)
+
+
 def _run_backtest(args: argparse.Namespace) -> int:
     from gpuwarden.collector.backtest.cli import run_backtest_command
 
@@ -239,6 +248,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "rules": _run_rules,
     "incidents": _run_incidents,
     "actions": _run_actions,
+    "silence": _run_silence,
     "report": _run_report,
     "backtest": _run_backtest,
     "catalog": _run_catalog,

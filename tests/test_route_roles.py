@@ -72,11 +72,18 @@ TABLE: dict[tuple[str, str], frozenset[Role] | str] = {
     ("POST", "/v1/events"): DECIDE,
     ("POST", "/v1/actions/{id}/{verb}"): DECIDE,
     ("POST", "/v1/breaker/reset"): DECIDE,
+    ("GET", "/v1/silences"): READ,
+    ("POST", "/v1/silences"): DECIDE,
+    ("DELETE", "/v1/silences/{id}"): DECIDE,
+    # the incident page's "Silence 4h" button: the handler checks Origin and CSRF itself
+    ("POST", "/status/incidents/{id}/silence"): DECIDE,
+    ("POST", "/v1/admin/reload"): frozenset({A}),
 }
 #: Pages for people: without any credential a browser's GET goes to /login, a POST gets 401.
 PAGES = {
     "/status",
     "/status/incidents/{id}",
+    "/status/incidents/{id}/silence",
     "/runbooks/{rule}",
     "/incidents/{id}/runbook",
     "/approve/{token}",
@@ -183,6 +190,10 @@ async def test_each_role_reaches_exactly_its_routes(aiohttp_client, app):
         ("POST", "/v1/breaker/reset", "/v1/breaker/reset"),
         ("POST", "/v1/alertmanager", "/v1/alertmanager"),
         ("POST", "/v1/jobs", "/v1/jobs"),
+        ("POST", "/v1/silences", "/v1/silences"),
+        ("DELETE", "/v1/silences/1", "/v1/silences/{id}"),
+        ("GET", "/v1/silences", "/v1/silences"),
+        ("POST", "/v1/admin/reload", "/v1/admin/reload"),
         ("GET", "/v1/incidents", "/v1/incidents"),
         ("GET", "/status", "/status"),
         ("GET", "/metrics", "/metrics"),

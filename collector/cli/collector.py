@@ -8,7 +8,7 @@ import logging
 import os
 import ssl
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,9 @@ from gpuwarden.collector.rules.model import RuleError
 from gpuwarden.collector.storage.base import StorageError
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.auth import exposure_warning
-from gpuwarden.collector.web.tls import reload_on_sighup, server_context
+from gpuwarden.collector.web.keys import RELOADER
+from gpuwarden.collector.web.reload import reload_on_sighup
+from gpuwarden.collector.web.tls import server_context
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +95,12 @@ def _missing_extra(exc: MissingExtraError, config_path: Path | None) -> _Startup
 
 
 def _app(
-    config: CollectorConfig, environ: Mapping[str, str], config_path: Path | None
+    config: CollectorConfig,
+    environ: Mapping[str, str],
+    config_path: Path | None,
+    *,
+    reload_source: Callable[[], CollectorConfig],
+    ssl_context: ssl.SSLContext | None,
 ) -> web.Application:
     """Rules, core and remediation; raises ``_StartupRefusedError`` with the reason."""
     try:
@@ -137,6 +144,8 @@ def _app(
         detection=DetectionEngine(service.detection_view, rules, storage=service.storage),
         remediation=remediation,
         rule_problems=[str(p) for p in rules.problems],
+        reload_source=reload_source,
+        tls_context=ssl_context,
     )
 
     async def close_storage(_app: web.Application) -> None:
@@ -157,20 +166,26 @@ def run_collector(
     """Run the collector in the foreground; return the exit code.
 
     SIGINT or SIGTERM stops it: the loops finish a running step (up to
-    ``tasks.STOP_TIMEOUT_SECONDS``), then the database closes; exit code 0. With ``tls`` it
-    serves HTTPS, and SIGHUP reloads the certificate and key. A busy port is one line and exit
+    ``tasks.STOP_TIMEOUT_SECONDS``), then the database closes; exit code 0. SIGHUP reads the
+    configuration file again and swaps in its tokens and rules, and with ``tls`` (HTTPS) reloads
+    the certificate and key, like ``POST /v1/admin/reload``. A busy port is one line and exit
     code 1, a configuration it refuses (a certificate that does not load too) exit code 2.
     """
     environ = os.environ if environ is None else environ
     try:
         config = _config(config_path, host, port)
         ssl_context = _ssl_context(config)
-        app = _app(config, environ, config_path)
+        app = _app(
+            config,
+            environ,
+            config_path,
+            reload_source=lambda: load_collector_config(config_path, {"host": host, "port": port}),
+            ssl_context=ssl_context,
+        )
     except _StartupRefusedError as refused:
         print(f"gpuwarden collector: {refused.message}", file=sys.stderr)
         return refused.code
-    if ssl_context is not None:
-        reload_on_sighup(app, ssl_context, config.tls)
+    reload_on_sighup(app, app[RELOADER])  # the one SIGHUP handler: tokens, rules, certificate
     try:
         web.run_app(
             app,

@@ -93,14 +93,22 @@ class DetectionEngine:
         self._ctx = ctx
         self._clock = clock
         self._tracker = tracker or IncidentTracker(storage, clock=clock)
+        self._detectors = detectors
+        self.replace_rules(rules)
+
+    def replace_rules(self, rules: RuleSet) -> None:
+        """Run ``rules`` from the next cycle on (at start, and on an admin reload); a cycle that
+        is running keeps the rules it started with."""
+        detectors = self._detectors
         enabled = rules.enabled()
-        self._bound = [
+        bound = [
             _Bound(rule, detectors[rule.detector], detectors[rule.detector].bind(rule))
             for rule in enabled
             if rule.detector in detectors and detectors[rule.detector].run is not None
         ]
-        self.rules = [bound.rule for bound in self._bound]
         self.not_implemented = tuple(sorted({r.detector for r in enabled} - set(detectors)))
+        self._bound = bound  # one assignment: a cycle iterates the list it started with
+        self.rules = [b.rule for b in bound]
         if self.not_implemented:
             log.warning("rules of unknown detectors skipped: %s", ", ".join(self.not_implemented))
 

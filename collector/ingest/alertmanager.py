@@ -208,6 +208,10 @@ class AlertReceiver:
         self._storage = storage
         self._rules = [r for r in rules if r.detector == DETECTOR and r.enabled]
 
+    def replace_rules(self, rules: Iterable[Rule]) -> None:
+        """Take alerts for ``rules`` from now on (an admin reload)."""
+        self._rules = [r for r in rules if r.detector == DETECTOR and r.enabled]
+
     @property
     def rules(self) -> list[Rule]:
         """The rules that take alerts."""

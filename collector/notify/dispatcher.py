@@ -15,6 +15,11 @@ and sends the difference:
 - the remediator's pages (approval requests, escalations, the breaker), handed over through
   :meth:`AlertDispatcher.enqueue`: stored, then delivered and retried the same way;
 - many new (or resolved) incidents of one rule in one pass on a chat route: one grouped message;
+- while an operator's silence (``/v1/silences``) matches an open incident: its firing notices
+  are not sent but recorded as ``suppressed`` with the silence's id, and re-sends to routes that
+  already know it fires pause; when the silence ends and the incident is still open, the firing
+  notice goes out, once. A resolve of what a route was told before the silence still goes out
+  (a page must not stay open forever); a held notice whose incident resolves is dropped;
 - while a real action on the incident settles: a silence of our own Alertmanager alert until
   its verification, expired when the incident resolves;
 - a page whose incident a real action is working on: acknowledged, once;
@@ -36,6 +41,7 @@ from dataclasses import dataclass, replace
 
 from gpuwarden.collector.alerts.model import Alert, AlertStatus, DeliveryResult, Notifier
 from gpuwarden.collector.alerts.runbooks import Links
+from gpuwarden.collector.alerts.silencing import holding
 from gpuwarden.collector.notify.audit_mirror import AuditMirror, ChangeEvents
 from gpuwarden.collector.notify.incident_alerts import IncidentAlerts
 from gpuwarden.collector.notify.notices import FIRING, Due, Notices
@@ -44,7 +50,7 @@ from gpuwarden.collector.notify.senders import BatchNotifier, Senders
 from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.notify.silences import Silences
 from gpuwarden.collector.rules.model import Rule
-from gpuwarden.collector.storage.base import Storage
+from gpuwarden.collector.storage.base import NotificationRecord, Storage
 from gpuwarden.collector.storage.records import Incident, IncidentState
 
 log = logging.getLogger(__name__)
@@ -70,6 +76,8 @@ class DispatchResult:
     mirrored: int = 0
     acknowledged: int = 0
     paged: int = 0
+    suppressed: int = 0
+    """Firing notices newly held by an operator's silence."""
 
 
 class AlertDispatcher:
@@ -96,6 +104,7 @@ class AlertDispatcher:
     ) -> None:
         self._storage = storage
         self._rules = {rule.id: rule for rule in rules}
+        self._links = links
         self._settings = settings
         self._clock = clock
         self._lock = threading.Lock()
@@ -125,7 +134,8 @@ class AlertDispatcher:
                 if i.incident_id is not None
             }
             silenced = self._silences.tick(now, open_incidents, self._notices.known())
-            due = self._notices.due(now, open_incidents, self._notices.known())
+            known = self._notices.known()
+            due, suppressed = self._hold(now, self._notices.due(now, open_incidents, known), known)
             result = self._deliver(now, due)
             acked = self._acks(now, open_incidents)
             mirrored = self._mirror.tick() if self._mirror is not None else 0
@@ -136,9 +146,17 @@ class AlertDispatcher:
             mirrored=mirrored,
             acknowledged=acked,
             paged=paged,
+            suppressed=suppressed,
             failed=result.failed + failed,
             lost=result.lost + lost,
         )
+
+    def replace_rules(self, rules: Iterable[Rule]) -> None:
+        """Route and describe incidents by ``rules`` from the next pass on (an admin reload)."""
+        with self._lock:
+            self._rules = {rule.id: rule for rule in rules}
+            self._alerts = IncidentAlerts(self._storage, self._rules.values(), self._links)
+            self._silences = Silences(self._storage, self._settings, self._senders, self._alerts)
 
     def enqueue(self, alert: Alert, routes: Sequence[str]) -> None:
         """Store ``alert`` for each route (the :class:`AlertOutbox` port of the remediator); the
@@ -151,6 +169,35 @@ class AlertDispatcher:
         own = rule.routes if rule else ()
         extra = self._settings.routes_for(incident.severity, rule.owner if rule else None)
         return tuple(dict.fromkeys((*own, *extra)))
+
+    # Operators' silences --------------------------------------------------------------------
+
+    def _hold(
+        self,
+        now: float,
+        due: Sequence[Due],
+        known: Mapping[tuple[int, str], NotificationRecord],
+    ) -> tuple[list[Due], int]:
+        """The notices to send: firing ones an active silence matches are recorded as
+        suppressed instead, and re-sends of them wait; the count of newly held notices."""
+        silences = [s for s in self._storage.silences(ending_after=now) if s.active(now)]
+        if not silences:
+            return list(due), 0
+        send: list[Due] = []
+        held = 0
+        for item in due:
+            rule = self._rules.get(item.incident.rule_id)
+            silence = (
+                holding(silences, item.incident, rule.owner if rule else None, now)
+                if item.status == FIRING
+                else None
+            )
+            if silence is None:
+                send.append(item)
+            elif not item.resend:
+                key = (item.incident.incident_id or 0, item.route)
+                held += self._notices.suppress(item, silence, now, known.get(key))
+        return send, held
 
     # Delivery -------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from gpuwarden.collector.alerts.model import Delivery, DeliveryResult
 from gpuwarden.collector.notify.senders import Senders
 from gpuwarden.collector.notify.settings import AlertingSettings
-from gpuwarden.collector.storage.base import NotificationRecord, Storage
+from gpuwarden.collector.storage.base import NotificationRecord, SilenceRecord, Storage
 from gpuwarden.collector.storage.records import Incident
 
 # The dispatcher's log lines keep the logger name they have always had (operators filter on it).
@@ -19,6 +19,9 @@ log = logging.getLogger("gpuwarden.collector.notify.dispatcher")
 FIRING = "firing"
 RESOLVED = "resolved"
 LOST = "lost"
+SUPPRESSED = "suppressed"
+"""Held by an operator's silence (its id in ``silence_id``): sent once the silence ends while
+the incident is still open; nothing to resolve if it ends first."""
 GROUP_RESOLVED_SCHEMES = frozenset({"pagerduty"})
 """Routes where a grouped alert is one object that resolves when its last member does."""
 _MAX_BACKOFF = 300.0
@@ -66,10 +69,11 @@ class Notices:
         self._routes = routes
 
     def known(self) -> dict[tuple[int, str], NotificationRecord]:
-        """Every route's firing (or given-up) state, and the resolves not delivered yet."""
+        """Every route's firing (given-up, suppressed) state, and the resolves not delivered
+        yet."""
         return {
             (r.incident_id, r.route): r
-            for status in (FIRING, LOST, RESOLVED)
+            for status in (FIRING, LOST, SUPPRESSED, RESOLVED)
             for r in self._storage.notifications(status=status)
             if status != RESOLVED or not r.delivered
         }
@@ -123,7 +127,9 @@ class Notices:
                 # the group's alert stays until its last member resolves
                 self._storage.save_notification(replace(record, status=RESOLVED))
                 continue
-            if record.status == LOST or (record.status == FIRING and not record.delivered):
+            if record.status in (LOST, SUPPRESSED) or (
+                record.status == FIRING and not record.delivered
+            ):
                 # never told it was firing and it is over: nothing to resolve
                 self._storage.save_notification(
                     replace(record, status=RESOLVED, delivered=True, last_error=None)
@@ -138,6 +144,43 @@ class Notices:
             group = record.group_key if grouped else None
             due.append(Due(stored, route, RESOLVED, fresh, resend=False, group_key=group))
         return due
+
+    def suppress(
+        self,
+        item: Due,
+        silence: SilenceRecord,
+        now: float,
+        previous: NotificationRecord | None,
+    ) -> int:
+        """Record ``item`` as held by ``silence`` instead of sending it (``previous``: what the
+        route's state was); 1 when newly held, 0 when it already was."""
+        incident_id = item.incident.incident_id
+        assert incident_id is not None  # noqa: S101 - only stored incidents are dispatched
+        silence_id = str(silence.silence_id)
+        if previous is not None and (previous.status, previous.silence_id) == (
+            SUPPRESSED,
+            silence_id,
+        ):
+            return 0
+        log.info(
+            "firing notice of incident %s to %s suppressed by silence %s until %.0f",
+            incident_id,
+            item.route,
+            silence_id,
+            silence.ends_at,
+        )
+        self._storage.save_notification(
+            NotificationRecord(
+                incident_id,
+                item.route,
+                SUPPRESSED,
+                delivered=False,
+                first_at=now,
+                silence_id=silence_id,
+                silenced_until=silence.ends_at,
+            )
+        )
+        return 1
 
     def record(
         self, item: Due, result: DeliveryResult, now: float, *, group_key: str | None = None

@@ -110,6 +110,8 @@ class Remediator:
         links: URLs for runbooks, incidents and approval links in messages.
         verifier: judges actions after their settle time (default :class:`IncidentVerifier`).
         fleet_size: number of targets in the fleet for the blast-radius ratio (``None``: unknown).
+        held: whether an operator's silence holds an incident's actions (``actions: true``):
+            no action is decided for it while it does; it is decided once the silence ends.
         clock: wall clock.
 
     Raises:
@@ -130,9 +132,11 @@ class Remediator:
         links: Links | None = None,
         verifier: Verifier | None = None,
         fleet_size: Callable[[], int | None] = lambda: None,
+        held: Callable[[Incident], bool] = lambda _incident: False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._storage = storage
+        self._held = held
         self._rules = {rule.id: rule for rule in rules}
         self.policy = Policy(config, self._rules.values())
         self.config = config
@@ -210,8 +214,24 @@ class Remediator:
         return done
 
     def handle(self, incident: Incident) -> bool:
-        """Decide the rule's actions for an open incident it has none for yet."""
+        """Decide the rule's actions for an open incident it has none for yet (not while an
+        operator's silence holds its actions)."""
+        if self._held(incident):
+            return False
         return self._decider.handle(incident)
+
+    def replace_rules(self, rules: Iterable[Rule]) -> None:
+        """Act by ``rules`` from the next pass on (an admin reload).
+
+        Raises:
+            PolicyError: a rule names an unknown action kind or mode; nothing changed then.
+        """
+        rules = list(rules)
+        Policy(self.config, rules)  # refuses a bad rule before anything changes
+        with self._lock:
+            # the decider and the pager hold this same mapping
+            self._rules.clear()
+            self._rules.update((rule.id, rule) for rule in rules)
 
     # The steps keep these names: ``_each`` logs a failed step by its name.
 

@@ -94,7 +94,7 @@ class NotificationRecord:
 
     incident_id: int
     route: str
-    status: str  # firing | resolved
+    status: str  # firing | resolved | lost | suppressed (held by an operator's silence)
     delivered: bool
     first_at: float
     sent_at: float | None = None
@@ -102,9 +102,36 @@ class NotificationRecord:
     next_attempt_at: float | None = None
     last_error: str | None = None
     silence_id: str | None = None
+    """Our own Alertmanager alert's silence while an action settles; for a ``suppressed``
+    notice, the id of the operator's silence that holds it."""
     silenced_until: float | None = None
     group_key: str | None = None
     acked_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SilenceRecord:
+    """An operator's silence: while it is active (``starts_at <= now < ends_at``) the incidents
+    its ``matchers`` match are not notified, and with ``actions`` not acted on either.
+
+    ``matchers`` maps a fact (``rule``, ``job``, ``node``, ``model``, ``team``) to a shell-style
+    glob; an incident matches when every matcher matches one of its values. ``created_by`` is the
+    authenticated caller; expiring it early sets ``ends_at`` and ``expired_by``.
+    ``silence_id`` is assigned by the storage.
+    """
+
+    matchers: Mapping[str, str]
+    starts_at: float
+    ends_at: float
+    created_by: str
+    comment: str
+    actions: bool = False
+    expired_by: str | None = None
+    silence_id: int | None = None
+
+    def active(self, now: float) -> bool:
+        """Whether the silence holds at ``now``."""
+        return self.starts_at <= now < self.ends_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +363,24 @@ class Storage(Protocol):
         delivered: bool | None = None,
     ) -> list[NotificationRecord]:
         """Notification states, optionally of one incident, one status, delivered or not."""
+        ...
+
+    def add_silence(self, record: SilenceRecord) -> int:
+        """Store a new silence (``silence_id=None``); its id."""
+        ...
+
+    def silence(self, silence_id: int) -> SilenceRecord | None:
+        """One silence, expired or not."""
+        ...
+
+    def silences(self, *, ending_after: float | None = None) -> list[SilenceRecord]:
+        """Silences, oldest first: those whose ``ends_at`` is after ``ending_after`` (active or
+        pending at that time), or every one."""
+        ...
+
+    def expire_silence(self, silence_id: int, *, now: float, actor: str) -> bool:
+        """End a silence at ``now``, naming ``actor``; ``False`` when it had already ended (or
+        does not exist)."""
         ...
 
     def add_page(self, record: PageRecord) -> int:

@@ -248,6 +248,23 @@ ALTER TABLE accounting RENAME COLUMN cost_usd TO cost;
 ALTER TABLE accounting ADD COLUMN currency TEXT;
 """
 
+_SILENCES = """
+-- Operators' silences: while one matches an incident, its notifications are held (recorded as
+-- suppressed); with actions = 1 its automated actions are held too. Expiring one early sets
+-- ends_at to that moment and names who did it.
+CREATE TABLE silences (
+    silence_id  INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused
+    matchers    TEXT NOT NULL,      -- JSON object: rule, job, node, model, team -> glob
+    starts_at   REAL NOT NULL,
+    ends_at     REAL NOT NULL CHECK (ends_at > starts_at),
+    created_by  TEXT NOT NULL,      -- the authenticated caller, never a request field
+    comment     TEXT NOT NULL,
+    actions     INTEGER NOT NULL CHECK (actions IN (0, 1)),
+    expired_by  TEXT                -- who ended it early
+);
+CREATE INDEX silences_ends_at ON silences (ends_at);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, models, events, accounting", _CORE),
     Migration(
@@ -258,6 +275,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "notification state per incident and route, log cursors", _NOTIFICATIONS),
     Migration(4, "pages: the remediator's alerts, stored until a route accepts them", _PAGES),
     Migration(5, "accounting: cost in the price table's currency", _ACCOUNTING_CURRENCY),
+    Migration(6, "silences: operators hold an incident's notifications", _SILENCES),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

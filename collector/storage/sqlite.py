@@ -24,18 +24,20 @@ from gpuwarden.collector.storage.sqlite_base import MEMORY, MIN_SQLITE_VERSION, 
 from gpuwarden.collector.storage.sqlite_delivery import DeliveryRecords
 from gpuwarden.collector.storage.sqlite_fleet import FleetRecords
 from gpuwarden.collector.storage.sqlite_remediation import RemediationRecords
+from gpuwarden.collector.storage.sqlite_silences import SilenceRecords
 
 __all__ = ["MEMORY", "MIN_SQLITE_VERSION", "SqliteStorage", "Synchronous"]
 
 
-class SqliteStorage(FleetRecords, RemediationRecords, DeliveryRecords):
+class SqliteStorage(FleetRecords, RemediationRecords, DeliveryRecords, SilenceRecords):
     """Collector state in one SQLite database (``":memory:"`` for tests and demos).
 
     The methods' contracts are :class:`~gpuwarden.collector.storage.base.Storage`'s. The
     connection (opening, lock, transactions) is ``SqliteBase``'s; the methods come by record
     family from mixin bases: ``FleetRecords`` (jobs, models, events, accounting),
     ``RemediationRecords`` (incidents, audit, actions, approvals, breaker) and
-    ``DeliveryRecords`` (notifications, pages, cursors).
+    ``DeliveryRecords`` (notifications, pages, cursors) and ``SilenceRecords`` (operators'
+    silences).
 
     Args:
         path: the database file (created, with its schema, if missing), or ``":memory:"``.

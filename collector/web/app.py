@@ -8,25 +8,30 @@ Route modules import the keys and the core, never each other nor this module.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import ssl
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
+from gpuwarden.collector.build import load_configured_rules
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.ingest.sink import MetricsSink, SeriesLog
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web import tasks
 from gpuwarden.collector.web.access_log import RedactingAccessLogger, server_logger
+from gpuwarden.collector.web.admin import setup_admin
 from gpuwarden.collector.web.api import setup_api
 from gpuwarden.collector.web.auth import authentication
 from gpuwarden.collector.web.exposition import setup_metrics
 from gpuwarden.collector.web.guard import body_guard, header_guard
 from gpuwarden.collector.web.headers import security_headers
 from gpuwarden.collector.web.keys import (
+    ALERT_RECEIVER,
     AUTH_STATS,
     CONFIG,
     CREDENTIAL_SOURCES,
+    RELOADER,
     REMEDIATION,
     ROUTE_ACCESS,
     SERVICE,
@@ -34,13 +39,16 @@ from gpuwarden.collector.web.keys import (
     SKIPPED_RULES,
     STATS,
     THROTTLE,
+    TOKENS,
     AuthStats,
     IngestStats,
 )
 from gpuwarden.collector.web.login import setup_signin
 from gpuwarden.collector.web.receiver import setup_receiver
+from gpuwarden.collector.web.reload import LiveTokens, Reloader
 from gpuwarden.collector.web.remediation import setup_remediation
 from gpuwarden.collector.web.remediation_setup import Remediation
+from gpuwarden.collector.web.silences import setup_silences
 from gpuwarden.collector.web.static import setup_static
 from gpuwarden.collector.web.status_page import setup_status_page
 from gpuwarden.collector.web.throttle import FailureThrottle
@@ -55,6 +63,8 @@ def create_app(
     detection: DetectionEngine | None = None,
     remediation: Remediation | None = None,
     rule_problems: Sequence[str] = (),
+    reload_source: Callable[[], CollectorConfig] | None = None,
+    tls_context: ssl.SSLContext | None = None,
 ) -> web.Application:
     """Build the collector application.
 
@@ -64,6 +74,11 @@ def create_app(
     one, points go to ``sink`` (an in-memory series log by default). With a ``remediation``, its
     runbook, approval and API routes are served. ``rule_problems`` are the rules skipped under
     ``skip_bad_rules``: ``/readyz`` lists them and stays 200 (the other rules run).
+
+    ``POST /v1/admin/reload`` (and SIGHUP, with :func:`~.reload.reload_on_sighup`) reads the
+    configuration again through ``reload_source`` (default: ``config`` as it is, so the rule
+    files are read again and the tokens stay) and swaps in its tokens and rules, and reloads
+    the certificate of ``tls_context`` when serving HTTPS.
     """
     # We inflate bodies ourselves, with a cap: aiohttp's own decompression has none. aiohttp
     # closes a connection without a whole request head within ``keepalive_timeout`` of its
@@ -85,6 +100,7 @@ def create_app(
     app[ROUTE_ACCESS] = {}
     app[AUTH_STATS] = AuthStats()
     app[CREDENTIAL_SOURCES] = []
+    app[TOKENS] = LiveTokens(config.tokens)
     app[THROTTLE] = FailureThrottle(
         config.auth_failure_limit,
         config.auth_failure_window_seconds,
@@ -97,6 +113,7 @@ def create_app(
         setup_api(app)
         setup_metrics(app)
         setup_status_page(app)
+        setup_silences(app)
         app[SKIPPED_RULES] = tuple(rule_problems)
     else:
         app[SINK] = sink if sink is not None else SeriesLog()
@@ -105,6 +122,17 @@ def create_app(
         setup_remediation(app)
     setup_receiver(app)
     setup_static(app)
+    app[RELOADER] = Reloader(
+        source=reload_source or (lambda: config),
+        tokens=app[TOKENS],
+        load_rules=load_configured_rules,
+        storage=service.storage if service is not None else None,
+        detection=detection,
+        remediation=remediation,
+        alert_receiver=app.get(ALERT_RECEIVER),
+        tls=(tls_context, config.tls) if tls_context is not None else None,
+    )
+    setup_admin(app)
     if service is not None and background:
         app.cleanup_ctx.append(
             tasks.background(

@@ -28,6 +28,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.credentials import TokenTable
 from gpuwarden.collector.web.keys import (
     ADMINS,
     AUTH_STATS,
@@ -38,6 +39,7 @@ from gpuwarden.collector.web.keys import (
     ROUTE_ACCESS,
     STATS,
     THROTTLE,
+    TOKENS,
     Admits,
     Caller,
     Handler,
@@ -74,18 +76,21 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def authenticate(config: CollectorConfig, header: str | None) -> Caller | None:
+def authenticate(
+    config: CollectorConfig, header: str | None, tokens: TokenTable | None = None
+) -> Caller | None:
     """The caller of an ``Authorization: Bearer`` header, else None.
 
-    The token is matched by its SHA-256 (:class:`~gpuwarden.collector.credentials.TokenTable`).
-    Under ``allow_unauthenticated`` (which excludes tokens) every request is :data:`ANONYMOUS`.
+    The token is matched by its SHA-256 in ``tokens`` (the app's tokens in force, ``TOKENS``;
+    default: the config's). Under ``allow_unauthenticated`` (which excludes tokens) every
+    request is :data:`ANONYMOUS`.
     """
     if config.allow_unauthenticated:
         return ANONYMOUS
     scheme, _, presented = (header or "").partition(" ")
     if scheme.lower() != "bearer" or not presented.strip():
         return None
-    found = config.tokens.match(presented.strip())
+    found = (config.tokens if tokens is None else tokens).match(presented.strip())
     if found is None:
         return None
     return Caller(found.subject, found.role, frozenset(found.nodes))
@@ -101,7 +106,8 @@ def find_caller(request: web.Request, *, page: bool) -> Caller | None:
     ``Authorization`` header along with the identity it vouches for.
     """
     config = request.app[CONFIG]
-    caller = authenticate(config, request.headers.get("Authorization"))
+    tokens = request.app[TOKENS].table if TOKENS in request.app else None
+    caller = authenticate(config, request.headers.get("Authorization"), tokens)
     if caller is not None or config.allow_unauthenticated or not page:
         return caller
     for source in request.app.get(CREDENTIAL_SOURCES, ()):

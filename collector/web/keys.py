@@ -22,6 +22,7 @@ from gpuwarden.collector.credentials import Role, node_allowed
 from gpuwarden.collector.ingest.alertmanager import AlertReceiver
 from gpuwarden.collector.ingest.sink import MetricsSink
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.web.reload import LiveTokens, Reloader
 from gpuwarden.collector.web.remediation_setup import Remediation
 from gpuwarden.collector.web.throttle import FailureThrottle
 
@@ -40,6 +41,7 @@ __all__ = [
     "PROBE",
     "READERS",
     "READINESS",
+    "RELOADER",
     "REMEDIATION",
     "ROUTE_ACCESS",
     "SERVICE",
@@ -49,6 +51,7 @@ __all__ = [
     "STATS",
     "STATUS_TEMPLATES",
     "THROTTLE",
+    "TOKENS",
     "Admits",
     "AuthStats",
     "Caller",
@@ -141,7 +144,8 @@ AGENTS = Admits(frozenset({Role.AGENT}), plain_refusals=True)
 ALERT_SOURCES = Admits(frozenset({Role.ALERT_SOURCE}))
 """The Alertmanager webhook."""
 ADMINS = Admits()
-"""Administrators only: what a route that declares nothing gets (fail closed)."""
+"""Administrators only (configuration reloads): what a route that declares nothing gets (fail
+closed)."""
 
 
 CONFIG = web.AppKey("config", CollectorConfig)
@@ -162,6 +166,10 @@ ROUTE_ACCESS: web.AppKey[dict[Handler, Admits]] = web.AppKey("route_access")
 AUTH_STATS = web.AppKey("auth_stats", AuthStats)
 THROTTLE = web.AppKey("throttle", FailureThrottle)
 """Failed authentications per source address (``auth_failure_*`` of the config)."""
+TOKENS = web.AppKey("tokens", LiveTokens)
+"""The bearer tokens in force (``CONFIG``'s at start; an admin reload swaps them)."""
+RELOADER = web.AppKey("reloader", Reloader)
+"""Reloads tokens, rules and the certificate (``POST /v1/admin/reload`` and SIGHUP)."""
 
 
 @dataclass(frozen=True, slots=True)

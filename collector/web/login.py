@@ -21,6 +21,7 @@ from gpuwarden.collector.web.keys import (
     CONFIG,
     CREDENTIAL_SOURCES,
     THROTTLE,
+    TOKENS,
     Admits,
     Caller,
     add_route,
@@ -100,7 +101,8 @@ async def login(request: web.Request) -> web.StreamResponse:
     if throttle.retry_after(source):
         return _form(next_path, "Too many failed sign-ins; retry later.", status=429)
     token = str(form.get("token") or "").strip()
-    caller = authenticate(request.app[CONFIG], f"Bearer {token}") if token else None
+    tokens = request.app[TOKENS].table if TOKENS in request.app else None
+    caller = authenticate(request.app[CONFIG], f"Bearer {token}", tokens) if token else None
     refusal = sign_in_refusal(caller)
     if refusal is not None or caller is None:
         throttle.failed(source)  # the same budget as the bearer tokens of the middleware

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gpuwarden.collector.alerts.model import Notifier
 from gpuwarden.collector.alerts.runbooks import Links, RunbookRenderer
+from gpuwarden.collector.alerts.silencing import holding
 from gpuwarden.collector.notify.dispatcher import AlertDispatcher
 from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.remediate.actuators.base import Actuator
@@ -27,6 +28,7 @@ from gpuwarden.collector.remediate.policy import RemediationSettings
 from gpuwarden.collector.remediate.remediator import Remediator
 from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.storage.base import Storage
+from gpuwarden.collector.storage.records import Incident
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,8 @@ class Remediation:
     remediator: Remediator
     renderer: RunbookRenderer
     links: Links
-    rules: Mapping[str, Rule]
+    rules: dict[str, Rule]
+    """By id; an admin reload replaces its content in place (everyone holding it sees it)."""
     approvals: Approvals | None = None
     dispatcher: AlertDispatcher | None = None
 
@@ -64,6 +67,16 @@ def create_remediation(
         ValueError: the approval secret is configured but unreadable or too short.
     """
     rules = list(rules)
+    by_id = {rule.id: rule for rule in rules}
+
+    def held(incident: Incident) -> bool:
+        """Whether an operator's silence with ``actions: true`` holds the incident's actions."""
+        now = clock()
+        rule = by_id.get(incident.rule_id)
+        silences = storage.silences(ending_after=now)
+        owner = rule.owner if rule else None
+        return holding(silences, incident, owner, now, actions=True) is not None
+
     links = Links(settings.external_url, settings.runbook_base_url, settings.dashboard_base_url)
     approvals = None
     if settings.approval_secret_file or environ.get(SECRET_ENV):
@@ -88,6 +101,7 @@ def create_remediation(
         approvals=approvals,
         links=links,
         fleet_size=fleet_size,
+        held=held,
         clock=clock,
     )
     return Remediation(
@@ -95,7 +109,7 @@ def create_remediation(
         remediator=remediator,
         renderer=RunbookRenderer(runbooks_dir),
         links=links,
-        rules={rule.id: rule for rule in rules},
+        rules=by_id,
         approvals=approvals,
         dispatcher=dispatcher,
     )

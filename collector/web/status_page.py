@@ -29,7 +29,8 @@ from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.base import ActionRecord
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.gpus import gpu_statuses
-from gpuwarden.collector.web.keys import READERS, SERVICE, STATUS_TEMPLATES, add_page
+from gpuwarden.collector.web.keys import CALLER, READERS, SERVICE, STATUS_TEMPLATES, add_page
+from gpuwarden.collector.web.session import CSRF_FIELD, DECIDING_ROLES, page_csrf_token
 from gpuwarden.collector.web.status_charts import fleet_chart, incident_chart
 from gpuwarden.collector.web.status_nodes import node_freshness
 from gpuwarden.collector.web.status_prices import prices_context
@@ -290,6 +291,9 @@ async def incident_page(request: web.Request) -> web.Response:
     if not (written.isascii() and written.isdigit()) or len(written) > 18:  # 63-bit integers
         raise web.HTTPBadRequest(text="incident ids are integers\n")
     incident_id = int(written)
+    caller = request[CALLER]
+    # the "Silence 4h" button, for the people who may silence (web.silences checks it again)
+    silence_csrf = page_csrf_token(request, caller) if caller.role in DECIDING_ROLES else ""
 
     def render() -> str | None:
         incident = service.storage.incident(incident_id)
@@ -298,6 +302,8 @@ async def incident_page(request: web.Request) -> web.Response:
         context = {
             "incident": incident_view(incident),
             "actions": _action_rows(service.storage.actions(incident_id=incident_id)),
+            "silence_csrf": silence_csrf,
+            "csrf_field": CSRF_FIELD,
         }
         return _page(env, "incident.html", context)
 

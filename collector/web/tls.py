@@ -1,5 +1,6 @@
-"""HTTPS for the collector: the server's ``ssl.SSLContext``, its certificate reload on SIGHUP,
-and the names of a request's verified client certificate (mTLS).
+"""HTTPS for the collector: the server's ``ssl.SSLContext``, its certificate reload (on SIGHUP
+and ``POST /v1/admin/reload``, through :mod:`~.reload`), and the names of a request's verified
+client certificate (mTLS).
 
 One context serves every connection for the life of the process: the aiohttp site holds it,
 so a renewed certificate is loaded into that same context (OpenSSL uses the context's current
@@ -10,11 +11,9 @@ serving one: the old certificate stays and one line says why.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -26,7 +25,6 @@ __all__ = [
     "certificate_names",
     "client_names",
     "reload_certificate",
-    "reload_on_sighup",
     "server_context",
 ]
 
@@ -75,20 +73,6 @@ def reload_certificate(context: ssl.SSLContext, tls: TlsSettings) -> bool:
         return False
     log.info("TLS certificate reloaded from %s", tls.cert_file)
     return True
-
-
-def reload_on_sighup(app: web.Application, context: ssl.SSLContext, tls: TlsSettings) -> None:
-    """While ``app`` runs, SIGHUP reloads the certificate into ``context`` (main thread only)."""
-
-    async def handle_sighup(_app: web.Application) -> AsyncIterator[None]:
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGHUP, reload_certificate, context, tls)
-        try:
-            yield
-        finally:
-            loop.remove_signal_handler(signal.SIGHUP)
-
-    app.cleanup_ctx.append(handle_sighup)
 
 
 def client_names(request: web.BaseRequest) -> tuple[str, ...]:
