@@ -8,7 +8,11 @@ real SQLite file. The store below counts, per point time, every point it is hand
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
+import signal
+import subprocess
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -34,13 +38,17 @@ from gpuwarden.collector.storage.sqlite import SqliteStorage
 from gpuwarden.collector.store.window import WindowStore
 from gpuwarden.collector.store.window_payload import RequestIngest
 from tests.collector_server import TOKEN, CollectorThread, free_port
+from tests.test_agent_process import agent_command, http_get, wait_for
 
 T0 = 1_700_000_000.0
 INSTANCE = "0123456789abcdef0123456789abcdef"
 
 
-def points_by_time(payload: bytes) -> Counter[int]:
-    """The data points of an OTLP request, counted per point time."""
+SAMPLES = "gpuwarden.agent.samples"  # one point per round
+
+
+def points_by_time(payload: bytes, metric_name: str | None = None) -> Counter[int]:
+    """The data points of an OTLP request (of one metric, or all), counted per point time."""
     request = ExportMetricsServiceRequest()
     request.ParseFromString(payload)
     counts: Counter[int] = Counter()
@@ -48,7 +56,7 @@ def points_by_time(payload: bytes) -> Counter[int]:
         for scope in resource.scope_metrics:
             for metric in scope.metrics:
                 kind = metric.WhichOneof("data")
-                if kind is not None:
+                if kind is not None and metric_name in (None, metric.name):
                     counts.update(p.time_unix_nano for p in getattr(metric, kind).data_points)
     return counts
 
@@ -59,6 +67,9 @@ class CountingStore(WindowStore):
     def __init__(self, handed: Counter[int]) -> None:
         super().__init__(staleness_seconds=1e9, max_future_seconds=1e9)
         self.handed = handed
+        self.lock = threading.Lock()
+        self.first = threading.Event()  # set once a payload was handed over
+        self.samples: Counter[int] = Counter()  # rounds handed over, by time
 
     def ingest_payload(
         self,
@@ -68,15 +79,21 @@ class CountingStore(WindowStore):
         new_series_budget: int | None = None,
         limits: IngestLimits = DEFAULT_LIMITS,
     ) -> RequestIngest:
-        self.handed.update(points_by_time(payload))
+        with self.lock:
+            self.handed.update(points_by_time(payload))
+            self.samples.update(points_by_time(payload, SAMPLES))
+        self.first.set()
         return super().ingest_payload(
             payload, kind, new_series_budget=new_series_budget, limits=limits
         )
 
 
-def collector_on(database: Path, port: int, handed: Counter[int]) -> CollectorThread:
+def collector_on(
+    database: Path, port: int, handed: Counter[int], store: CountingStore | None = None
+) -> CollectorThread:
     storage = SqliteStorage(database)
-    service = CollectorService(CountingStore(handed), storage, JobRegistry(storage, []))
+    store = CountingStore(handed) if store is None else store
+    service = CollectorService(store, storage, JobRegistry(storage, []))
     return CollectorThread(port, SeriesLog(), service=service)
 
 
@@ -169,6 +186,66 @@ def test_an_agent_killed_mid_replay_and_a_collector_restart_store_every_round_on
         restarted.stop()
     assert again == Counter()  # acknowledged, not stored again
     assert len(third.agent.spool or []) == 0
+
+
+def test_an_agent_process_killed_9_while_its_replay_is_stored_stores_each_round_once(
+    tmp_path: Path,
+) -> None:
+    """The real agent process: ``kill -9`` once its replay reaches the collector, restart it,
+    let it flush on SIGTERM; every round of the spool it found is stored exactly once."""
+    port = free_port()
+    spool_dir = tmp_path / "spool"
+    backlog = make_agent(spool_dir, port)  # an outage left 60 rounds in the spool
+    for _ in range(60):
+        backlog.agent.sample_once()
+    expected = spooled(spool_dir)
+    config = tmp_path / "agent.yaml"
+    http_port = free_port()
+    config.write_text(
+        "node_name: node-once\nsource: simulated\nscenario: mixed\ninterval_seconds: 0.5\n"
+        f"http:\n  port: {http_port}\nspool:\n  directory: {spool_dir}\n  fsync: false\n"
+    )
+    endpoint = f"http://127.0.0.1:{port}/v1/metrics"
+    command = agent_command("--config", str(config), "--collector", endpoint)
+    env = {**os.environ, "GPUWARDEN_AGENT_TOKEN": TOKEN}
+    handed: Counter[int] = Counter()
+    store = CountingStore(handed)
+    collector = collector_on(tmp_path / "c.db", port, handed, store)
+    collector.start()
+    try:
+        first = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+        try:
+            assert store.first.wait(60), "the agent's replay never reached the collector"
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait(20)
+        second = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+
+            def replayed() -> bool:
+                with store.lock:
+                    return all(handed[t] >= n for t, n in expected.items())
+
+            health = f"http://127.0.0.1:{http_port}/healthz"
+            wait_for(lambda: http_get(health)[0] == 200, 60, "the restarted agent's /healthz")
+            wait_for(replayed, 60, "the restarted agent's replay")
+            second.send_signal(signal.SIGTERM)
+            _, stderr = second.communicate(timeout=30)
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.communicate()
+        assert second.returncode == 0, stderr
+        assert collector.service is not None
+        duplicates = collector.service.totals.duplicate_rounds
+    finally:
+        collector.stop()
+    assert list(spool_dir.glob("*.otlp")) == []  # flushed: every round it took was delivered
+    # the backlog's rounds once each, and every round the processes took once too
+    assert {t: handed[t] for t in expected} == expected
+    assert len(store.samples) > len(expected)  # the processes took rounds of their own
+    assert set(store.samples.values()) == {1}
+    print(f"\nkill -9 during the replay of 60 rounds: {duplicates} duplicate round(s) acknowledged")
 
 
 def test_a_new_round_after_the_duplicates_is_stored(tmp_path: Path) -> None:
