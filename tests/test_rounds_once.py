@@ -393,3 +393,20 @@ def test_the_instance_id_is_kept_while_the_numbering_continues(tmp_path: Path) -
     fresh = Spool(tmp_path, max_bytes=10**6, fsync=False)
     assert fresh.append(b"b") == 1
     assert fresh.instance_id != instance
+
+
+def test_a_request_of_an_instance_being_stored_is_answered_503(tmp_path: Path) -> None:
+    """The agent gave up on a slow request and sent again: the second waits for the first."""
+    storage = SqliteStorage(tmp_path / "c.db")
+    service = CollectorService(WindowStore(), storage, JobRegistry(storage, []))
+    body = _round(1)
+    header = {"Gpuwarden-Agent-Instance": INSTANCE, "Gpuwarden-Agent-Rounds": f"1:{len(body)}"}
+    rounds = agent_rounds(header)
+    with service.intake.rounds_ledger.claim("agents", INSTANCE):  # the first request
+        with pytest.raises(OtlpError) as caught:
+            service.accept_payload(body, "application/x-protobuf", "agents", rounds)
+        assert caught.value.status == 503
+        # another caller, or another instance, is not held up
+        assert service.accept_payload(body, "application/x-protobuf", "other", rounds).points == 1
+    assert service.accept_payload(body, "application/x-protobuf", "agents", rounds).points == 1
+    assert service.accept_payload(body, "application/x-protobuf", "agents", rounds).points == 0

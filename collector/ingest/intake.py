@@ -98,7 +98,8 @@ class Intake:
     _source_locks: dict[str, threading.Lock] = field(default_factory=dict)
     _announced: set[tuple[tuple[str, str | int | float | bool], ...]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _rounds: RoundsLedger = field(default_factory=RoundsLedger)
+    #: which agent rounds were stored (``rounds_seen``): each resent round acknowledged, not stored
+    rounds_ledger: RoundsLedger = field(default_factory=RoundsLedger)
 
     def accept(self, points: Iterable[NumberPoint], source: str) -> int:
         """Store one request's points; remember node facts; return the rejected count."""
@@ -144,7 +145,7 @@ class Intake:
         """
         if rounds.nbytes != len(payload):
             raise OtlpError(400, f"rounds of {rounds.nbytes} bytes in a body of {len(payload)}")
-        ledger, instance = self._rounds, rounds.instance
+        ledger, instance = self.rounds_ledger, rounds.instance
         with ledger.claim(source, instance):
             window = start = ledger.window(self.storage, source, instance)
             total = Accepted(points=0, rejected=0, stored_rejected=0)
