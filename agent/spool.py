@@ -214,6 +214,8 @@ class Spool:
     def drop(self, seq: int) -> None:
         """Remove record ``seq`` alone (the collector rejected it for good); no-op if gone."""
         with self._lock:
+            # Rejected, not lost: if it was evicted meanwhile, the sender counts it, not eviction.
+            self._evicted_inflight = [e for e in self._evicted_inflight if e[0] != seq]
             for item in self._index:
                 if item[0] == seq:
                     self._index.remove(item)
