@@ -17,10 +17,10 @@ acknowledge them without storing.
 A receiver slower than the timeout per big batch cannot livelock the sender. After a timeout the
 next batch is one record; each batch accepted at the full limit doubles the limit up to half the
 size that timed out, then adds an eighth (at least one record) up to ``MAX_BATCH_RECORDS``: TCP's
-slow start and congestion avoidance, in records. Halving from the batch that timed out would resend
-about as many rounds again in the timeouts on the way down (for 1,000 spooled rounds and a receiver
-that takes 12 per timeout, about 2,200 duplicate rounds against 1,200 this way); the collector
-stores each round once either way, but every resend is work for a collector that is already slow.
+slow start and congestion avoidance, in records. Why not halve from the batch that timed out: on
+the way down every timed-out half is resent whole (about as many rounds again as the first batch),
+and while the collector stores each round once either way, every resend is work for a collector
+that is already slow.
 Each change of failure kind (``HTTP 503`` → timeout → connection refused ...) is logged once, not
 every attempt.
 """
