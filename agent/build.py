@@ -15,7 +15,7 @@ from gpuwarden.agent.config import AgentConfig, ConfigError
 from gpuwarden.agent.daemon import Agent, Attribution, EventProbe, HostProbe
 from gpuwarden.agent.http import AgentHttpServer
 from gpuwarden.agent.model import GpuEvent, GpuSource, JobRef, ProcessSample
-from gpuwarden.agent.sender import OtlpHttpSender
+from gpuwarden.agent.sender import OtlpHttpSender, otlp_points
 from gpuwarden.agent.spool import Spool
 from gpuwarden.agent.telemetry import SampleCache, Telemetry
 from gpuwarden.agent.tls import client_context
@@ -117,7 +117,12 @@ def _open_spool(config: AgentConfig) -> Spool:
     """The spool, or a ConfigError naming ``spool.directory`` when it cannot be written."""
     directory = config.spool.directory
     try:
-        spool = Spool(directory, max_bytes=config.spool.max_bytes, fsync=config.spool.fsync)
+        spool = Spool(
+            directory,
+            max_bytes=config.spool.max_bytes,
+            fsync=config.spool.fsync,
+            count_points=otlp_points,
+        )
         if not os.access(directory, os.W_OK | os.X_OK):  # root passes; a read-only mount not
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
     except OSError as exc:

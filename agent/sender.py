@@ -8,8 +8,21 @@ Several spooled requests go out as one body: concatenating serialized protobuf m
 same type merges them, and ``ExportMetricsServiceRequest`` has a single repeated field, so the
 ``resource_metrics`` of every record arrive appended in spool order.
 
-Delivery is at-least-once: if the connection breaks after the collector processed a body but
-before its answer arrived, the same records are sent again.
+Delivery is at-least-once on the wire, once in the store: if the connection breaks after the
+collector processed a body but before its answer arrived, the same records are sent again, and
+the ``Gpuwarden-Agent-Instance`` / ``Gpuwarden-Agent-Rounds`` headers
+(:mod:`~gpuwarden.agent.rounds`) let the collector recognise the rounds it already stored and
+acknowledge them without storing.
+
+A receiver slower than the timeout per big batch cannot livelock the sender. After a timeout the
+next batch is one record; each batch accepted at the full limit doubles the limit up to half the
+size that timed out, then adds an eighth (at least one record) up to ``MAX_BATCH_RECORDS``: TCP's
+slow start and congestion avoidance, in records. Why not halve from the batch that timed out: on
+the way down every timed-out half is resent whole (about as many rounds again as the first batch),
+and while the collector stores each round once either way, every resend is work for a collector
+that is already slow.
+Each change of failure kind (``HTTP 503`` → timeout → connection refused ...) is logged once, not
+every attempt.
 """
 
 from __future__ import annotations
@@ -31,9 +44,17 @@ from urllib.parse import urlsplit
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
 
+from gpuwarden.agent.rounds import (
+    INSTANCE_HEADER,
+    MAX_ROUNDS_HEADER_CHARS,
+    ROUNDS_HEADER,
+    Round,
+    encode_rounds,
+)
 from gpuwarden.agent.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -47,12 +68,25 @@ MAX_RESPONSE_BYTES = 64 * 1024
 PERMANENT_STATUSES = frozenset({400, 413, 415})
 AUTH_STATUSES = frozenset({401, 403})
 TRANSIENT_STATUSES = frozenset({408, 429})  # plus every 5xx
-RESERVED_HEADERS = frozenset({"content-type", "content-encoding", "content-length", "host"})
+RESERVED_HEADERS = frozenset(
+    {
+        "content-type",
+        "content-encoding",
+        "content-length",
+        "host",
+        INSTANCE_HEADER.lower(),
+        ROUNDS_HEADER.lower(),
+    }
+)
 _STALE_CONNECTION = (BrokenPipeError, ConnectionAbortedError, ConnectionResetError)
 _TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
 _KEPT = "%d record(s) kept in the spool, retrying with backoff"
 _STREAK_LOG = {  # logged once when a streak of failures of this kind starts
     "unavailable": (logging.WARNING, "collector %s unavailable (%s); " + _KEPT),
+    "timeout": (
+        logging.WARNING,
+        "collector %s did not answer in time (%s); smaller batches follow; " + _KEPT,
+    ),
     "auth": (logging.ERROR, "collector %s: the token is rejected (%s); " + _KEPT),
     "unexpected": (logging.ERROR, "collector %s answered %s (check the endpoint); " + _KEPT),
     "tls": (
@@ -147,13 +181,16 @@ class OtlpHttpSender:
         self._conn: http.client.HTTPConnection | None = None
         self._send_lock = threading.Lock()
         self._failures = 0  # consecutive failed attempts: drives backoff and streak logging
-        self._streak: str | None = None  # the failure kind already logged in this streak
+        self._streak: str | None = None  # the failure (kind and cause) logged last in this streak
+        self._limit_records = MAX_BATCH_RECORDS  # one after a timeout, regrown on success
+        self._threshold = MAX_BATCH_RECORDS  # half the last batch that timed out
         self.wake = threading.Event()
         self.sent_records = 0
         self.sent_bytes = 0  # uncompressed protobuf bytes accepted by the collector
         self.rejected_records = 0
         self.rejected_data_points = 0  # from partial_success in 2xx answers
         self.failed_attempts = 0
+        self.timeouts = 0
         self.last_success_unix: float | None = None
 
     def send_once(self) -> SendResult:
@@ -215,29 +252,49 @@ class OtlpHttpSender:
         if not stop.is_set():
             self.wake.wait(limit_seconds)
 
+    @property
+    def batch_limit(self) -> int:
+        """The records the next batch may hold (one after a timeout, then growing)."""
+        return self._limit_records
+
     def _send_once(self, timeout: float) -> SendResult:
-        batch = self._spool.peek(MAX_BATCH_RECORDS, self._max_batch_bytes)
+        batch = self._spool.peek(self._limit_records, self._max_batch_bytes)
         if not batch:
             return SendResult(SendStatus.EMPTY)
-        return self._attempt(batch, timeout)
+        result = self._attempt(_fit_header(batch), timeout)
+        if result.status in (SendStatus.RETRY, SendStatus.UNAUTHORIZED):
+            self._spool.release()  # not delivered: what was evicted meanwhile is lost
+        return result
 
     def _attempt(self, batch: list[tuple[int, bytes]], timeout: float) -> SendResult:
         body = b"".join(payload for _, payload in batch)
         wire = gzip.compress(body, self._gzip_level, mtime=0) if self._gzip_level else body
+        headers = {
+            **self._headers,
+            INSTANCE_HEADER: self._spool.instance_id,
+            ROUNDS_HEADER: _rounds_header(batch),
+        }
         try:
-            status, retry_after, content_type, data = self._post(wire, timeout)
+            status, retry_after, content_type, data = self._post(wire, headers, timeout)
         except (OSError, http.client.HTTPException) as exc:
             self._close()
-            return self._failed(self._failure_kind(exc), None, None, _failure_reason(exc))
+            if isinstance(exc, TimeoutError):
+                self._shrink(len(batch))
+                return self._failed("timeout", None, None, _failure_reason(exc), "timeout")
+            kind = self._failure_kind(exc)
+            return self._failed(kind, None, None, _failure_reason(exc), _cause(exc))
         if 200 <= status < 300:
             self._spool.ack(batch[-1][0])
             self._succeeded(len(batch), len(body), content_type, data)
+            if len(batch) >= self._limit_records:  # the limit was tried and it worked
+                self._grow()
             return SendResult(SendStatus.SENT, records_sent=len(batch), http_status=status)
         if status not in PERMANENT_STATUSES:
             kind = "auth" if status in AUTH_STATUSES else "unavailable"
             if kind != "auth" and status < 500 and status not in TRANSIENT_STATUSES:
                 kind = "unexpected"
-            return self._failed(kind, status, retry_after, f"HTTP {status}: {data[:200]!r}")
+            reason = f"HTTP {status}: {data[:200]!r}"
+            return self._failed(kind, status, retry_after, reason, f"HTTP {status}")
         self.failed_attempts += 1
         if len(batch) > 1:
             return self._isolate(batch, timeout, status)
@@ -269,20 +326,24 @@ class OtlpHttpSender:
                 break  # found the bad one (the rest go back to batching) or must wait
         return replace(result, records_sent=sent, records_rejected=rejected)
 
-    def _post(self, body: bytes, timeout: float) -> tuple[int, str | None, str, bytes]:
+    def _post(
+        self, body: bytes, headers: Mapping[str, str], timeout: float
+    ) -> tuple[int, str | None, str, bytes]:
         """POST ``body``; return status, Retry-After, Content-Type and the (capped) body."""
         reused = self._conn is not None and self._conn.sock is not None
         try:
-            return self._request(body, timeout)
+            return self._request(body, headers, timeout)
         except _STALE_CONNECTION + _TLS_CUT:
             self._close()
             if not reused:
                 raise
             # The collector closed the idle keep-alive connection; one immediate fresh try.
             log.debug("keep-alive connection to %s was closed; reconnecting", self._where)
-            return self._request(body, timeout)
+            return self._request(body, headers, timeout)
 
-    def _request(self, body: bytes, timeout: float) -> tuple[int, str | None, str, bytes]:
+    def _request(
+        self, body: bytes, headers: Mapping[str, str], timeout: float
+    ) -> tuple[int, str | None, str, bytes]:
         conn = self._conn
         if conn is None:
             if self._https:
@@ -296,7 +357,7 @@ class OtlpHttpSender:
         conn.timeout = timeout
         if conn.sock is not None:
             conn.sock.settimeout(timeout)
-        conn.request("POST", self._path, body=body, headers=self._headers)
+        conn.request("POST", self._path, body=body, headers=dict(headers))
         response = conn.getresponse()
         try:
             data = response.read(MAX_RESPONSE_BYTES)
@@ -328,6 +389,21 @@ class OtlpHttpSender:
             self._conn.close()
             self._conn = None
 
+    def _shrink(self, records: int) -> None:
+        """A batch of ``records`` timed out: the next is one record (see the module docstring)."""
+        self.timeouts += 1
+        self._threshold = max(1, records // 2)
+        self._limit_records = 1
+
+    def _grow(self) -> None:
+        """A batch at the limit was accepted: double up to the threshold, then add an eighth."""
+        limit = self._limit_records
+        if limit < self._threshold:
+            limit = min(2 * limit, self._threshold)
+        else:
+            limit += max(1, limit // 8)
+        self._limit_records = min(MAX_BATCH_RECORDS, limit)
+
     def _succeeded(self, records: int, nbytes: int, content_type: str, data: bytes) -> None:
         if self._failures:
             log.info("collector accepts data again after %d failed attempt(s)", self._failures)
@@ -354,17 +430,21 @@ class OtlpHttpSender:
             )
 
     def _failed(
-        self, kind: str, status: int | None, retry_after: str | None, reason: str
+        self, kind: str, status: int | None, retry_after: str | None, reason: str, cause: str
     ) -> SendResult:
-        """Keep the records; log once per streak of the same kind; compute the delay."""
+        """Keep the records; log when the failure changes (kind or ``cause``: ``HTTP 503``,
+        ``timeout``, ``ConnectionRefusedError``...), not every attempt; compute the delay."""
         self.failed_attempts += 1
         self._failures += 1
         delay = self._retry_after_seconds(retry_after)
         if delay is None:
             delay = self._backoff()
-        if kind != self._streak:
-            self._streak = kind
+        streak = f"{kind}/{cause}"
+        if streak != self._streak:
             level, message = _STREAK_LOG[kind]
+            if self._streak is not None:
+                message += f" (until now: {self._streak.partition('/')[2]})"
+            self._streak = streak
             log.log(level, message, self._where, reason, len(self._spool))
         outcome = SendStatus.UNAUTHORIZED if kind in ("auth", "tls") else SendStatus.RETRY
         return SendResult(outcome, http_status=status, delay_seconds=delay)
@@ -392,6 +472,40 @@ class OtlpHttpSender:
             return None
         # Never faster than the first backoff step: a "Retry-After: 0" loop would hammer.
         return min(max(seconds, INITIAL_BACKOFF_SECONDS), MAX_RETRY_AFTER_SECONDS)
+
+
+def _rounds_header(batch: list[tuple[int, bytes]]) -> str:
+    return encode_rounds([Round(seq, len(payload)) for seq, payload in batch])
+
+
+def _fit_header(batch: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    """The longest head of ``batch`` whose rounds header fits ``MAX_ROUNDS_HEADER_CHARS``."""
+    while len(batch) > 1 and len(_rounds_header(batch)) > MAX_ROUNDS_HEADER_CHARS:
+        batch = batch[: len(batch) // 2]
+    return batch
+
+
+def _cause(exc: OSError | http.client.HTTPException) -> str:
+    """The failure's cause for streak logging: what changed is worth one log line."""
+    return type(exc).__name__
+
+
+def otlp_points(payload: bytes) -> int:
+    """The data points of an OTLP ``ExportMetricsServiceRequest`` (the spool's eviction count);
+    raises ``ValueError`` for a body that does not parse."""
+    request = ExportMetricsServiceRequest()
+    try:
+        request.ParseFromString(payload)
+    except DecodeError as exc:
+        raise ValueError(str(exc)) from None
+    total = 0
+    for resource in request.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                kind = metric.WhichOneof("data")
+                if kind is not None:
+                    total += len(getattr(metric, kind).data_points)
+    return total
 
 
 def _failure_reason(exc: OSError | http.client.HTTPException) -> str:

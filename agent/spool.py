@@ -15,6 +15,11 @@ On-disk format (the directory is created with mode 0o700, files with 0o600):
 * ``last-sequence`` — the highest sequence number ever assigned, in the same framing with an
   8-byte big-endian payload. It is rewritten only when the newest record is removed, so that
   the sequence keeps rising across restarts even when the spool was empty.
+* ``instance-id`` — this spool's identity (16 random bytes, same framing), sent with every request
+  so the collector can recognise a record it already stored (``Gpuwarden-Agent-Instance``). It is
+  kept as long as the sequence provably continues: when ``last-sequence`` could not be saved, or
+  is gone with no record left, numbers may restart lower, so the identity is replaced (a new
+  instance starts its own numbering and nothing new is mistaken for a duplicate).
 * ``*.tmp`` — a write in progress. A record is written to ``<seq>.otlp.tmp``, flushed,
   fsync'd, renamed to its final name (atomic), and the directory is fsync'd. Leftover temp
   files are deleted on start.
@@ -26,12 +31,18 @@ wrong length, CRC mismatch, e.g. zero length after a power loss) is deleted, cou
 
 A record larger than the whole spool (header included) is refused with ``ValueError``: storing
 it would evict everything else, and silently dropping it would hide a mis-sized spool.
+
+Eviction counts what is lost, exactly: a record evicted while the sender has it in flight (peeked,
+not yet acked) is counted only if that send fails; when the collector accepts the batch it was
+delivered, not lost. ``evicted_points`` adds the data points of the lost records when the spool
+was given a ``count_points`` function (the records are opaque to the spool itself).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import struct
 import threading
 import time
@@ -48,6 +59,8 @@ HEADER_BYTES = HEADER.size
 SUFFIX = ".otlp"
 TMP_SUFFIX = ".tmp"
 MARKER_NAME = "last-sequence"
+INSTANCE_NAME = "instance-id"
+INSTANCE_BYTES = 16
 EVICTION_LOG_INTERVAL_SECONDS = 60.0
 
 
@@ -84,6 +97,8 @@ class Spool:
         max_bytes: cap on the files' total size; the oldest records are evicted to stay under.
         fsync: fsync files and the directory (turn off only for tests and benchmarks).
         clock: monotonic clock used to rate-limit the eviction warning.
+        count_points: the number of data points in a record, for ``evicted_points`` (read only
+            when a record is evicted).
 
     """
 
@@ -94,6 +109,7 @@ class Spool:
         max_bytes: int,
         fsync: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        count_points: Callable[[bytes], int] | None = None,
     ) -> None:
         if max_bytes <= HEADER_BYTES:
             raise ValueError(f"max_bytes must be more than {HEADER_BYTES}, got {max_bytes}")
@@ -101,13 +117,18 @@ class Spool:
         self.max_bytes = max_bytes
         self._fsync = fsync
         self._clock = clock
+        self._count_points = count_points
         self._lock = threading.Lock()
         self._index: deque[tuple[int, int]] = deque()  # (seq, file bytes), oldest first
         self._bytes = 0
         self._last_seq = 0
         self.evicted_records = 0
         self.evicted_bytes = 0
+        self.evicted_points = 0
         self.corrupt_records = 0
+        self._inflight_last = 0  # newest seq handed out by peek and not yet settled
+        self._evicted_inflight: list[tuple[int, int, int]] = []  # (seq, bytes, points)
+        self._instance: str | None = None
         self._burst_pending = 0
         self._burst_logged_at: float | None = None
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -122,6 +143,19 @@ class Spool:
         """Total size of the record files, headers included."""
         with self._lock:
             return self._bytes
+
+    @property
+    def instance_id(self) -> str:
+        """The spool's identity (32 hex digits), created on first use; see the module docstring."""
+        with self._lock:
+            if self._instance is None:
+                value = secrets.token_bytes(INSTANCE_BYTES)
+                try:
+                    self._write_atomic(INSTANCE_NAME, encode_record(value))
+                except OSError as exc:  # still unique for this process: only a restart forgets
+                    log.warning("spool: could not save %s: %s", INSTANCE_NAME, exc)
+                self._instance = value.hex()
+            return self._instance
 
     def append(self, record: bytes) -> int:
         """Store ``record`` durably and return its sequence number (rising across restarts)."""
@@ -147,6 +181,7 @@ class Spool:
         out: list[tuple[int, bytes]] = []
         total = 0
         with self._lock:
+            self._settle_lost()  # the previous batch was neither acked nor dropped: it failed
             for seq, _ in list(self._index):
                 if len(out) >= max_records:
                     break
@@ -157,7 +192,13 @@ class Spool:
                     break
                 out.append((seq, payload))
                 total += len(payload)
+            self._inflight_last = out[-1][0] if out else 0
         return out
+
+    def release(self) -> None:
+        """The batch last peeked was not delivered: count its records evicted meanwhile as lost."""
+        with self._lock:
+            self._settle_lost()
 
     def ack(self, up_to_seq: int) -> None:
         """Remove every record with a sequence number up to and including ``up_to_seq``."""
@@ -166,10 +207,15 @@ class Spool:
             while self._index and self._index[0][0] <= up_to_seq:
                 removed.append(self._index.popleft())
             self._remove(removed)
+            # Evicted while in flight, then accepted by the collector: delivered, not lost.
+            # (The rest stay in flight: an isolating sender still holds and sends them.)
+            self._evicted_inflight = [e for e in self._evicted_inflight if e[0] > up_to_seq]
 
     def drop(self, seq: int) -> None:
         """Remove record ``seq`` alone (the collector rejected it for good); no-op if gone."""
         with self._lock:
+            # Rejected, not lost: if it was evicted meanwhile, the sender counts it, not eviction.
+            self._evicted_inflight = [e for e in self._evicted_inflight if e[0] != seq]
             for item in self._index:
                 if item[0] == seq:
                     self._index.remove(item)
@@ -183,8 +229,34 @@ class Spool:
         while self._index and used > limit_bytes:
             evicted.append(self._index.popleft())
             used -= evicted[-1][1]
+        lost: list[tuple[int, int, int]] = []
+        for seq, nbytes in evicted:
+            points = self._points_of(seq) if self._count_points is not None else 0
+            if seq <= self._inflight_last:  # the sender may still deliver it: decide on settle
+                self._evicted_inflight.append((seq, nbytes, points))
+            else:
+                lost.append((seq, nbytes, points))
         self._remove(evicted, sync=sync)
-        self._note_eviction(len(evicted), sum(nbytes for _, nbytes in evicted))
+        if lost or not evicted:  # evicting in-flight records alone neither counts nor ends a burst
+            self._note_eviction(lost)
+
+    def _points_of(self, seq: int) -> int:
+        """The data points of record ``seq`` (0 when unreadable or uncountable)."""
+        if self._count_points is None:
+            return 0
+        try:
+            payload = decode_record((self.directory / record_name(seq)).read_bytes())
+            return self._count_points(payload)
+        except (OSError, ValueError) as exc:
+            log.debug("spool: cannot count the points of evicted record %d: %s", seq, exc)
+            return 0
+
+    def _settle_lost(self) -> None:
+        """Count the records evicted while in flight as lost (their send did not succeed)."""
+        self._inflight_last = 0
+        if self._evicted_inflight:
+            lost, self._evicted_inflight = self._evicted_inflight, []
+            self._note_eviction(lost)
 
     def _remove(self, items: list[tuple[int, int]], *, sync: bool = True) -> None:
         """Delete the files of records already taken out of the index."""
@@ -207,7 +279,14 @@ class Spool:
         except OSError as exc:
             # A full disk must not block acks (that would resend forever); at worst numbers
             # restart lower after a restart, when no older record is left to be confused with.
+            # Then the identity must change too, or the collector would take the new, lower
+            # numbers for rounds it already stored: remove both, so a restart begins afresh.
             log.warning("spool: could not save %s: %s", MARKER_NAME, exc)
+            for name in (MARKER_NAME, INSTANCE_NAME):
+                try:
+                    (self.directory / name).unlink(missing_ok=True)
+                except OSError as unlink_exc:
+                    log.warning("spool: could not remove %s: %s", name, unlink_exc)
 
     def _unlink(self, seq: int, nbytes: int) -> None:
         self._bytes -= nbytes
@@ -253,8 +332,10 @@ class Spool:
         finally:
             os.close(fd)
 
-    def _note_eviction(self, records: int, nbytes: int) -> None:
-        """Count evictions; warn once when a burst starts, then at most once per interval."""
+    def _note_eviction(self, lost: list[tuple[int, int, int]]) -> None:
+        """Count lost records ``(seq, bytes, points)``; warn once when a burst starts, then at
+        most once per interval."""
+        records = len(lost)
         if records == 0:
             if self._burst_logged_at is not None and self._burst_pending:
                 log.warning(
@@ -264,7 +345,8 @@ class Spool:
             self._burst_pending = 0
             return
         self.evicted_records += records
-        self.evicted_bytes += nbytes
+        self.evicted_bytes += sum(nbytes for _, nbytes, _ in lost)
+        self.evicted_points += sum(points for _, _, points in lost)
         self._burst_pending += records
         now = self._clock()
         if (
@@ -280,6 +362,23 @@ class Spool:
             self._burst_logged_at = now
             self._burst_pending = 0
 
+    def _load_instance(self, *, continued: bool) -> None:
+        """Keep the saved identity only while the numbering continues (see the docstring)."""
+        path = self.directory / INSTANCE_NAME
+        if not path.exists():
+            return
+        if continued:
+            try:
+                value = decode_record(path.read_bytes())
+                if len(value) == INSTANCE_BYTES:
+                    self._instance = value.hex()
+                    return
+            except (OSError, ValueError) as exc:
+                log.warning("spool: ignoring unreadable %s: %s", INSTANCE_NAME, exc)
+        else:
+            log.info("spool: sequence numbers restart, so this agent takes a new instance id")
+        path.unlink(missing_ok=True)
+
     def _load(self) -> None:
         corrupt: list[str] = []
         found: list[tuple[int, Path]] = []
@@ -290,11 +389,14 @@ class Spool:
             elif name.endswith(SUFFIX) and name[: -len(SUFFIX)].isdigit():
                 found.append((int(name[: -len(SUFFIX)]), path))
         marker = self.directory / MARKER_NAME
+        continued = False  # whether the numbering provably continues (marker or records)
         if marker.exists():
             try:
                 self._last_seq = int.from_bytes(decode_record(marker.read_bytes()), "big")
+                continued = True
             except (OSError, ValueError) as exc:
                 log.warning("spool: ignoring unreadable %s: %s", MARKER_NAME, exc)
+        self._load_instance(continued=continued or bool(found))
         for seq, path in sorted(found):
             self._last_seq = max(self._last_seq, seq)
             try:

@@ -22,6 +22,7 @@ from gpuwarden.collector.accounting.gpu_time import AccountingConfig, GpuRef, Gp
 from gpuwarden.collector.ingest.intake import Accepted, IngestTotals, Intake
 from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
 from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
+from gpuwarden.collector.ingest.rounds_seen import AgentRounds
 from gpuwarden.collector.ingest.scrape import ModelServerScraper
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.storage.base import Storage
@@ -120,9 +121,12 @@ class CollectorService:
         """Store one request's points; remember node facts; return the rejected count."""
         return self.intake.accept(points, source)
 
-    def accept_payload(self, payload: bytes, kind: str, source: str) -> Accepted:
-        """Decode and store one OTLP/HTTP body: the receiver's fast path (``Intake``)."""
-        return self.intake.accept_payload(payload, kind, source)
+    def accept_payload(
+        self, payload: bytes, kind: str, source: str, rounds: AgentRounds | None = None
+    ) -> Accepted:
+        """Decode and store one OTLP/HTTP body: the receiver's fast path (``Intake``); an
+        agent's ``rounds`` already stored are acknowledged, not stored again."""
+        return self.intake.accept_payload(payload, kind, source, rounds)
 
     def accept_histograms(self, points: Sequence[HistogramPoint], source: str) -> int:
         """Store cumulative histogram points (bucket counts); return the rejected count."""

@@ -211,14 +211,18 @@ async def test_collector_health(aiohttp_client, service):
     client = await aiohttp_client(collector_app(service))
     pb = {"Content-Type": "application/x-protobuf"}
     body = otlp_request("node-c", "GPU-C0", 0.5)
-    assert (await client.post("/v1/metrics", data=body, headers={**AUTH, **pb})).status == 200
+    agent = {"Gpuwarden-Agent-Instance": "ab" * 16, "Gpuwarden-Agent-Rounds": f"1:{len(body)}"}
+    for _ in range(2):  # the same round twice: stored once, the resend counted
+        resp = await client.post("/v1/metrics", data=body, headers={**AUTH, **pb, **agent})
+        assert resp.status == 200
     assert (await client.post("/v1/metrics", data=body, headers=pb)).status == 401
     text = await (await client.get("/metrics", headers=AUTH)).text()
     refused = {"method": "POST", "route": "/v1/metrics", "status": "401", "reason": "missing"}
     assert samples(text, "gpuwarden_collector_") == expect(
         ("gpuwarden_collector_points_total", {"outcome": "accepted"}, 24.0),  # 23 + 1 over OTLP
         ("gpuwarden_collector_points_total", {"outcome": "rejected"}, 0.0),
-        ("gpuwarden_collector_requests_total", {"code": "200"}, 1.0),
+        ("gpuwarden_collector_duplicate_rounds_total", {}, 1.0),
+        ("gpuwarden_collector_requests_total", {"code": "200"}, 2.0),
         ("gpuwarden_collector_requests_total", {"code": "401"}, 1.0),
         ("gpuwarden_collector_auth_refusals_total", refused, 1.0),
         ("gpuwarden_collector_series", {}, 24.0),

@@ -436,9 +436,9 @@ def test_migrates_an_empty_database_and_reopening_is_a_no_op(
 ) -> None:
     path = tmp_path / "state.db"
     with SqliteStorage(path, clock=clock) as store:
-        assert store.applied_migrations == [1, 2, 3, 4, 5, 6]
+        assert store.applied_migrations == list(range(1, LATEST_VERSION + 1))
         store.upsert_jobs([make_job()])
-    assert applied(path) == [(version, 1000.0) for version in (1, 2, 3, 4, 5, 6)]
+    assert applied(path) == [(v, 1000.0) for v in range(1, LATEST_VERSION + 1)]
     with raw(path) as conn:
         tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
     assert {
@@ -447,12 +447,13 @@ def test_migrates_an_empty_database_and_reopening_is_a_no_op(
         "notifications",
         "pages",
         "silences",
+        "agent_rounds",
     } <= tables
     clock.now = 5000.0
     with SqliteStorage(path, clock=clock) as store:
         assert store.applied_migrations == []
         assert store.jobs() == [make_job()]
-    assert applied(path) == [(version, 1000.0) for version in (1, 2, 3, 4, 5, 6)]
+    assert applied(path) == [(v, 1000.0) for v in range(1, LATEST_VERSION + 1)]
 
 
 def test_upgrades_a_database_at_an_older_version(tmp_path: Path, clock: FakeClock) -> None:
@@ -461,10 +462,10 @@ def test_upgrades_a_database_at_an_older_version(tmp_path: Path, clock: FakeCloc
         assert migrate(conn, now=1.0, location=str(path), migrations=MIGRATIONS[:1]) == [1]
         conn.execute("INSERT INTO models VALUES ('m', 'v1', 1, NULL, NULL, NULL, '{}', 1.0)")
     with SqliteStorage(path, clock=clock) as store:
-        assert store.applied_migrations == [2, 3, 4, 5, 6]
+        assert store.applied_migrations == list(range(2, LATEST_VERSION + 1))
         assert store.models() == [ModelDeployment("m", "v1", 1)]
         assert store.open_incident(incident()) is not None
-    assert applied(path) == [(1, 1.0), *((version, 1000.0) for version in (2, 3, 4, 5, 6))]
+    assert applied(path) == [(1, 1.0)] + [(v, 1000.0) for v in range(2, LATEST_VERSION + 1)]
 
 
 def test_costs_written_before_the_currency_was_kept_keep_their_value(
@@ -479,7 +480,7 @@ def test_costs_written_before_the_currency_was_kept_keep_their_value(
             " cost_usd, written_at) VALUES (60, 60, 'j', 'GPU-a', 'n', 60, 60, 0, 0, 0.07, 1)"
         )
     with SqliteStorage(path, clock=clock) as store:
-        assert store.applied_migrations == [5, 6]
+        assert store.applied_migrations == list(range(5, LATEST_VERSION + 1))
         (row,) = store.accounting_rows(since=0, until=120)
         assert (row.cost, row.currency) == (0.07, None)  # never guessed: USD or not
         store.write_rollups([replace(row, period_start=0, cost=0.05, currency="EUR")])

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 
 from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint, histogram_points
 from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
+from gpuwarden.collector.ingest.otlp_transport import PROTOBUF, OtlpError
+from gpuwarden.collector.ingest.rounds_seen import AgentRounds, RoundsLedger
 from gpuwarden.collector.ingest.workloads import announcement
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.storage.base import Storage
@@ -46,6 +48,8 @@ class IngestTotals:
     new_series: int = 0
     counter_resets: int = 0
     last_point_unix: float = 0.0
+    duplicate_rounds: int = 0
+    """Agent rounds acknowledged without storing: they were stored before (``rounds_seen``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +64,17 @@ class Accepted:
     """Of ``points``, those the store refused."""
     over_limits: int = 0
     """Of ``rejected``, the points over the label limits (``otlp_limits``)."""
+    duplicate_rounds: int = 0
+    """Agent rounds of the request that were stored before, so not stored again."""
+
+    def __add__(self, other: Accepted) -> Accepted:
+        return Accepted(
+            self.points + other.points,
+            self.rejected + other.rejected,
+            self.stored_rejected + other.stored_rejected,
+            self.over_limits + other.over_limits,
+            self.duplicate_rounds + other.duplicate_rounds,
+        )
 
 
 @dataclass
@@ -83,6 +98,8 @@ class Intake:
     _source_locks: dict[str, threading.Lock] = field(default_factory=dict)
     _announced: set[tuple[tuple[str, str | int | float | bool], ...]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: which agent rounds were stored (``rounds_seen``): each resent round acknowledged, not stored
+    rounds_ledger: RoundsLedger = field(default_factory=RoundsLedger)
 
     def accept(self, points: Iterable[NumberPoint], source: str) -> int:
         """Store one request's points; remember node facts; return the rejected count."""
@@ -100,14 +117,58 @@ class Intake:
             self._count(source, counts, newest)
         return counts.rejected
 
-    def accept_payload(self, payload: bytes, kind: str, source: str) -> Accepted:
+    def accept_payload(
+        self, payload: bytes, kind: str, source: str, rounds: AgentRounds | None = None
+    ) -> Accepted:
         """Decode and store one OTLP/HTTP body: the receiver's fast path.
+
+        With ``rounds`` (an agent's ``Gpuwarden-Agent-*`` headers, protobuf only) the body is cut
+        into its rounds and each round ``source``'s agent instance sent before is acknowledged
+        and not stored again (:mod:`~gpuwarden.collector.ingest.rounds_seen`). Raises
+        ``OtlpError``: 400 when the rounds do not add up to the body, 503 while another request
+        of the same instance is being stored.
 
         The same series, counts, budget, node facts and announcements as ``number_points`` +
         ``accept`` + ``accept_histograms``, without a ``NumberPoint`` per point (and, for an
         agent's steady state, without parsing: ``WindowStore.ingest_payload``). Raises
         ``OtlpError`` (400) for a body that does not parse.
         """
+        if rounds is not None and kind == PROTOBUF:
+            return self._accept_rounds(payload, source, rounds)
+        return self._accept_one(payload, kind, source)
+
+    def _accept_rounds(self, payload: bytes, source: str, rounds: AgentRounds) -> Accepted:
+        """Store each round of ``payload`` not stored before, in order; remember which were.
+
+        A round that fails (``OtlpError``) stops the request: the rounds before it stay stored
+        and remembered, so the agent's one-by-one resend finds them done.
+        """
+        if rounds.nbytes != len(payload):
+            raise OtlpError(400, f"rounds of {rounds.nbytes} bytes in a body of {len(payload)}")
+        ledger, instance = self.rounds_ledger, rounds.instance
+        with ledger.claim(source, instance):
+            window = start = ledger.window(self.storage, source, instance)
+            total = Accepted(points=0, rejected=0, stored_rejected=0)
+            offset = 0
+            try:
+                for one in rounds.rounds:
+                    part = payload[offset : offset + one.nbytes]
+                    offset += one.nbytes
+                    if window.seen(one.seq):
+                        total += Accepted(0, 0, 0, duplicate_rounds=1)
+                        continue
+                    total += self._accept_one(part, PROTOBUF, source)
+                    window = window.add(one.seq)
+            finally:
+                if window != start:  # stored, then remembered: a crash between resends, never loses
+                    ledger.save(self.storage, source, instance, window, now=self.clock())
+                if total.duplicate_rounds:
+                    with self._lock:
+                        self.totals.duplicate_rounds += total.duplicate_rounds
+        return total
+
+    def _accept_one(self, payload: bytes, kind: str, source: str) -> Accepted:
+        """Decode and store one body (or one round of it)."""
         with self._source_lock(source):  # concurrent requests of one sender: one budget
             result = self.store.ingest_payload(
                 payload, kind, new_series_budget=self._budget(source), limits=self.limits

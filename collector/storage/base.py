@@ -135,6 +135,18 @@ class SilenceRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class RoundsRecord:
+    """Which rounds of one agent instance (under one caller) the collector stored: the
+    ``high_water`` mark and a 63-bit window below it (``ingest.rounds_seen.SeenWindow``)."""
+
+    caller: str
+    instance: str
+    high_water: int
+    stored_below: int
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class PageRecord:
     """One alert handed to the alert dispatcher for one route (the remediator's pages), and how
     its delivery went: ``pending`` until the route accepts it (``delivered``) or the dispatcher
@@ -401,6 +413,17 @@ class Storage(Protocol):
 
     def set_cursor(self, name: str, position: int) -> None:
         """Move the reader ``name`` to ``position``."""
+        ...
+
+    # Agent rounds (each request stored once) ----------------------------------------------------
+
+    def rounds_record(self, caller: str, instance: str) -> RoundsRecord | None:
+        """What is known of the rounds ``caller``'s agent ``instance`` sent, if anything."""
+        ...
+
+    def save_rounds_record(self, record: RoundsRecord) -> None:
+        """Insert or replace the record of ``(caller, instance)``; a record whose
+        ``high_water`` is below the stored one is ignored (the mark never goes back)."""
         ...
 
     def close(self) -> None:

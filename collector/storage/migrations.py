@@ -265,6 +265,21 @@ CREATE TABLE silences (
 CREATE INDEX silences_ends_at ON silences (ends_at);
 """
 
+_AGENT_ROUNDS = """
+-- Which spooled rounds of each agent instance the collector stored (see ingest/rounds_seen.py):
+-- a round numbered at most high_water is stored if it is high_water itself, if it is older than
+-- the 63-round window, or if its bit is set in stored_below (bit i: round high_water - 1 - i).
+-- Keyed by the authenticated caller too, so one token cannot mark another's rounds as stored.
+CREATE TABLE agent_rounds (
+    caller        TEXT NOT NULL,
+    instance      TEXT NOT NULL,        -- Gpuwarden-Agent-Instance: 32 hex digits
+    high_water    INTEGER NOT NULL,     -- the highest round stored
+    stored_below  INTEGER NOT NULL,     -- 63-bit window below high_water (non-negative)
+    updated_at    REAL NOT NULL,
+    PRIMARY KEY (caller, instance)
+);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, models, events, accounting", _CORE),
     Migration(
@@ -276,6 +291,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "pages: the remediator's alerts, stored until a route accepts them", _PAGES),
     Migration(5, "accounting: cost in the price table's currency", _ACCOUNTING_CURRENCY),
     Migration(6, "silences: operators hold an incident's notifications", _SILENCES),
+    Migration(7, "agent rounds stored per agent instance: each request once", _AGENT_ROUNDS),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -1,10 +1,12 @@
-"""Delivery's records in SQLite: notifications, pages and the dispatcher's cursors."""
+"""Delivery's records in SQLite: notifications, pages, the dispatcher's cursors, and the agent
+rounds already stored (the receiving side of delivery)."""
 
 from __future__ import annotations
 
 from gpuwarden.collector.storage.base import (
     NotificationRecord,
     PageRecord,
+    RoundsRecord,
     StorageError,
 )
 from gpuwarden.collector.storage.records import (
@@ -29,6 +31,12 @@ _PAGES = Codec(
     row_id="page_id",
     to_sql={"alert": dump_json},
     from_sql={"alert": load_json},
+)
+_ROUNDS = Codec("agent_rounds", RoundsRecord, field_names(RoundsRecord))
+_SAVE_ROUNDS = _ROUNDS.insert_sql(
+    suffix="ON CONFLICT (caller, instance) DO UPDATE SET (high_water, stored_below, updated_at)"
+    " = (excluded.high_water, excluded.stored_below, excluded.updated_at)"
+    " WHERE excluded.high_water >= agent_rounds.high_water"
 )
 _PAGE_MUTABLE = ("status", "attempts", "next_attempt_at", "sent_at", "last_error", "alert")
 
@@ -95,3 +103,15 @@ class DeliveryRecords(SqliteBase):
                 " = (excluded.position, excluded.updated_at)",
                 (name, position, self._clock()),
             )
+
+    # Agent rounds ----------------------------------------------------------------------------
+
+    def rounds_record(self, caller: str, instance: str) -> RoundsRecord | None:
+        rows = self._read(
+            "SELECT * FROM agent_rounds WHERE caller = ? AND instance = ?", (caller, instance)
+        )
+        return _ROUNDS.load(rows[0]) if rows else None
+
+    def save_rounds_record(self, record: RoundsRecord) -> None:
+        with self._write() as conn:
+            conn.execute(_SAVE_ROUNDS, _ROUNDS.params(record))

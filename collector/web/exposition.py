@@ -324,6 +324,11 @@ class FleetMetrics:
         )
         points.add_metric(["accepted"], float(totals.accepted))
         points.add_metric(["rejected"], float(totals.rejected))
+        duplicates = CounterMetricFamily(
+            "gpuwarden_collector_duplicate_rounds",
+            "Agent rounds acknowledged without storing them: resent, and stored before.",
+            value=float(totals.duplicate_rounds),
+        )
         requests = CounterMetricFamily(
             "gpuwarden_collector_requests",
             "OTLP ingest requests answered, by HTTP status code.",
@@ -358,7 +363,7 @@ class FleetMetrics:
                 ("jobs", "Current jobs (schedulers and API).", len(service.registry.jobs())),
             )
         ]
-        return [points, requests, refusals, *simple, lag]
+        return [points, duplicates, requests, refusals, *simple, lag]
 
 
 def _seconds(total: RollupTotal) -> tuple[float, float, float]:

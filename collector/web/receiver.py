@@ -6,7 +6,8 @@ token and 403 a role other than agent or admin (answered by the authentication m
 counted here all the same), 403 a node the agent's token is not bound to (nothing stored), 408
 body too slow (``web.guard``, counted here too), 413 too large (body, inflated body, points), 415
 wrong content type or encoding, 503 with ``Retry-After`` when too many requests, or too many of
-one caller, are being processed. Never a 5xx for bad input.
+one caller, are being processed (503 too while an earlier request of the same agent instance is
+being stored: see ``ingest.rounds_seen``). Never a 5xx for bad input.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gpuwarden.collector.ingest.otlp_transport import (
     media_type,
     parse_request,
 )
+from gpuwarden.collector.ingest.rounds_seen import AgentRounds, agent_rounds
 from gpuwarden.collector.ingest.sink import MetricsSink
 from gpuwarden.collector.service import Accepted, CollectorService
 from gpuwarden.collector.web.keys import (
@@ -72,6 +74,7 @@ async def otlp_metrics(request: web.Request) -> web.Response:
     source = caller.name
     try:
         kind = media_type(request.headers.get("Content-Type"))
+        rounds = agent_rounds(request.headers)  # an agent's spooled rounds: each stored once
         if request.content_length is not None and request.content_length > config.max_body_bytes:
             raise OtlpError(413, f"body exceeds {config.max_body_bytes} bytes")
         body = await _read_limited(request, config.max_body_bytes)
@@ -87,9 +90,9 @@ async def otlp_metrics(request: web.Request) -> web.Response:
     try:
         small = _small_payload(body, encoding, config)
         if small is not None:  # an agent's usual request: decoded at once, on the event loop
-            done = _store_payload(request.app[SINK], small, kind, caller, config)
+            done = _store_payload(request.app[SINK], small, kind, caller, config, rounds)
         else:
-            done = await _store_in_thread(request, body, kind, encoding, caller)
+            done = await _store_in_thread(request, body, kind, encoding, caller, rounds)
     except OtlpError as exc:
         if isinstance(exc, UnboundNodesError):
             _log_unbound(request, caller, exc.nodes)
@@ -121,7 +124,12 @@ def _busy(config: CollectorConfig, stats: IngestStats, source: str) -> str | Non
 
 
 async def _store_in_thread(
-    request: web.Request, body: bytes, kind: str, encoding: str | None, caller: Caller
+    request: web.Request,
+    body: bytes,
+    kind: str,
+    encoding: str | None,
+    caller: Caller,
+    rounds: AgentRounds | None,
 ) -> Accepted:
     """Decode and store a big body in a worker thread, holding an in-flight slot meanwhile."""
     config, stats = request.app[CONFIG], request.app[STATS]
@@ -130,7 +138,7 @@ async def _store_in_thread(
     stats.inflight_by_caller[source] += 1
     try:
         return await asyncio.to_thread(
-            _decode_and_store, request.app[SINK], body, kind, encoding, caller, config
+            _decode_and_store, request.app[SINK], body, kind, encoding, caller, config, rounds
         )
     finally:
         stats.inflight -= 1
@@ -146,10 +154,11 @@ def _decode_and_store(
     encoding: str | None,
     caller: Caller,
     config: CollectorConfig,
+    rounds: AgentRounds | None,
 ) -> Accepted:
     """Inflate and store one body (in a worker thread); raises ``OtlpError``."""
     payload = decompress(body, encoding, config.max_decompressed_bytes)
-    return _store_payload(sink, payload, kind, caller, config)
+    return _store_payload(sink, payload, kind, caller, config, rounds)
 
 
 def _small_payload(body: bytes, encoding: str | None, config: CollectorConfig) -> bytes | None:
@@ -197,7 +206,12 @@ def _log_unbound(request: web.Request, caller: Caller, nodes: list[str]) -> None
 
 
 def _store_payload(
-    sink: MetricsSink, payload: bytes, kind: str, caller: Caller, config: CollectorConfig
+    sink: MetricsSink,
+    payload: bytes,
+    kind: str,
+    caller: Caller,
+    config: CollectorConfig,
+    rounds: AgentRounds | None = None,
 ) -> Accepted:
     """Check the caller's nodes, then decode and store one payload (all or nothing); raises
     ``OtlpError`` (``UnboundNodesError`` for a node the caller may not write)."""
@@ -207,7 +221,7 @@ def _store_payload(
     source = caller.name
     if isinstance(sink, CollectorService):
         # The fast path: straight into the store, no NumberPoint per point.
-        return sink.accept_payload(payload, kind, source)
+        return sink.accept_payload(payload, kind, source, rounds)
     parsed = parse_request(payload, kind)
     if request_points(parsed) > config.max_points_per_request:
         raise OtlpError(413, f"request holds more than {config.max_points_per_request} data points")
