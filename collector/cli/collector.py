@@ -137,6 +137,7 @@ def _app(
         detection=DetectionEngine(service.detection_view, rules, storage=service.storage),
         remediation=remediation,
         rule_problems=[str(p) for p in rules.problems],
+        rules=rules,
     )
 
     async def close_storage(_app: web.Application) -> None:

@@ -14,7 +14,9 @@ from aiohttp import web
 
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.detect.readiness import RuleBoard
 from gpuwarden.collector.ingest.sink import MetricsSink, SeriesLog
+from gpuwarden.collector.rules.model import RuleProblem, RuleSet
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web import tasks
 from gpuwarden.collector.web.access_log import RedactingAccessLogger, server_logger
@@ -29,6 +31,7 @@ from gpuwarden.collector.web.keys import (
     CREDENTIAL_SOURCES,
     REMEDIATION,
     ROUTE_ACCESS,
+    RULE_BOARD,
     SERVICE,
     SINK,
     SKIPPED_RULES,
@@ -55,6 +58,7 @@ def create_app(
     detection: DetectionEngine | None = None,
     remediation: Remediation | None = None,
     rule_problems: Sequence[str] = (),
+    rules: RuleSet | None = None,
 ) -> web.Application:
     """Build the collector application.
 
@@ -63,7 +67,8 @@ def create_app(
     polling, accounting, detection, remediation and alerting run while the app serves. Without
     one, points go to ``sink`` (an in-memory series log by default). With a ``remediation``, its
     runbook, approval and API routes are served. ``rule_problems`` are the rules skipped under
-    ``skip_bad_rules``: ``/readyz`` lists them and stays 200 (the other rules run).
+    ``skip_bad_rules``: ``/readyz`` lists them and stays 200 (the other rules run). ``rules``
+    (default: the detection engine's) are judged for readiness on ``/readyz`` and ``/status``.
     """
     # We inflate bodies ourselves, with a cap: aiohttp's own decompression has none. aiohttp
     # closes a connection without a whole request head within ``keepalive_timeout`` of its
@@ -98,6 +103,12 @@ def create_app(
         setup_metrics(app)
         setup_status_page(app)
         app[SKIPPED_RULES] = tuple(rule_problems)
+        if rules is None:
+            rules = RuleSet(tuple(detection.rules) if detection is not None else ())
+        problems: tuple[RuleProblem | str, ...] = rules.problems or tuple(rule_problems)
+        app[RULE_BOARD] = RuleBoard(
+            rules.rules, problems, service.store, started_at=service.clock(), clock=service.clock
+        )
     else:
         app[SINK] = sink if sink is not None else SeriesLog()
     if remediation is not None:
@@ -117,6 +128,7 @@ def create_app(
                 remediation_seconds=config.remediation.interval_seconds,
                 dispatcher=remediation.dispatcher if remediation is not None else None,
                 alerting_seconds=config.alerting.interval_seconds,
+                snapshot_seconds=config.snapshot_seconds,
             )
         )
     return app
