@@ -8,8 +8,8 @@ Two rounds go through ``ingest`` (series, counters' raw state); then the rings a
 directly with random values, as a collector up for ``--hours`` (the recent ring full after 6 h)
 or ``--days`` (the long ring full after 14) would hold them: random floats are the worst case
 for any compression, and NaN (never written) costs the same bytes in an uncompressed ``.npz``.
-Prints the snapshot's size, the time to write it (temporary file, fsync, rename) and the time to
-read it into an empty store.
+Prints the snapshot's size, the time to write it (temporary file, fsync, rename), the time to
+read it into an empty store, and how long one agent's requests, pushed all the while, waited.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import random
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -62,9 +63,28 @@ def main() -> None:
     args = parser.parse_args()
     hours = args.days * 24 if args.days is not None else args.hours
     store, now = build(hours)
+    # one agent keeps pushing while the snapshot is written: how long does ingest wait?
+    rnd = random.Random(8)
+    template = agent_templates(0)
+    totals = [0.0] * len(template)
+    requests = [agent_request(0, template, int((now - 1) * 1e9), rnd, totals) for _ in range(50)]
+    waits: list[float] = []
+    done = threading.Event()
+
+    def push(target: WindowStore) -> None:
+        while not done.is_set():
+            for request in requests:
+                started = time.perf_counter()
+                target.ingest(request)
+                waits.append(time.perf_counter() - started)
+
+    pusher = threading.Thread(target=push, args=(store,))
     with tempfile.TemporaryDirectory(dir=".") as folder:
         path = Path(folder) / "window.npz"
+        pusher.start()
         stats = store.write_snapshot(path)
+        done.set()
+        pusher.join()
         memory = store.memory_bytes()
         del store
         fresh = WindowStore(step_seconds=STEP_S, clock=lambda: now)
@@ -77,6 +97,10 @@ def main() -> None:
     print(f"snapshot: {stats.size_bytes / 2**20:,.1f} MiB")
     print(f"write (temp + fsync + rename): {stats.write_seconds:.2f} s")
     print(f"read into an empty store: {read_seconds:.2f} s ({restored.series} series)")
+    print(
+        f"one agent's 320-point request during the write: {len(waits)} requests, "
+        f"p50 {np.percentile(waits, 50) * 1e3:.1f} ms, max {max(waits) * 1e3:.0f} ms"
+    )
 
 
 if __name__ == "__main__":

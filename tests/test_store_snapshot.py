@@ -83,18 +83,19 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a, b, equal_nan=True))
 
 
-def test_a_restored_store_reads_as_the_one_that_wrote_it(tmp_path):
+@pytest.mark.parametrize("chunk_bytes", [8 << 20, 1])  # one chunk; a row per chunk
+def test_a_restored_store_reads_as_the_one_that_wrote_it(tmp_path, chunk_bytes):
     clock = Clock(T0)
     a = new_store(clock)
     feed(a, clock, T0, T0 + 3 * HOUR)  # more than the recent window: the long ring rolled too
-    stats = a.write_snapshot(tmp_path / "w.npz")
+    stats = a.write_snapshot(tmp_path / "w.npz", chunk_bytes=chunk_bytes)
     assert stats.series == 3
     assert stats.histograms == 1
     assert stats.size_bytes == (tmp_path / "w.npz").stat().st_size
     assert [p.name for p in tmp_path.iterdir()] == ["w.npz"]  # no temporary left
 
     b = new_store(clock)
-    restored = b.read_snapshot(tmp_path / "w.npz")
+    restored = b.read_snapshot(tmp_path / "w.npz", chunk_bytes=chunk_bytes)
     assert restored is not None
     assert (restored.series, restored.histograms) == (3, 1)
     assert restored.held_since == a.held_since() == T0

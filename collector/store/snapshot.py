@@ -47,8 +47,9 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 """The snapshot layout's version; another version is ignored at read."""
-CHUNK_ROWS = 2048
-"""Rows copied per hold of the store's lock (a 14-day long ring row is 80 KB)."""
+CHUNK_BYTES = 8 << 20
+"""Bytes of ring rows copied per hold of the store's lock (a 14-day long ring row is 80 KB:
+about 100 rows), so ingest waits milliseconds, not the whole copy."""
 
 
 class SnapshotError(Exception):
@@ -110,8 +111,8 @@ def _put_rows(
     return member
 
 
-def _rows_of(archive: zipfile.ZipFile, name: str, chunk: int) -> Iterator[npt.NDArray[Any]]:
-    """Blocks of up to ``chunk`` rows of a 2-D ``.npy`` member, in order, read as needed."""
+def _rows_of(archive: zipfile.ZipFile, name: str, chunk_bytes: int) -> Iterator[npt.NDArray[Any]]:
+    """Blocks of about ``chunk_bytes`` of rows of a 2-D ``.npy`` member, in order, as needed."""
     with archive.open(name + ".npy") as member:
         version = np.lib.format.read_magic(member)
         if version not in ((1, 0), (2, 0)):
@@ -125,6 +126,7 @@ def _rows_of(archive: zipfile.ZipFile, name: str, chunk: int) -> Iterator[npt.ND
         if fortran or len(shape) != 2 or dtype.hasobject:
             raise SnapshotError(f"{name}: not a plain 2-D array")
         rows, cols = shape
+        chunk = max(1, chunk_bytes // max(1, cols * dtype.itemsize))
         for start in range(0, rows, chunk):
             n = min(chunk, rows - start)
             data = member.read(n * cols * dtype.itemsize)
@@ -136,15 +138,16 @@ def _rows_of(archive: zipfile.ZipFile, name: str, chunk: int) -> Iterator[npt.ND
 class Snapshots(WindowState):
     """``write_snapshot`` and ``read_snapshot`` of the whole store (see the module)."""
 
-    def write_snapshot(self, path: Path) -> SnapshotStats:
-        """Write the store to ``path`` atomically (temporary file, fsync, rename)."""
+    def write_snapshot(self, path: Path, *, chunk_bytes: int = CHUNK_BYTES) -> SnapshotStats:
+        """Write the store to ``path`` atomically (temporary file, fsync, rename), copying
+        about ``chunk_bytes`` of ring rows per hold of the lock."""
         started = time.monotonic()
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             with temporary.open("wb") as file:
                 with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-                    series, histograms = self._write_archive(archive)
+                    series, histograms = self._write_archive(archive, chunk_bytes)
                 file.flush()
                 os.fsync(file.fileno())
             temporary.replace(path)
@@ -165,7 +168,7 @@ class Snapshots(WindowState):
             write_seconds=time.monotonic() - started,
         )
 
-    def _write_archive(self, archive: zipfile.ZipFile) -> tuple[int, int]:
+    def _write_archive(self, archive: zipfile.ZipFile, chunk_bytes: int) -> tuple[int, int]:
         table = self._table
         with self._lock:
             table.flush_long(self._ratio)
@@ -202,8 +205,9 @@ class Snapshots(WindowState):
             ("counter_dt", table.recent, recent, rows[counters], np.uint16),
         ):
             with _put_rows(archive, name, kind, (chosen.size, count)) as member:
-                for start in range(0, chosen.size, CHUNK_ROWS):
-                    part = chosen[start : start + CHUNK_ROWS]
+                chunk = max(1, chunk_bytes // max(1, count * 4))
+                for start in range(0, chosen.size, chunk):
+                    part = chosen[start : start + chunk]
                     with self._lock:
                         if table.evictions != evictions:
                             raise SnapshotError("series evicted while writing; next time")
@@ -258,7 +262,7 @@ class Snapshots(WindowState):
         _put(archive, "histogram_counts", np.concatenate(counts) if counts else np.zeros(0))
         return len(described)
 
-    def read_snapshot(self, path: Path) -> Restored | None:
+    def read_snapshot(self, path: Path, *, chunk_bytes: int = CHUNK_BYTES) -> Restored | None:
         """Fill an empty store from ``path``; None (logged) when there is none or it is unusable."""
         if not path.exists():
             return None
@@ -268,7 +272,7 @@ class Snapshots(WindowState):
                 return None
         try:
             with zipfile.ZipFile(path) as archive:
-                return self._read_archive(archive)
+                return self._read_archive(archive, chunk_bytes)
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
             log.warning("snapshot %s ignored: cannot read it: %s", path, exc)
         except SnapshotError as exc:
@@ -290,7 +294,7 @@ class Snapshots(WindowState):
             self._shapes.clear()
             self._shape_bytes = 0
 
-    def _read_archive(self, archive: zipfile.ZipFile) -> Restored:
+    def _read_archive(self, archive: zipfile.ZipFile, chunk_bytes: int) -> Restored:
         def small(name: str) -> npt.NDArray[Any]:
             with archive.open(name + ".npy") as member:
                 return np.lib.format.read_array(member, allow_pickle=False)
@@ -327,7 +331,7 @@ class Snapshots(WindowState):
                 ("counter_dt", None, meta["recent_first"], rows[counters]),
             ):
                 done = 0
-                for block in _rows_of(archive, name, CHUNK_ROWS):
+                for block in _rows_of(archive, name, chunk_bytes):
                     part = chosen[done : done + block.shape[0]]
                     done += block.shape[0]
                     if ring is None:
