@@ -93,6 +93,7 @@ def test_a_restored_store_reads_as_the_one_that_wrote_it(tmp_path, chunk_bytes):
     assert stats.histograms == 1
     assert stats.size_bytes == (tmp_path / "w.npz").stat().st_size
     assert [p.name for p in tmp_path.iterdir()] == ["w.npz"]  # no temporary left
+    assert (tmp_path / "w.npz").stat().st_mode & 0o077 == 0  # the owner's alone
 
     b = new_store(clock)
     restored = b.read_snapshot(tmp_path / "w.npz", chunk_bytes=chunk_bytes)
@@ -219,6 +220,20 @@ def test_a_broken_snapshot_is_logged_and_ignored_and_the_store_stays_empty(
     assert b.held_since() is None
     feed(b, clock, clock.now, clock.now + 30)  # and it works as a fresh store
     assert b.series_count() == 4
+
+
+def test_a_temporary_left_by_a_crash_mid_write_is_overwritten(tmp_path):
+    clock = Clock(T0)
+    a = new_store(clock)
+    feed(a, clock, T0, T0 + 60)
+    (tmp_path / ".w.npz.tmp").write_bytes(b"half a snapshot" * 1000)
+    (tmp_path / ".w.npz.tmp").chmod(0o644)
+    a.write_snapshot(tmp_path / "w.npz")
+    assert [p.name for p in tmp_path.iterdir()] == ["w.npz"]
+    assert (tmp_path / "w.npz").stat().st_mode & 0o077 == 0
+    restored = new_store(clock).read_snapshot(tmp_path / "w.npz")
+    assert restored is not None
+    assert restored.series == 3
 
 
 def test_a_store_that_already_holds_series_is_not_overwritten(tmp_path, caplog):

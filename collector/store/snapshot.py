@@ -143,9 +143,13 @@ class Snapshots(WindowState):
         about ``chunk_bytes`` of ring rows per hold of the lock."""
         started = time.monotonic()
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        # One fixed name: a temporary left by a crash mid-write is overwritten by the next write,
+        # not left to pile up. Owner-only, like the telemetry it holds.
+        temporary = path.with_name(f".{path.name}.tmp")
         try:
-            with temporary.open("wb") as file:
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.fchmod(descriptor, 0o600)  # a leftover temporary keeps its mode otherwise
+            with os.fdopen(descriptor, "wb") as file:
                 with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
                     series, histograms = self._write_archive(archive, chunk_bytes)
                 file.flush()
