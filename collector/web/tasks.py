@@ -38,8 +38,9 @@ async def _every(
     first_after_seconds: float = 0.0,
 ) -> None:
     deadline = time.monotonic() + first_after_seconds
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), first_after_seconds)
+    if first_after_seconds > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), first_after_seconds)
     while not stop.is_set():
         try:
             await asyncio.to_thread(step)
