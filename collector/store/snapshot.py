@@ -190,10 +190,12 @@ class Snapshots(WindowState):
                 "long_head": long_head,
                 "first_slot": table.first_slot,
             }
-        recent = _held(table.recent, table.first_slot)
-        long = _held(
-            table.long, None if table.first_slot is None else table.first_slot // self._ratio
-        )
+            # the slots written: from the oldest data to the heads as they are now (a head that
+            # moves on while the chunks are copied adds slots the next snapshot takes)
+            recent = _held(table.recent, table.first_slot)
+            long = _held(
+                table.long, None if table.first_slot is None else table.first_slot // self._ratio
+            )
         meta["recent_first"], meta["long_first"] = recent[0], long[0]
         counters = np.flatnonzero(table.counter_row[rows] >= 0)
         _put(archive, "meta", _text(meta))
