@@ -197,7 +197,7 @@ def build_service(
         except ValueError as exc:
             raise ConfigError(f"model_servers: {exc}") from None
         scraper = ModelServerScraper(targets, clock=clock, http=http)
-    return CollectorService(
+    service = CollectorService(
         scraper=scraper,
         store=WindowStore(
             step_seconds=config.step_seconds,
@@ -217,4 +217,7 @@ def build_service(
         clock=clock,
         max_new_series_per_source_hour=config.max_new_series_per_source_hour,
         limits=config.ingest_limits,
+        snapshot_path=config.snapshot_path,
     )
+    service.restore_snapshot()  # warm start: the window as the last snapshot left it
+    return service

@@ -180,6 +180,11 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     #: detection cycle. Agents running a longer interval need at least 3x their interval.
     staleness_seconds: Positive = 60.0
     accounting_period_seconds: PositiveInt = 60
+    #: the WindowStore is written to ``snapshot_file`` this often and at shutdown, and read
+    #: back at start, so a restart does not start blind (0: never; ``store.snapshot``)
+    snapshot_seconds: Annotated[float, msgspec.Meta(ge=0)] = 300.0
+    #: default: ``<database>.window.npz`` next to the database (none for ``:memory:``)
+    snapshot_file: Path | None = None
     idle_threshold_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
     grid_intensity_grams_per_kwh: Annotated[float, msgspec.Meta(ge=0)] = 400.0
     #: prices per GPU-hour by GPU model, tier and cluster (``accounting.prices``); written as
@@ -251,6 +256,17 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
             max_metric_name_bytes=self.max_metric_name_bytes,
             max_points_per_request=self.max_points_per_request,
         )
+
+    @property
+    def snapshot_path(self) -> Path | None:
+        """Where the WindowStore's snapshot lives (None: no snapshots)."""
+        if self.snapshot_seconds <= 0:
+            return None
+        if self.snapshot_file is not None:
+            return self.snapshot_file
+        if str(self.database) == ":memory:":
+            return None
+        return self.database.with_name(self.database.name + ".window.npz")
 
     @property
     def actuators(self) -> ActuatorSettings:

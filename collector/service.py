@@ -10,9 +10,11 @@ and ``run_accounting`` as background tasks; tests and the demo call them directl
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Generic, Self, TypeVar, cast, overload
 
 import numpy as np
@@ -27,12 +29,14 @@ from gpuwarden.collector.ingest.scrape import ModelServerScraper
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.storage.base import Storage
 from gpuwarden.collector.storage.records import AccountingRow, Event
+from gpuwarden.collector.store.snapshot import Restored, SnapshotStats
 from gpuwarden.collector.store.window import WindowStore
 from gpuwarden.collector.views import DetectionView
 
 __all__ = ["Accepted", "CollectorService", "DetectionView", "IngestTotals"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class _OnParts(Generic[T]):
@@ -89,6 +93,7 @@ class CollectorService:
         totals: IngestTotals | None = None,
         max_new_series_per_source_hour: int = 100_000,
         limits: IngestLimits = DEFAULT_LIMITS,
+        snapshot_path: Path | None = None,
     ) -> None:
         nodes = {} if nodes is None else nodes  # one dict: the intake writes, the fleet reads
         self.intake = Intake(
@@ -112,6 +117,10 @@ class CollectorService:
             nodes=nodes,
         )
         self.scraper = scraper
+        self.snapshot_path = snapshot_path
+        """Where the store is snapshotted (None: never; ``store.snapshot``)."""
+        self.restored: Restored | None = None
+        """What the snapshot read at start gave the store (None: nothing)."""
         self._view: DetectionView | None = None
         self._lock = threading.Lock()
 
@@ -147,6 +156,37 @@ class CollectorService:
     def poll_jobs(self, now: float | None = None) -> int:
         """Poll the job adapters (blocking); return the number of jobs."""
         return self.registry.poll(self.clock() if now is None else now).jobs
+
+    # --- the store on disk (warm start) -------------------------------------------------------
+
+    def restore_snapshot(self) -> Restored | None:
+        """Fill the (empty) store from its snapshot, if there is a usable one."""
+        if self.snapshot_path is None:
+            return None
+        restored = self.store.read_snapshot(self.snapshot_path)
+        if restored is not None:
+            log.info(
+                "window restored from %s: %d series, %d histograms, data since %s",
+                self.snapshot_path,
+                restored.series,
+                restored.histograms,
+                restored.held_since,
+            )
+        self.restored = restored
+        return restored
+
+    def save_snapshot(self) -> SnapshotStats | None:
+        """Write the store's snapshot (blocking); None when snapshots are off."""
+        if self.snapshot_path is None:
+            return None
+        stats = self.store.write_snapshot(self.snapshot_path)
+        log.info(
+            "window snapshot: %d series, %.1f MB in %.2f s",
+            stats.series,
+            stats.size_bytes / 1e6,
+            stats.write_seconds,
+        )
+        return stats
 
     # --- inventory and accounting (the fleet) -------------------------------------------------
 

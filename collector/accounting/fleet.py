@@ -30,6 +30,7 @@ from gpuwarden.collector.accounting.presence import (
     span,
     spread_back,
 )
+from gpuwarden.collector.accounting.recompute import not_less_informed
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.storage.base import Storage
 from gpuwarden.collector.storage.records import AccountingRow
@@ -262,7 +263,9 @@ class Fleet:
     def run_accounting(self, now: float | None = None) -> int:
         """Recompute the last complete periods (late and spooled data land in them too).
 
-        The store is read once for all of them; each period is a slice of that read.
+        The store is read once for all of them; each period is a slice of that read. A GPU's
+        recomputed period replaces the stored one only when it knows at least as much of the
+        GPU's time (:mod:`.recompute`): a restart's empty window never erases what was known.
         """
         current = self.clock() if now is None else now
         last_complete = math.floor(current / self.period_seconds) * self.period_seconds
@@ -274,6 +277,7 @@ class Fleet:
             first = math.floor(resumed / self.period_seconds) * self.period_seconds
         times, gpus = self.charged_timelines(first, last_complete)
         jobs = self.registry.known()
+        stored = self.storage.accounting_rows(since=first, until=last_complete)
         written = 0
         for k in range(round((last_complete - first) / self.period_seconds)):
             start = first + k * self.period_seconds
@@ -283,7 +287,8 @@ class Fleet:
             usage = account(
                 sliced, jobs, times[part], self.store.step_seconds, end, self.accounting
             )
-            rows = self._rows(start, usage)
+            # never replace a GPU's period with one that knows less (a restart's empty window)
+            rows = not_less_informed(self._rows(start, usage), stored)
             if rows:
                 written += self.storage.write_rollups(rows)
         return written

@@ -146,6 +146,7 @@ def _app(
         rule_problems=[str(p) for p in rules.problems],
         reload_source=reload_source,
         tls_context=ssl_context,
+        rules=rules,
     )
 
     async def close_storage(_app: web.Application) -> None:

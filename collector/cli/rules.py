@@ -1,4 +1,5 @@
-"""``gpuwarden rules check`` and ``gpuwarden rules detectors``.
+"""``gpuwarden rules check``, ``gpuwarden rules detectors`` (and ``rules status``, in
+:mod:`.rules_status`).
 
 Light on purpose: the CLI imports this module to build its parser, also on agent-only installs,
 so it needs only the standard library, PyYAML and ``gpuwarden.collector.rules``. The detector
@@ -10,11 +11,13 @@ runbook check (Jinja2).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
+from gpuwarden.collector.cli.rules_status import add_status_parser, run_status
 from gpuwarden.collector.extras import MissingExtraError, needs_extra
 from gpuwarden.collector.rules.durations import format_duration, format_number
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
@@ -64,14 +67,26 @@ def add_rules_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     from gpuwarden.collector.backtest.cli import add_rules_test_parser
 
     add_rules_test_parser(kinds)
+    add_status_parser(kinds)
 
 
 def run_rules(
-    args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None
+    args: argparse.Namespace,
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> int:
     """Run ``gpuwarden rules ...`` from parsed arguments; return the exit code."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    if args.rules_command == "status":
+        return run_status(args, out, err, os.environ if environ is None else environ)
+    return _run_offline(args, out, err)
+
+
+def _run_offline(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """The commands that read rule files, not a running collector."""
     try:
         with needs_extra("collector", f"gpuwarden rules {args.rules_command}"):
             from gpuwarden.collector.alerts.runbook_check import runbook_problems

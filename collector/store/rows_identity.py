@@ -58,6 +58,8 @@ class RowIdentity:
         self.retired: set[int] = set()
         """Hashes of evicted series' keys: a node's series that come back are known, not new,
         and a sender's spent budget of new series never refuses them."""
+        self.first_slot: int | None = None
+        """The oldest recent slot any number point was written to: how far back data goes."""
         self.evictions = 0
         """Bumped whenever rows are freed: row numbers cached outside the table go stale."""
         self._pending: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []

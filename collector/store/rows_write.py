@@ -86,6 +86,10 @@ class RowWrites(RowIdentity):
             self.last_seen_ns[w_rows] = np.maximum(self.last_seen_ns[w_rows], w_times)
         else:
             np.maximum.at(self.last_seen_ns, w_rows, w_times)
+        if w_slots.size:
+            oldest_written = int(w_slots.min())
+            if self.first_slot is None or oldest_written < self.first_slot:
+                self.first_slot = oldest_written
         self._pending.append((w_rows, w_slots))
         self._pending_size += w_rows.size
         if self._pending_size > PENDING_LIMIT:

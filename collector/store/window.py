@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import sys
 
+from gpuwarden.collector.store.snapshot import Snapshots
 from gpuwarden.collector.store.window_payload import (
     SHAPE_BYTES,
     SHAPE_BYTES_PER_SERIES,
@@ -55,12 +56,13 @@ __all__ = [
 ]
 
 
-class WindowStore(PayloadIngest, WindowReads):
+class WindowStore(PayloadIngest, WindowReads, Snapshots):
     """Recent and downsampled long windows of every series, in fixed-step numpy rings.
 
     Its parts are mixin bases, one concept per module, sharing ``WindowState`` (the parameters,
     the lock, the series table, histograms and shapes): ``PointIngest`` and ``PayloadIngest``
-    write, ``WindowReads`` reads; housekeeping is here.
+    write, ``WindowReads`` reads, ``Snapshots`` writes and reads the store on disk
+    (``store.snapshot``); housekeeping is here.
     """
 
     def evict_stale(self, now: float | None = None) -> int:
@@ -77,6 +79,20 @@ class WindowStore(PayloadIngest, WindowReads):
                 self._shapes.clear()
                 self._shape_bytes = 0
             return evicted + len(stale)
+
+    def held_since(self) -> float | None:
+        """Start of the oldest data the store holds (None: none yet).
+
+        The oldest slot ever written, unless the long ring has rolled past it since: how far
+        back a rule's window or history can be covered (``detect.readiness``).
+        """
+        with self._lock:
+            first = self._table.first_slot
+            long_head = self._table.long.head
+            if first is None or long_head is None:
+                return None
+            oldest_long = (long_head - self._table.long.n_slots + 1) * self.long_step_seconds
+            return float(max(first * self.step_seconds, oldest_long))
 
     def series_count(self) -> int:
         """Series held (number and histogram)."""

@@ -34,6 +34,7 @@ from gpuwarden.collector.accounting.report import (
     parse_time,
     sum_lines,
 )
+from gpuwarden.collector.detect.readiness import summary
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.storage.base import StorageError
 from gpuwarden.collector.storage.records import (
@@ -50,6 +51,7 @@ from gpuwarden.collector.web.keys import (
     PROBE,
     READERS,
     READINESS,
+    RULE_BOARD,
     SERVICE,
     SKIPPED_RULES,
     Handler,
@@ -436,7 +438,9 @@ def add_readiness_problem(app: web.Application, problem: str) -> None:
 
 async def readyz(request: web.Request) -> web.Response:
     """``GET /readyz``: 200 when the storage answers and no start-up check failed, else 503;
-    either way the body lists the skipped rules, if any."""
+    either way the body lists the skipped rules, if any, and each rule's readiness (``rules``:
+    ready, warming up until, skipped; ``detect.readiness``), which never makes it 503: a rule
+    warming up still runs on the data there is."""
     problems = request.app[READINESS].copy()
     skipped_rules = request.app[SKIPPED_RULES]
     skipped: dict[str, list[str]] = {"skipped_rules": list(skipped_rules)} if skipped_rules else {}
@@ -447,10 +451,15 @@ async def readyz(request: web.Request) -> web.Response:
         problems.append(f"storage: no answer within {READY_TIMEOUT_SECONDS:g} s")
     except Exception as exc:  # noqa: BLE001 - any backend failure means "not ready", with its reason
         problems.append(f"storage: {exc}")
+    rules: dict[str, object] = {}
+    if RULE_BOARD in request.app:
+        states = await asyncio.to_thread(request.app[RULE_BOARD].states)
+        if states:  # a collector without rules (the receiver alone) says nothing of them
+            rules = {"rules": [s.as_json() for s in states], "rules_summary": summary(states)}
     if problems:
-        body = {"status": "not ready", "problems": problems, **skipped}
+        body = {"status": "not ready", "problems": problems, **skipped, **rules}
         return web.json_response(body, status=503)
-    return web.json_response({"status": "ready", **skipped})
+    return web.json_response({"status": "ready", **skipped, **rules})
 
 
 def setup_api(app: web.Application) -> None:

@@ -16,7 +16,9 @@ from aiohttp import web
 from gpuwarden.collector.build import load_configured_rules
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.detect.readiness import RuleBoard
 from gpuwarden.collector.ingest.sink import MetricsSink, SeriesLog
+from gpuwarden.collector.rules.model import RuleProblem, RuleSet
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web import tasks
 from gpuwarden.collector.web.access_log import RedactingAccessLogger, server_logger
@@ -34,6 +36,7 @@ from gpuwarden.collector.web.keys import (
     RELOADER,
     REMEDIATION,
     ROUTE_ACCESS,
+    RULE_BOARD,
     SERVICE,
     SINK,
     SKIPPED_RULES,
@@ -65,6 +68,7 @@ def create_app(
     rule_problems: Sequence[str] = (),
     reload_source: Callable[[], CollectorConfig] | None = None,
     tls_context: ssl.SSLContext | None = None,
+    rules: RuleSet | None = None,
 ) -> web.Application:
     """Build the collector application.
 
@@ -73,7 +77,8 @@ def create_app(
     polling, accounting, detection, remediation and alerting run while the app serves. Without
     one, points go to ``sink`` (an in-memory series log by default). With a ``remediation``, its
     runbook, approval and API routes are served. ``rule_problems`` are the rules skipped under
-    ``skip_bad_rules``: ``/readyz`` lists them and stays 200 (the other rules run).
+    ``skip_bad_rules``: ``/readyz`` lists them and stays 200 (the other rules run). ``rules``
+    (default: the detection engine's) are judged for readiness on ``/readyz`` and ``/status``.
 
     ``POST /v1/admin/reload`` (and SIGHUP, with :func:`~.reload.reload_on_sighup`) reads the
     configuration again through ``reload_source`` (default: ``config`` as it is, so the rule
@@ -115,6 +120,12 @@ def create_app(
         setup_status_page(app)
         setup_silences(app)
         app[SKIPPED_RULES] = tuple(rule_problems)
+        if rules is None:
+            rules = RuleSet(tuple(detection.rules) if detection is not None else ())
+        problems: tuple[RuleProblem | str, ...] = rules.problems or tuple(rule_problems)
+        app[RULE_BOARD] = RuleBoard(
+            rules.rules, problems, service.store, started_at=service.clock(), clock=service.clock
+        )
     else:
         app[SINK] = sink if sink is not None else SeriesLog()
     if remediation is not None:
@@ -145,6 +156,7 @@ def create_app(
                 remediation_seconds=config.remediation.interval_seconds,
                 dispatcher=remediation.dispatcher if remediation is not None else None,
                 alerting_seconds=config.alerting.interval_seconds,
+                snapshot_seconds=config.snapshot_seconds,
             )
         )
     return app

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.credentials import Role, node_allowed
+from gpuwarden.collector.detect.readiness import RuleBoard
 from gpuwarden.collector.ingest.alertmanager import AlertReceiver
 from gpuwarden.collector.ingest.sink import MetricsSink
 from gpuwarden.collector.service import CollectorService
@@ -44,6 +45,7 @@ __all__ = [
     "RELOADER",
     "REMEDIATION",
     "ROUTE_ACCESS",
+    "RULE_BOARD",
     "SERVICE",
     "SIGNED_LINK",
     "SINK",
@@ -157,6 +159,8 @@ READINESS: web.AppKey[list[str]] = web.AppKey("readiness")
 SKIPPED_RULES: web.AppKey[tuple[str, ...]] = web.AppKey("skipped_rules")
 """Rules that did not load under ``skip_bad_rules``, one line each (file, rule, key, why):
 listed by ``/readyz``, which stays 200 for them (the other rules run)."""
+RULE_BOARD = web.AppKey("rule_board", RuleBoard)
+"""Each rule's readiness (ready, warming up until, skipped): ``/readyz`` and ``/status``."""
 METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
 STATUS_TEMPLATES = web.AppKey("status_templates", SandboxedEnvironment)
 REMEDIATION = web.AppKey("remediation", Remediation)

@@ -29,7 +29,14 @@ from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.base import ActionRecord
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.gpus import gpu_statuses
-from gpuwarden.collector.web.keys import CALLER, READERS, SERVICE, STATUS_TEMPLATES, add_page
+from gpuwarden.collector.web.keys import (
+    CALLER,
+    READERS,
+    RULE_BOARD,
+    SERVICE,
+    STATUS_TEMPLATES,
+    add_page,
+)
 from gpuwarden.collector.web.session import CSRF_FIELD, DECIDING_ROLES, page_csrf_token
 from gpuwarden.collector.web.status_charts import fleet_chart, incident_chart
 from gpuwarden.collector.web.status_nodes import node_freshness
@@ -276,9 +283,15 @@ def _page(env: SandboxedEnvironment, template: str, context: Mapping[str, object
 async def status(request: web.Request) -> web.Response:
     """``GET /status``."""
     service, env = request.app[SERVICE], request.app[STATUS_TEMPLATES]
+    board = request.app.get(RULE_BOARD)
 
     def render() -> str:
-        return _page(env, "status.html", status_context(service, service.clock()))
+        context = status_context(service, service.clock())
+        states = board.states() if board is not None else []
+        context["rules"] = [
+            {"rule": s.rule_id, "detector": s.detector, "state": s.text()} for s in states
+        ]
+        return _page(env, "status.html", context)
 
     text = await asyncio.to_thread(render)
     return web.Response(text=text, content_type="text/html")

@@ -1,5 +1,5 @@
 """Background work of the collector app: job polling, accounting, eviction, detection,
-remediation, alerting.
+remediation, alerting, and the store's snapshots.
 
 Each loop runs its blocking step in a worker thread, on a monotonic deadline, and survives its own
 failures (one broad except per iteration, logged with the traceback). When the app stops, the loops
@@ -30,9 +30,17 @@ STOP_TIMEOUT_SECONDS = 30.0
 
 
 async def _every(
-    name: str, interval_seconds: float, step: Callable[[], object], stop: asyncio.Event
+    name: str,
+    interval_seconds: float,
+    step: Callable[[], object],
+    stop: asyncio.Event,
+    *,
+    first_after_seconds: float = 0.0,
 ) -> None:
-    deadline = time.monotonic()
+    deadline = time.monotonic() + first_after_seconds
+    if first_after_seconds > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), first_after_seconds)
     while not stop.is_set():
         try:
             await asyncio.to_thread(step)
@@ -68,9 +76,15 @@ def background(
     remediation_seconds: float = 30.0,
     dispatcher: AlertDispatcher | None = None,
     alerting_seconds: float = 15.0,
+    snapshot_seconds: float = 0.0,
     stop_timeout_seconds: float = STOP_TIMEOUT_SECONDS,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
-    """A ``cleanup_ctx`` entry that runs the service's loops while the app serves."""
+    """A ``cleanup_ctx`` entry that runs the service's loops while the app serves.
+
+    With ``snapshot_seconds`` (and a service with a ``snapshot_path``) the store is written to
+    its snapshot every so often, first one interval after the start, and once more when the
+    app stops, after the other loops have ended.
+    """
 
     async def context(app: web.Application) -> AsyncIterator[None]:
         service = app[SERVICE]
@@ -92,8 +106,23 @@ def background(
             asyncio.create_task(_every(name, seconds, step, stop)): name
             for name, seconds, step in steps
         }
+        snapshots = snapshot_seconds > 0 and service.snapshot_path is not None
+        if snapshots:
+            snapshot = _every(
+                "snapshot",
+                snapshot_seconds,
+                service.save_snapshot,
+                stop,
+                first_after_seconds=snapshot_seconds,
+            )
+            loops[asyncio.create_task(snapshot)] = "snapshot"
         yield
         stop.set()
         await _stop(loops, stop_timeout_seconds)
+        if snapshots:
+            try:
+                await asyncio.to_thread(service.save_snapshot)
+            except Exception:  # the shutdown goes on: the last periodic snapshot stays
+                log.exception("the snapshot at shutdown failed")
 
     return context

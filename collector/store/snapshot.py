@@ -1,0 +1,465 @@
+"""The window store on disk: a snapshot written periodically and at shutdown, read at start.
+
+Without it a restart starts blind: the rings live in anonymous memory, so every rule whose window
+or history is longer than the downtime is blind for that long (issue 16: 14 days for
+``model_drift``). A snapshot holds what the store needs to go on where it stopped: the series
+table (each series' key, unit and kind), the recent and long rings over the slots they hold,
+the counters' covered times, rounding debt, last raw values and times, each series' newest
+point, and the histograms with their raw state.
+
+Format: one ``.npz`` (a zip of ``.npy`` arrays, read with ``allow_pickle=False``; no pickled
+objects), the series keys and parameters as JSON text in byte arrays. The big ring arrays are
+streamed in chunks of rows, each copied under the store's lock and released between chunks, so
+ingest waits for one chunk at a time and no full copy of the store is made. The file is written
+to a temporary name in the same folder, flushed to disk (``fsync``) and renamed over the old
+one, so a crash leaves the old snapshot or the new one, never half of one.
+
+Reading: a snapshot of another store shape (step, retention), an unknown format, or a file that
+does not parse is logged and ignored (the store starts empty, as without a snapshot). Slots the
+retention no longer covers at restart are dropped; the heads move to now, so the time between
+the snapshot and the restart reads as missing (NaN), never interpolated. Points the agents
+resend for that time (their spools) land in it as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuwarden.collector.store.histograms import HistogramSeries
+from gpuwarden.collector.store.ring import Ring, encode
+from gpuwarden.collector.store.rows import SeriesTable
+from gpuwarden.collector.store.types import Kind, SeriesKey
+from gpuwarden.collector.store.window_state import WindowState
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+"""The snapshot layout's version; another version is ignored at read."""
+CHUNK_BYTES = 8 << 20
+"""Bytes of ring rows copied per hold of the store's lock (a 14-day long ring row is 80 KB:
+about 100 rows), so ingest waits milliseconds, not the whole copy."""
+
+
+class SnapshotError(Exception):
+    """A snapshot that cannot be used: another shape, another format, or a broken file."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotStats:
+    """What one written snapshot holds and cost."""
+
+    path: Path
+    series: int
+    histograms: int
+    size_bytes: int
+    write_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What a read snapshot gave the store."""
+
+    series: int
+    histograms: int
+    written_at: float
+    """The snapshot's time (the store's clock when it was written)."""
+    held_since: float | None
+    """Start of the oldest slot restored (None: nothing the retention still covers)."""
+
+
+def _shape(state: WindowState) -> dict[str, int]:
+    return {
+        "step_seconds": state.step_seconds,
+        "recent_seconds": state.recent_seconds,
+        "long_step_seconds": state.long_step_seconds,
+        "long_seconds": state.long_seconds,
+    }
+
+
+def _text(value: object) -> npt.NDArray[np.uint8]:
+    return np.frombuffer(json.dumps(value, separators=(",", ":")).encode(), dtype=np.uint8)
+
+
+def _untext(array: npt.NDArray[Any]) -> Any:
+    return json.loads(np.asarray(array, dtype=np.uint8).tobytes().decode())
+
+
+def _put(archive: zipfile.ZipFile, name: str, array: npt.NDArray[Any]) -> None:
+    with archive.open(name + ".npy", "w", force_zip64=True) as member:
+        np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
+
+
+def _put_rows(
+    archive: zipfile.ZipFile, name: str, dtype: type[np.generic], shape: tuple[int, int]
+) -> IO[bytes]:
+    """An open ``.npy`` member of ``shape`` whose rows the caller writes in order (C order)."""
+    member = archive.open(name + ".npy", "w", force_zip64=True)
+    header = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_2_0(member, header)
+    return member
+
+
+def _rows_of(archive: zipfile.ZipFile, name: str, chunk_bytes: int) -> Iterator[npt.NDArray[Any]]:
+    """Blocks of about ``chunk_bytes`` of rows of a 2-D ``.npy`` member, in order, as needed."""
+    with archive.open(name + ".npy") as member:
+        version = np.lib.format.read_magic(member)
+        if version not in ((1, 0), (2, 0)):
+            raise SnapshotError(f"{name}: unsupported .npy version {version}")
+        read_header = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
+        shape, fortran, dtype = read_header(member)
+        if fortran or len(shape) != 2 or dtype.hasobject:
+            raise SnapshotError(f"{name}: not a plain 2-D array")
+        rows, cols = shape
+        chunk = max(1, chunk_bytes // max(1, cols * dtype.itemsize))
+        for start in range(0, rows, chunk):
+            n = min(chunk, rows - start)
+            data = member.read(n * cols * dtype.itemsize)
+            if len(data) != n * cols * dtype.itemsize:
+                raise SnapshotError(f"{name}: truncated")
+            yield np.frombuffer(data, dtype=dtype).reshape(n, cols)
+
+
+class Snapshots(WindowState):
+    """``write_snapshot`` and ``read_snapshot`` of the whole store (see the module)."""
+
+    def write_snapshot(self, path: Path, *, chunk_bytes: int = CHUNK_BYTES) -> SnapshotStats:
+        """Write the store to ``path`` atomically (temporary file, fsync, rename), copying
+        about ``chunk_bytes`` of ring rows per hold of the lock."""
+        started = time.monotonic()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # One fixed name: a temporary left by a crash mid-write is overwritten by the next write,
+        # not left to pile up. Owner-only, like the telemetry it holds.
+        temporary = path.with_name(f".{path.name}.tmp")
+        try:
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.fchmod(descriptor, 0o600)  # a leftover temporary keeps its mode otherwise
+            with os.fdopen(descriptor, "wb") as file:
+                with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+                    series, histograms = self._write_archive(archive, chunk_bytes)
+                file.flush()
+                os.fsync(file.fileno())
+            temporary.replace(path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            raise
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a power cut
+        finally:
+            os.close(directory)
+        return SnapshotStats(
+            path=path,
+            series=series,
+            histograms=histograms,
+            size_bytes=path.stat().st_size,
+            write_seconds=time.monotonic() - started,
+        )
+
+    def _write_archive(self, archive: zipfile.ZipFile, chunk_bytes: int) -> tuple[int, int]:
+        table = self._table
+        with self._lock:
+            table.flush_long(self._ratio)
+            rows = np.array(
+                [r for r in range(table.next_row) if table.infos[r] is not None], dtype=np.int64
+            )
+            infos = [table.infos[r] for r in rows.tolist()]
+            recent_head, long_head = table.recent.head, table.long.head
+            evictions = table.evictions
+            meta = {
+                "format": FORMAT,
+                **_shape(self),
+                "written_at": self._clock(),
+                "recent_head": recent_head,
+                "long_head": long_head,
+                "first_slot": table.first_slot,
+            }
+            # the slots written: from the oldest data to the heads as they are now (a head that
+            # moves on while the chunks are copied adds slots the next snapshot takes)
+            recent = _held(table.recent, table.first_slot)
+            long = _held(
+                table.long, None if table.first_slot is None else table.first_slot // self._ratio
+            )
+        meta["recent_first"], meta["long_first"] = recent[0], long[0]
+        counters = np.flatnonzero(table.counter_row[rows] >= 0)
+        _put(archive, "meta", _text(meta))
+        _put(
+            archive,
+            "series",
+            _text([[i.key[0], i.key[1], i.unit, str(i.kind)] for i in infos if i is not None]),
+        )
+        _put(archive, "counters", counters)
+        for name, ring, (first, count), chosen, kind in (
+            ("recent", table.recent, recent, rows, np.float32),
+            ("long", table.long, long, rows, np.float32),
+            ("counter_dt", table.recent, recent, rows[counters], np.uint16),
+        ):
+            with _put_rows(archive, name, kind, (chosen.size, count)) as member:
+                chunk = max(1, chunk_bytes // max(1, count * 4))
+                for start in range(0, chosen.size, chunk):
+                    part = chosen[start : start + chunk]
+                    with self._lock:
+                        if table.evictions != evictions:
+                            raise SnapshotError("series evicted while writing; next time")
+                        table.flush_long(self._ratio)
+                        block: npt.NDArray[Any]
+                        if name == "counter_dt":
+                            block = _dt_block(table, part, first, count)
+                        else:
+                            block = ring.read(part, first, count)
+                    member.write(block.tobytes())
+        with self._lock:
+            if table.evictions != evictions:
+                raise SnapshotError("series evicted while writing; next time")
+            # the raw state last: an increase between a chunk and here is lost (as in a gap),
+            # never counted twice after the restart
+            _put(archive, "last_seen_ns", table.last_seen_ns[rows])
+            _put(archive, "raw_time_ns", table.raw_time_ns[rows])
+            _put(archive, "raw_value", table.raw_value[rows])
+            _put(archive, "debt", table.debt[table.counter_row[rows[counters]]])
+            histograms = self._write_histograms(archive, recent)
+        return len(infos), histograms
+
+    def _write_histograms(self, archive: zipfile.ZipFile, recent: tuple[int, int]) -> int:
+        """The histograms (under the lock: few and small)."""
+        first, count = recent
+        described, rings, counts = [], [], []
+        for series in self._histograms.values():
+            info = series.info
+            has_counts = series.last_counts is not None
+            described.append(
+                [
+                    info.key[0],
+                    info.key[1],
+                    info.unit,
+                    list(series.bounds),
+                    series.last_sum,
+                    series.last_time_ns,
+                    series.last_seen_ns,
+                    has_counts,
+                ]
+            )
+            rows = np.arange(series.ring.rows, dtype=np.int64)
+            rings.append(series.ring.read(rows, first, count))
+            if series.last_counts is not None:
+                counts.append(series.last_counts)
+        _put(archive, "histograms", _text(described))
+        _put(
+            archive,
+            "histogram_rings",
+            np.concatenate(rings) if rings else np.zeros((0, count), dtype=np.float32),
+        )
+        _put(archive, "histogram_counts", np.concatenate(counts) if counts else np.zeros(0))
+        return len(described)
+
+    def read_snapshot(self, path: Path, *, chunk_bytes: int = CHUNK_BYTES) -> Restored | None:
+        """Fill an empty store from ``path``; None (logged) when there is none or it is unusable."""
+        if not path.exists():
+            return None
+        with self._lock:
+            if self._series_count():
+                log.warning("snapshot %s not read: the store already holds series", path)
+                return None
+        try:
+            with zipfile.ZipFile(path) as archive:
+                return self._read_archive(archive, chunk_bytes)
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
+            log.warning("snapshot %s ignored: cannot read it: %s", path, exc)
+        except SnapshotError as exc:
+            log.warning("snapshot %s ignored: %s", path, exc)
+        self._empty_again()
+        return None
+
+    def _empty_again(self) -> None:
+        """Back to an empty store (a snapshot that failed half-way)."""
+        with self._lock:
+            table = self._table
+            self._table = SeriesTable(
+                n_slots=table.recent.n_slots,
+                n_long_slots=table.long.n_slots,
+                capacity=1024,
+                max_rows=table.max_rows,
+            )
+            self._histograms.clear()
+            self._shapes.clear()
+            self._shape_bytes = 0
+
+    def _read_archive(self, archive: zipfile.ZipFile, chunk_bytes: int) -> Restored:
+        def small(name: str) -> npt.NDArray[Any]:
+            with archive.open(name + ".npy") as member:
+                return np.lib.format.read_array(member, allow_pickle=False)
+
+        meta = _untext(small("meta"))
+        if meta.get("format") != FORMAT:
+            raise SnapshotError(f"format {meta.get('format')!r}, this collector reads {FORMAT}")
+        theirs = {k: meta.get(k) for k in _shape(self)}
+        if theirs != _shape(self):
+            raise SnapshotError(f"another store shape: {theirs}, this store is {_shape(self)}")
+        series = _untext(small("series"))
+        counters = small("counters")
+        if meta["recent_head"] is None:  # an empty store's snapshot
+            return Restored(0, 0, float(meta["written_at"]), None)
+        with self._lock:
+            table = self._table
+            now_slot = int(self._clock() // self.step_seconds)
+            recent_head = max(int(meta["recent_head"]), now_slot)
+            table.recent.head = recent_head
+            table.long.head = recent_head // self._ratio
+            rows = np.array(
+                [
+                    self._restored_row(metric, items, unit, kind)
+                    for metric, items, unit, kind in series
+                ],
+                dtype=np.int64,
+            )
+            first_slot = meta["first_slot"]
+            oldest = recent_head - table.long.n_slots * self._ratio + 1
+            table.first_slot = None if first_slot is None else max(int(first_slot), oldest)
+            for name, ring, first, chosen in (
+                ("recent", table.recent, meta["recent_first"], rows),
+                ("long", table.long, meta["long_first"], rows),
+                ("counter_dt", None, meta["recent_first"], rows[counters]),
+            ):
+                done = 0
+                for block in _rows_of(archive, name, chunk_bytes):
+                    part = chosen[done : done + block.shape[0]]
+                    done += block.shape[0]
+                    if ring is None:
+                        _put_dts(table, part, int(first), block)
+                    else:
+                        _put_block(ring, part, int(first), encode(block))
+                if done != chosen.size:
+                    raise SnapshotError(f"{name}: {done} rows for {chosen.size} series")
+            table.last_seen_ns[rows] = small("last_seen_ns")
+            table.raw_time_ns[rows] = small("raw_time_ns")
+            table.raw_value[rows] = small("raw_value")
+            table.debt[table.counter_row[rows[counters]]] = small("debt")
+            histograms = self._read_histograms(
+                _untext(small("histograms")),
+                small("histogram_rings"),
+                small("histogram_counts"),
+                int(meta["recent_first"]),
+            )
+            held = None if table.first_slot is None else float(table.first_slot * self.step_seconds)
+        return Restored(
+            series=len(rows),
+            histograms=histograms,
+            written_at=float(meta["written_at"]),
+            held_since=held,
+        )
+
+    def _restored_row(self, metric: str, items: list[list[Any]], unit: str, kind: str) -> int:
+        pairs = tuple((str(k), v) for k, v in items)
+        row = self._table.resolve(
+            (metric, None, pairs),
+            unit=unit,
+            counter=Kind(kind) is Kind.COUNTER,
+            time_ns=0,
+            total=len(self._histograms),
+        )
+        if row < 0:
+            raise SnapshotError("more series than this store's max_series")
+        return row
+
+    def _read_histograms(
+        self,
+        described: list[list[Any]],
+        rings: npt.NDArray[np.float32],
+        counts: npt.NDArray[np.float64],
+        first: int,
+    ) -> int:
+        at_ring = at_counts = 0
+        head = self._table.recent.head
+        for metric, items, unit, bounds, last_sum, last_time, last_seen, has_counts in described:
+            key: SeriesKey = (metric, tuple((str(k), v) for k, v in items))
+            info = self._table.info(key, unit, Kind.HISTOGRAM)
+            series = HistogramSeries(
+                info, tuple(float(b) for b in bounds), self._table.recent.n_slots
+            )
+            series.ring.head = head
+            n = series.ring.rows
+            block = rings[at_ring : at_ring + n]
+            if block.shape[0] != n:
+                raise SnapshotError("histogram rings shorter than their buckets")
+            _put_block(series.ring, np.arange(n, dtype=np.int64), first, encode(block))
+            at_ring += n
+            if has_counts:
+                series.last_counts = np.array(counts[at_counts : at_counts + len(bounds) + 1])
+                at_counts += len(bounds) + 1
+            series.last_sum = float(last_sum)
+            series.last_time_ns, series.last_seen_ns = int(last_time), int(last_seen)
+            self._histograms[key] = series
+        return len(described)
+
+
+def _held(ring: Ring, first_written: int | None) -> tuple[int, int]:
+    """The absolute slots worth writing: ``(first, count)`` from the oldest data to the head."""
+    if ring.head is None or first_written is None:
+        return (0, 0)
+    first = max(first_written, ring.head - ring.n_slots + 1)
+    return (first, max(0, ring.head - first + 1))
+
+
+def _dt_block(
+    table: SeriesTable, rows: npt.NDArray[np.int64], first: int, count: int
+) -> npt.NDArray[np.uint16]:
+    """Counter rows' covered-time codes over ``[first, first + count)``, 0 outside the ring."""
+    out = np.zeros((rows.size, count), dtype=np.uint16)
+    lo, hi = table.recent.span(first, first + count)
+    if lo < hi and rows.size:
+        slots = np.arange(lo, hi)
+        out[:, lo - first : hi - first] = table.dts[
+            table.counter_row[rows][:, None], slots % table.recent.n_slots
+        ]
+    return out
+
+
+def _runs(ring: Ring, first: int, count: int) -> list[tuple[int, int, int]]:
+    """The held part of absolute slots ``[first, first + count)`` as at most two runs of
+    adjacent ring columns: ``(column, offset in the block, length)``."""
+    lo, hi = ring.span(first, first + count)
+    if lo >= hi:
+        return []
+    col, length = lo % ring.n_slots, hi - lo
+    head = min(length, ring.n_slots - col)
+    runs = [(col, lo - first, head)]
+    if head < length:
+        runs.append((0, lo - first + head, length - head))
+    return runs
+
+
+def _put_dts(
+    table: SeriesTable, rows: npt.NDArray[np.int64], first: int, block: npt.NDArray[np.uint16]
+) -> None:
+    crows = table.counter_row[rows]
+    for col, at, length in _runs(table.recent, first, block.shape[1]):
+        table.dts[crows, col : col + length] = block[:, at : at + length]
+
+
+def _put_block(
+    ring: Ring, rows: npt.NDArray[np.int64], first: int, bits: npt.NDArray[np.uint32]
+) -> None:
+    """Write stored bits of ``rows`` over absolute slots from ``first``; slots the ring no
+    longer holds (older than its window at restart) are dropped."""
+    if not rows.size:
+        return
+    contiguous = rows.size == int(rows[-1]) - int(rows[0]) + 1 and bool(np.all(np.diff(rows) == 1))
+    target = slice(int(rows[0]), int(rows[-1]) + 1) if contiguous else rows
+    for col, at, length in _runs(ring, first, bits.shape[1]):
+        ring.bits[target, col : col + length] = bits[:, at : at + length]
