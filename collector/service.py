@@ -24,6 +24,7 @@ from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
 from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
 from gpuwarden.collector.ingest.scrape import ModelServerScraper
 from gpuwarden.collector.jobs.registry import JobRegistry
+from gpuwarden.collector.remote_write.writer import HistoryWriter
 from gpuwarden.collector.storage.base import Storage
 from gpuwarden.collector.storage.records import AccountingRow, Event
 from gpuwarden.collector.store.window import WindowStore
@@ -88,6 +89,7 @@ class CollectorService:
         totals: IngestTotals | None = None,
         max_new_series_per_source_hour: int = 100_000,
         limits: IngestLimits = DEFAULT_LIMITS,
+        history: HistoryWriter | None = None,
     ) -> None:
         nodes = {} if nodes is None else nodes  # one dict: the intake writes, the fleet reads
         self.intake = Intake(
@@ -99,6 +101,7 @@ class CollectorService:
             totals=IngestTotals() if totals is None else totals,
             max_new_series_per_source_hour=max_new_series_per_source_hour,
             limits=limits,
+            tap=history,
         )
         self.fleet = Fleet(
             store,
@@ -111,6 +114,8 @@ class CollectorService:
             nodes=nodes,
         )
         self.scraper = scraper
+        #: writes the stored points to a TSDB by remote-write (``remote_write:``), if set
+        self.history = history
         self._view: DetectionView | None = None
         self._lock = threading.Lock()
 

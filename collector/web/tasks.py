@@ -1,10 +1,12 @@
 """Background work of the collector app: job polling, accounting, eviction, detection,
-remediation, alerting.
+remediation, alerting, remote-write.
 
 Each loop runs its blocking step in a worker thread, on a monotonic deadline, and survives its own
 failures (one broad except per iteration, logged with the traceback). When the app stops, the loops
 are told to stop and a step already running is waited for (up to ``stop_timeout_seconds``): a
 worker thread cannot be cancelled, and the storage closes right after (the app's ``on_cleanup``).
+Remote-write's buffer is flushed to its durable queue once more at the end, so a restart
+sends what it held.
 """
 
 from __future__ import annotations
@@ -87,6 +89,9 @@ def background(
             steps.append(("alerting", alerting_seconds, dispatcher.tick))
         if service.scraper is not None:
             steps.append(("model scraping", scrape_seconds, service.scrape_models))
+        history = service.history
+        if history is not None:
+            steps.append(("remote-write", history.flush_seconds, history.tick))
         stop = asyncio.Event()
         loops = {
             asyncio.create_task(_every(name, seconds, step, stop)): name
@@ -95,5 +100,7 @@ def background(
         yield
         stop.set()
         await _stop(loops, stop_timeout_seconds)
+        if history is not None:
+            await asyncio.to_thread(history.flush)
 
     return context
