@@ -1,12 +1,13 @@
 """The collector's history writer: points in as the intake stores them, the TSDB out.
 
 :class:`HistoryWriter` is the intake's tap (``ingest.intake.IngestTap``): it turns each stored
-request's gauge and sum points into Prometheus series (``naming``), buffers them, and on
-``flush`` (every ``flush_seconds``, and whenever ``batch_samples`` are buffered) encodes them
-into requests of at most ``batch_samples`` samples that it appends to the durable
-:class:`~.queue.DiskQueue`. ``tick`` flushes and lets the :class:`~.sender.RemoteWriteSender`
-drain the queue; the web layer runs it as a background loop and flushes once more on shutdown,
-so a restart ships what was buffered.
+request's gauge and sum points into Prometheus series (``naming``) and encodes them into
+requests of at most ``batch_samples`` samples that it appends to the durable
+:class:`~.queue.DiskQueue`. The receiver's request only hands over its body: decoding, naming
+and encoding happen in ``flush`` (every ``flush_seconds``, in the background loop's thread),
+so remote-write does not slow the answer to an agent. ``tick`` flushes and lets the
+:class:`~.sender.RemoteWriteSender` drain the queue; the web layer runs it as a background loop
+and flushes once more on shutdown, so a restart ships what was held.
 
 Each series' samples go out in strictly increasing time: a point at or before the newest one
 already taken for its series (a resend, a late point) is left out and counted as
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 HOST_NAME = "host.name"
 MAX_TRACKED_SERIES = 2_000_000
 """Series whose newest timestamp is remembered (the map is cleared beyond: a bound on memory)."""
+MAX_PENDING_PAYLOAD_BYTES = 64 << 20
+"""OTLP bodies kept for the next flush at most; beyond, the request that adds one flushes."""
 _NS_PER_MS = 1_000_000
 
 
@@ -61,9 +64,17 @@ class HistoryWriter:
         self.sender = sender
         self.batch_samples = batch_samples
         self.limits = limits
-        self._buffer: dict[Labels, list[tuple[int, float]]] = {}
+        # Series are numbered: a point costs one dict lookup of its key as sent, not a label
+        # set built and hashed. Keys that name the same labels (attributes in another order)
+        # share the number, so one series' samples stay in one ordered list.
+        self._ids: dict[object, int] = {}
+        self._id_of_labels: dict[Labels, int] = {}
+        self._labels: list[Labels] = []
+        self._newest: list[int] = []
+        self._buffer: dict[int, list[tuple[int, float]]] = {}
         self._buffered = 0
-        self._newest: dict[Labels, int] = {}
+        self._payloads: list[tuple[bytes | list[NumberPoint], str]] = []
+        self._payload_bytes = 0
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
 
@@ -75,56 +86,98 @@ class HistoryWriter:
     # --- the intake's tap ---------------------------------------------------------------------
 
     def payload(self, payload: bytes, kind: str) -> None:
-        """The points of an OTLP body the intake stored (decoded again here: the store's fast
-        path keeps no points)."""
-        self.columns(number_columns(parse_request(payload, kind), self.limits))
+        """An OTLP body the intake stored: kept as it is and decoded at the next ``flush``
+        (the store's fast path keeps no points, and decoding here would slow the receiver)."""
+        with self._lock:
+            self._payloads.append((payload, kind))
+            self._payload_bytes += len(payload)
+            full = self._payload_bytes >= MAX_PENDING_PAYLOAD_BYTES
+        if full:  # the loop is behind: this request pays for the flush (back-pressure)
+            self.flush()
 
     def columns(self, columns: NumberColumns) -> None:
         """Take a decoded request's gauges and sums."""
+        if self._columns(columns):
+            self.flush()
+
+    def _columns(self, columns: NumberColumns) -> bool:
+        """Buffer a decoded request's gauges and sums; whether the buffer is full."""
         hosts = [resource.get(HOST_NAME) for resource in columns.resources]
-        taken: list[tuple[Labels, int, float]] = []
-        for metric in columns.metrics:
-            name = metric_name(metric.name, metric.unit, counter=metric.counter)
-            host = hosts[metric.resource]
-            cache: dict[object, Labels] = {}
-            for items, t, value in zip(metric.items, metric.times, metric.values, strict=True):
-                series = cache.get(items)
-                if series is None:
-                    attrs = [*items] if host is None else [(HOST_NAME, host), *items]
-                    series = cache[items] = labels(name, attrs)
-                taken.append((series, t // _NS_PER_MS, value))
-        self._take(taken)
+        late = taken = 0
+        with self._lock:
+            ids, newest, buffer = self._ids, self._newest, self._buffer
+            for metric in columns.metrics:
+                name = metric_name(metric.name, metric.unit, counter=metric.counter)
+                host = hosts[metric.resource]
+                for items, t, value in zip(metric.items, metric.times, metric.values, strict=True):
+                    key = (name, host, items)
+                    sid = ids.get(key)
+                    if sid is None:
+                        attrs = [*items] if host is None else [(HOST_NAME, host), *items]
+                        sid = self._number(key, labels(name, attrs))
+                    t_ms = t // _NS_PER_MS
+                    if t_ms <= newest[sid]:
+                        late += 1
+                        continue
+                    newest[sid] = t_ms
+                    samples = buffer.get(sid)
+                    if samples is None:
+                        buffer[sid] = [(t_ms, value)]
+                    else:
+                        samples.append((t_ms, value))
+                    taken += 1
+            return self._taken(taken, late)
 
     def points(self, points: Sequence[NumberPoint]) -> None:
-        """Take decoded points (the intake's ``accept`` path: scrapes, tests)."""
-        taken: list[tuple[Labels, int, float]] = []
-        for p in points:
-            counter = p.kind == "sum" and p.monotonic
-            name = metric_name(p.metric, p.unit, counter=counter)
-            host = p.resource.get(HOST_NAME)
-            attrs = [*p.attributes.items()]
-            if host is not None and HOST_NAME not in p.attributes:
-                attrs.insert(0, (HOST_NAME, host))
-            taken.append((labels(name, attrs), p.time_unix_nano // _NS_PER_MS, p.value))
-        self._take(taken)
-
-    def _take(self, taken: list[tuple[Labels, int, float]]) -> None:
-        late = 0
+        """Decoded points the intake stored (its ``accept`` path: scrapes, tests), kept for the
+        next ``flush`` in their turn with the bodies."""
         with self._lock:
-            newest = self._newest
-            if len(newest) > MAX_TRACKED_SERIES:
-                newest.clear()
-            for series, t_ms, value in taken:
-                if t_ms <= newest.get(series, -1):
-                    late += 1
-                    continue
-                newest[series] = t_ms
-                self._buffer.setdefault(series, []).append((t_ms, value))
-            self._buffered += len(taken) - late
-            self.stats.drop("out_of_order", late)
-            full = self._buffered >= self.batch_samples
+            self._payloads.append((list(points), ""))
+            self._payload_bytes += 64 * len(points)
+            full = self._payload_bytes >= MAX_PENDING_PAYLOAD_BYTES
         if full:
             self.flush()
+
+    def _points(self, points: Sequence[NumberPoint]) -> bool:
+        """Buffer decoded points; whether the buffer is full."""
+        late = taken = 0
+        with self._lock:
+            for p in points:
+                counter = p.kind == "sum" and p.monotonic
+                name = metric_name(p.metric, p.unit, counter=counter)
+                host = p.resource.get(HOST_NAME)
+                attrs = [*p.attributes.items()]
+                if host is not None and HOST_NAME not in p.attributes:
+                    attrs.insert(0, (HOST_NAME, host))
+                series = labels(name, attrs)
+                sid = self._id_of_labels.get(series)
+                if sid is None:
+                    sid = self._number(series, series)
+                t_ms = p.time_unix_nano // _NS_PER_MS
+                if t_ms <= self._newest[sid]:
+                    late += 1
+                    continue
+                self._newest[sid] = t_ms
+                self._buffer.setdefault(sid, []).append((t_ms, p.value))
+                taken += 1
+            return self._taken(taken, late)
+
+    def _number(self, key: object, series: Labels) -> int:
+        """The number of the series ``series`` (new if unseen), remembered for ``key``."""
+        sid = self._id_of_labels.get(series)
+        if sid is None:
+            sid = len(self._labels)
+            self._labels.append(series)
+            self._newest.append(-1)
+            self._id_of_labels[series] = sid
+        self._ids[key] = sid
+        return sid
+
+    def _taken(self, taken: int, late: int) -> bool:
+        """Count a request's points; whether the buffer is full."""
+        self._buffered += taken
+        self.stats.drop("out_of_order", late)
+        return self._buffered >= self.batch_samples
 
     # --- to the queue and out -----------------------------------------------------------------
 
@@ -133,11 +186,24 @@ class HistoryWriter:
         return the samples queued."""
         with self._flush_lock:
             with self._lock:
-                buffer, self._buffer, self._buffered = self._buffer, {}, 0
+                payloads, self._payloads, self._payload_bytes = self._payloads, [], 0
+            for payload, kind in payloads:  # in the order the store took them
+                if isinstance(payload, bytes):
+                    self._columns(number_columns(parse_request(payload, kind), self.limits))
+                else:
+                    self._points(payload)
+            with self._lock:
+                taken = [(self._labels[sid], samples) for sid, samples in self._buffer.items()]
+                self._buffer, self._buffered = {}, 0
+                if len(self._labels) > MAX_TRACKED_SERIES:  # a bound on memory; see the docs
+                    self._ids.clear()
+                    self._id_of_labels.clear()
+                    self._labels.clear()
+                    self._newest.clear()
             queued = 0
             batch: list[Series] = []
             size = 0
-            for series, samples in buffer.items():
+            for series, samples in taken:
                 for start in range(0, len(samples), self.batch_samples):
                     chunk = samples[start : start + self.batch_samples]
                     if size + len(chunk) > self.batch_samples:
