@@ -25,10 +25,12 @@ from gpuwarden.collector.clients.http import HttpClient
 from gpuwarden.collector.config import load_collector_config
 from gpuwarden.collector.ingest.otlp_transport import PROTOBUF
 from gpuwarden.collector.jobs.registry import JobRegistry
+from gpuwarden.collector.remote_write.derived import job_samples
 from gpuwarden.collector.remote_write.queue import DiskQueue
 from gpuwarden.collector.remote_write.sender import RemoteWriteSender
 from gpuwarden.collector.remote_write.writer import HistoryWriter
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.records import AccountingRow
 from gpuwarden.collector.storage.sqlite import MEMORY, SqliteStorage
 from gpuwarden.collector.store.window import WindowStore
 from gpuwarden.collector.web.app import create_app
@@ -258,3 +260,47 @@ async def test_the_app_runs_the_writer_and_flushes_it_on_shutdown(aiohttp_client
         assert answer.status == 200
     await client.close()
     assert DiskQueue(tmp_path / "queue", max_bytes=1 << 20).pending_samples() == 3 * 4
+
+
+def test_job_totals_from_the_accounting_reach_the_tsdb(tsdb, tmp_path):
+    clock = Clock()
+    run = Run(tsdb.write_url, tmp_path / "queue", clock)
+    now = time.time() // 60 * 60
+    rows = [
+        AccountingRow(
+            period_start=now - 120 + 60 * i,
+            period_seconds=60,
+            job_key="slurm:42",
+            team="vision",
+            model=None,
+            node="node-a",
+            gpu_uuid=gpu,
+            price_tier="on-demand",
+            gpu_seconds_allocated=60.0,
+            gpu_seconds_busy=45.0,
+            gpu_seconds_idle=15.0,
+            energy_joules=None,  # missing stays missing
+            cost=0.05 * (i + 1),
+            currency="USD",
+        )
+        for i in range(2)
+        for gpu in GPUS
+    ]
+    run.service.storage.write_rollups(rows)
+    run.writer.add(job_samples(run.service.storage, now))
+    run.drain(clock)
+    t_ms = int(now * 1000)
+    job = {"job_key": "slurm:42", "team": "vision"}
+    hours = {
+        dict(labels)["kind"]: s for labels, s in tsdb.samples("gpuwarden_job_gpu_hours").items()
+    }
+    # VictoriaMetrics keeps about 12 significant digits of a float: compare to that
+    assert hours == {
+        "allocated": [(t_ms, pytest.approx(4 * 60 / 3600, rel=1e-11))],
+        "busy": [(t_ms, pytest.approx(4 * 45 / 3600, rel=1e-11))],
+        "idle": [(t_ms, pytest.approx(4 * 15 / 3600, rel=1e-11))],
+    }
+    cost = tsdb.samples("gpuwarden_job_cost_usd")
+    assert list(cost) == [tuple(sorted({"__name__": "gpuwarden_job_cost_usd", **job}.items()))]
+    assert list(cost.values()) == [[(t_ms, pytest.approx(2 * 0.05 + 2 * 0.10, rel=1e-11))]]
+    assert tsdb.samples("gpuwarden_job_energy_kwh") == {}

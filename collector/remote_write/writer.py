@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from typing import Any, cast
 
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.ingest.otlp_columns import NumberColumns, number_columns
@@ -73,7 +74,7 @@ class HistoryWriter:
         self._newest: list[int] = []
         self._buffer: dict[int, list[tuple[int, float]]] = {}
         self._buffered = 0
-        self._payloads: list[tuple[bytes | list[NumberPoint], str]] = []
+        self._payloads: list[tuple[bytes | list[Any], str]] = []
         self._payload_bytes = 0
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -162,6 +163,27 @@ class HistoryWriter:
                 taken += 1
             return self._taken(taken, late)
 
+    def add(self, samples: Sequence[tuple[Labels, int, float]]) -> None:
+        """Take series the collector derives (``derived``): (labels, milliseconds, value)."""
+        with self._lock:
+            self._payloads.append((list(samples), "derived"))
+            self._payload_bytes += 64 * len(samples)
+
+    def _derived(self, samples: Sequence[tuple[Labels, int, float]]) -> None:
+        late = taken = 0
+        with self._lock:
+            for series, t_ms, value in samples:
+                sid = self._id_of_labels.get(series)
+                if sid is None:
+                    sid = self._number(series, series)
+                if t_ms <= self._newest[sid]:
+                    late += 1
+                    continue
+                self._newest[sid] = t_ms
+                self._buffer.setdefault(sid, []).append((t_ms, value))
+                taken += 1
+            self._taken(taken, late)
+
     def _number(self, key: object, series: Labels) -> int:
         """The number of the series ``series`` (new if unseen), remembered for ``key``."""
         sid = self._id_of_labels.get(series)
@@ -190,8 +212,10 @@ class HistoryWriter:
             for payload, kind in payloads:  # in the order the store took them
                 if isinstance(payload, bytes):
                     self._columns(number_columns(parse_request(payload, kind), self.limits))
+                elif kind == "derived":
+                    self._derived(cast("list[tuple[Labels, int, float]]", payload))
                 else:
-                    self._points(payload)
+                    self._points(cast("list[NumberPoint]", payload))
             with self._lock:
                 taken = [(self._labels[sid], samples) for sid, samples in self._buffer.items()]
                 self._buffer, self._buffered = {}, 0

@@ -22,6 +22,7 @@ from aiohttp import web
 from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.notify.dispatcher import AlertDispatcher
 from gpuwarden.collector.remediate.remediator import Remediator
+from gpuwarden.collector.remote_write.derived import job_samples
 from gpuwarden.collector.web.keys import SERVICE
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,13 @@ def background(
         history = service.history
         if history is not None:
             steps.append(("remote-write", history.flush_seconds, history.tick))
+            steps.append(
+                (
+                    "remote-write job totals",
+                    accounting_seconds,
+                    lambda: history.add(job_samples(service.storage, service.clock())),
+                )
+            )
         stop = asyncio.Event()
         loops = {
             asyncio.create_task(_every(name, seconds, step, stop)): name
