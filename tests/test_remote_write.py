@@ -14,10 +14,12 @@ import pytest
 from aiohttp import web
 
 from gpuwarden.collector.clients.http import HttpClient
+from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.remote_write.naming import labels, metric_name
 from gpuwarden.collector.remote_write.queue import DiskQueue
 from gpuwarden.collector.remote_write.sender import RemoteWriteSender
 from gpuwarden.collector.remote_write.wire import Series, WireError, decode, encode
+from gpuwarden.collector.remote_write.writer import HistoryWriter
 from tests.capture_servers import ServedApp
 
 
@@ -222,3 +224,49 @@ def test_requests_carry_the_remote_write_headers(tmp_path, tsdb):
     assert headers["X-Prometheus-Remote-Write-Version"] == "0.1.0"
     assert headers["Authorization"] == "Bearer s3cret"
     assert headers["X-Scope-OrgID"] == "fleet"
+
+
+# --- the writer -----------------------------------------------------------------------------
+
+
+def point(attrs: dict[str, object], t_s: int, value: float, *, kind: str = "gauge") -> NumberPoint:
+    return NumberPoint(
+        resource={"host.name": "node-a"},
+        metric="hw.power",
+        unit="W",
+        kind=kind,
+        monotonic=False,
+        attributes=attrs,  # type: ignore[arg-type]
+        time_unix_nano=t_s * 1_000_000_000,
+        value=value,
+    )
+
+
+def test_the_writer_keeps_one_series_in_order_and_counts_late_points(tmp_path, tsdb):
+    queue = DiskQueue(tmp_path, max_bytes=1 << 20)
+    writer = HistoryWriter(
+        queue, RemoteWriteSender(queue, HttpClient(), tsdb.url, clock=Clock()), batch_samples=3
+    )
+    writer.points([point({"hw.id": "G0", "hw.type": "gpu"}, 10, 1.0)])
+    writer.points([point({"hw.type": "gpu", "hw.id": "G0"}, 20, 2.0)])  # same series, reordered
+    writer.points([point({"hw.id": "G0", "hw.type": "gpu"}, 15, 9.0)])  # late: left out
+    writer.points([point({"hw.id": "G0", "hw.type": "gpu"}, 20, 9.0)])  # a resend: left out
+    writer.points([point({"hw.id": "G1", "hw.type": "gpu"}, 20, 3.0)])
+    writer.points([point({"hw.id": "G0", "hw.type": "gpu"}, 30, 4.0)])
+    assert writer.tick() == 2  # four samples in requests of at most three
+    sent = [series for body in tsdb.bodies for series in decode(body)]
+    g0 = (
+        ("__name__", "hw_power_watts"),
+        ("host_name", "node-a"),
+        ("hw_id", "G0"),
+        ("hw_type", "gpu"),
+    )
+    by_series: dict[tuple[tuple[str, str], ...], list[tuple[int, float]]] = {}
+    for series in sent:
+        by_series.setdefault(series.labels, []).extend(
+            zip(series.timestamps_ms, series.values, strict=True)
+        )
+    assert by_series[g0] == [(10_000, 1.0), (20_000, 2.0), (30_000, 4.0)]
+    assert len(by_series) == 2
+    assert writer.stats.dropped_samples == {"out_of_order": 2}
+    assert writer.stats.sent_samples == 4
