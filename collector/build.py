@@ -157,6 +157,7 @@ def build_history(
     """
     if settings is None:
         return None
+    from gpuwarden.collector.remote_write.intake_log import IntakeLog
     from gpuwarden.collector.remote_write.queue import DiskQueue
     from gpuwarden.collector.remote_write.sender import RemoteWriteSender
     from gpuwarden.collector.remote_write.writer import HistoryWriter
@@ -172,6 +173,7 @@ def build_history(
         headers["Authorization"] = f"Bearer {token}"
     try:
         queue = DiskQueue(settings.queue_dir, max_bytes=settings.max_queue_bytes)
+        log = IntakeLog(settings.queue_dir)
     except OSError as exc:
         raise ConfigError(f"remote_write.queue_dir {settings.queue_dir}: {exc.strerror}") from None
     sender = RemoteWriteSender(
@@ -187,6 +189,7 @@ def build_history(
         sender,
         batch_samples=settings.batch_samples,
         flush_seconds=settings.flush_seconds,
+        log=log,
         limits=limits if limits is not None else IngestLimits(),
     )
 

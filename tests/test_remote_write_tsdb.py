@@ -9,6 +9,8 @@ queue folder while the queue is not empty. Backoff runs on a fake clock the test
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -304,3 +306,59 @@ def test_job_totals_from_the_accounting_reach_the_tsdb(tsdb, tmp_path):
     assert list(cost) == [tuple(sorted({"__name__": "gpuwarden_job_cost_usd", **job}.items()))]
     assert list(cost.values()) == [[(t_ms, pytest.approx(2 * 0.05 + 2 * 0.10, rel=1e-11))]]
     assert tsdb.samples("gpuwarden_job_energy_kwh") == {}
+
+
+KILLED = """
+import sys, time
+from pathlib import Path
+from gpuwarden.collector.build import build_service
+from gpuwarden.collector.config import load_collector_config
+from gpuwarden.collector.ingest.otlp_transport import PROTOBUF
+from tests.test_remote_write_tsdb import NODES, NS, request
+service = build_service(load_collector_config(Path(sys.argv[1])))
+t0 = int(sys.argv[2])
+for step in range(6):
+    for node in NODES:
+        assert service.accept_payload(request(node, t0 + step * 10 * NS, step), PROTOBUF, node)
+print("ingested", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_collector_killed_before_its_flush_loses_nothing(tsdb, tmp_path):
+    """kill -9 after the agents were answered, before the bodies were queued: the next collector
+    on the same folder takes them back from the intake log and sends them."""
+    config = tmp_path / "collector.yaml"
+    config.write_text(
+        "database: ':memory:'\n"
+        "remote_write:\n"
+        f"  url: {tsdb.write_url}\n"
+        f"  queue_dir: {tmp_path / 'queue'}\n"
+    )
+    t0 = start_ns()
+    root = Path(__file__).resolve().parent.parent
+    with subprocess.Popen(
+        [sys.executable, "-c", KILLED, str(config), str(t0)],
+        stdout=subprocess.PIPE,
+        cwd=root,
+    ) as process:
+        try:
+            assert process.stdout is not None
+            assert process.stdout.readline() == b"ingested\n"
+        finally:
+            process.kill()  # SIGKILL: no flush, no cleanup
+            process.wait()
+    assert DiskQueue(tmp_path / "queue", max_bytes=1 << 20).pending_samples() == 0
+    service = build_service(load_collector_config(config))
+    assert service.history is not None
+    service.history.tick()
+    assert service.history.queue.pending_bytes() == 0
+    assert service.history.stats.sent_samples == 6 * len(NODES) * len(GPUS) * 2
+    want = expected(t0, range(6))
+    for name in (POWER, ENERGY):
+        assert read_back(tsdb, name) == want[name], tsdb.log_tail()
+    service.history.tick()  # the recovered log is gone: nothing is sent twice
+    assert service.history.stats.sent_samples == 6 * len(NODES) * len(GPUS) * 2
+    again = build_service(load_collector_config(config))
+    assert again.history is not None
+    assert again.history.flush() == 0

@@ -25,6 +25,7 @@ from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.ingest.otlp_columns import NumberColumns, number_columns
 from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
 from gpuwarden.collector.ingest.otlp_transport import parse_request
+from gpuwarden.collector.remote_write.intake_log import IntakeLog
 from gpuwarden.collector.remote_write.naming import labels, metric_name
 from gpuwarden.collector.remote_write.queue import DiskQueue
 from gpuwarden.collector.remote_write.sender import RemoteWriteSender, SendStats
@@ -49,6 +50,8 @@ class HistoryWriter:
         batch_samples: samples per request at most; a full buffer is flushed at once.
         limits: the label limits the intake decodes OTLP bodies with.
         flush_seconds: how often the web layer runs ``tick``.
+        log: where bodies wait for the flush on disk (``intake_log``); what a stopped
+            collector left there is taken back now.
     """
 
     def __init__(
@@ -59,8 +62,10 @@ class HistoryWriter:
         batch_samples: int = 5_000,
         limits: IngestLimits = DEFAULT_LIMITS,
         flush_seconds: float = 1.0,
+        log: IntakeLog | None = None,
     ) -> None:
         self.queue = queue
+        self.log = log
         self.flush_seconds = flush_seconds
         self.sender = sender
         self.batch_samples = batch_samples
@@ -78,6 +83,9 @@ class HistoryWriter:
         self._payload_bytes = 0
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
+        if log is not None:  # what a stopped collector took but had not queued yet
+            self._payloads.extend(log.recover())
+            self._payload_bytes = sum(len(body) for body, _ in self._payloads)
 
     @property
     def stats(self) -> SendStats:
@@ -90,6 +98,8 @@ class HistoryWriter:
         """An OTLP body the intake stored: kept as it is and decoded at the next ``flush``
         (the store's fast path keeps no points, and decoding here would slow the receiver)."""
         with self._lock:
+            if self.log is not None:
+                self.log.append(payload, kind)
             self._payloads.append((payload, kind))
             self._payload_bytes += len(payload)
             full = self._payload_bytes >= MAX_PENDING_PAYLOAD_BYTES
@@ -209,6 +219,7 @@ class HistoryWriter:
         with self._flush_lock:
             with self._lock:
                 payloads, self._payloads, self._payload_bytes = self._payloads, [], 0
+                logged = self.log.rotate() if self.log is not None else 0
             for payload, kind in payloads:  # in the order the store took them
                 if isinstance(payload, bytes):
                     self._columns(number_columns(parse_request(payload, kind), self.limits))
@@ -239,6 +250,8 @@ class HistoryWriter:
                     size += len(chunk)
             if batch:
                 queued += self._append(batch, size)
+            if self.log is not None:
+                self.log.release(logged)  # those bodies are in the queue now
             return queued
 
     def _append(self, batch: list[Series], samples: int) -> int:
