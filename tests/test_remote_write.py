@@ -42,7 +42,8 @@ def test_metric_names_follow_the_agents_prometheus_endpoint(metric, unit, counte
 
 
 def test_labels_are_sorted_sanitised_and_keep_the_last_repeat():
-    got = labels("m", [("host.name", "n1"), ("hw.id", "GPU-1"), ("hw.id", "GPU-2"), ("z", None)])
+    attrs = [("host.name", "n1"), ("hw.id", "GPU-1"), ("hw.id", "GPU-2"), ("z", None), ("e", "")]
+    got = labels("m", attrs)
     assert got == (("__name__", "m"), ("host_name", "n1"), ("hw_id", "GPU-2"))
     assert labels("m", [("a.b", "x"), ("a_b", "y"), ("flag", True)]) == (
         ("__name__", "m"),

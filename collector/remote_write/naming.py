@@ -50,14 +50,16 @@ def label_value(value: object) -> str:
 
 
 def labels(name: str, attributes: Iterable[tuple[str, object]]) -> Labels:
-    """The sorted labels of a series: ``__name__`` and its attributes (``None`` values dropped,
-    a repeated key keeps its last value as the store does; keys that sanitise to one label name
-    join their values with ``;``, as OpenTelemetry does)."""
+    """The sorted labels of a series: ``__name__`` and its attributes (``None`` and empty values
+    dropped, a repeated key keeps its last value as the store does; keys that sanitise to one
+    label name join their values with ``;``, as OpenTelemetry does)."""
     raw = {key: value for key, value in attributes if value is not None}  # a repeat: last wins
     out: dict[str, str] = {}
     for key, value in sorted(raw.items()):
         label = label_name(key)
         text = label_value(value)
+        if not text:
+            continue  # the protocol has no empty label values (empty is absent)
         out[label] = f"{out[label]};{text}" if label in out and out[label] != text else text
     out["__name__"] = name
     return tuple(sorted(out.items()))
