@@ -24,7 +24,7 @@ from typing import Any, cast
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.ingest.otlp_columns import NumberColumns, number_columns
 from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
-from gpuwarden.collector.ingest.otlp_transport import parse_request
+from gpuwarden.collector.ingest.otlp_transport import OtlpError, parse_request
 from gpuwarden.collector.remote_write.intake_log import IntakeLog
 from gpuwarden.collector.remote_write.naming import labels, metric_name
 from gpuwarden.collector.remote_write.queue import DiskQueue
@@ -65,7 +65,7 @@ class HistoryWriter:
         log: IntakeLog | None = None,
     ) -> None:
         self.queue = queue
-        self.log = log
+        self.intake_log = log
         self.flush_seconds = flush_seconds
         self.sender = sender
         self.batch_samples = batch_samples
@@ -98,17 +98,12 @@ class HistoryWriter:
         """An OTLP body the intake stored: kept as it is and decoded at the next ``flush``
         (the store's fast path keeps no points, and decoding here would slow the receiver)."""
         with self._lock:
-            if self.log is not None:
-                self.log.append(payload, kind)
+            if self.intake_log is not None:
+                self.intake_log.append(payload, kind)
             self._payloads.append((payload, kind))
             self._payload_bytes += len(payload)
             full = self._payload_bytes >= MAX_PENDING_PAYLOAD_BYTES
         if full:  # the loop is behind: this request pays for the flush (back-pressure)
-            self.flush()
-
-    def columns(self, columns: NumberColumns) -> None:
-        """Take a decoded request's gauges and sums."""
-        if self._columns(columns):
             self.flush()
 
     def _columns(self, columns: NumberColumns) -> bool:
@@ -219,10 +214,15 @@ class HistoryWriter:
         with self._flush_lock:
             with self._lock:
                 payloads, self._payloads, self._payload_bytes = self._payloads, [], 0
-                logged = self.log.rotate() if self.log is not None else 0
+                logged = self.intake_log.rotate() if self.intake_log is not None else 0
             for payload, kind in payloads:  # in the order the store took them
                 if isinstance(payload, bytes):
-                    self._columns(number_columns(parse_request(payload, kind), self.limits))
+                    try:
+                        columns = number_columns(parse_request(payload, kind), self.limits)
+                    except OtlpError as exc:  # stored, so it parsed then: a damaged intake log
+                        log.error("remote-write: a body does not decode (%s), left out", exc)
+                        continue
+                    self._columns(columns)
                 elif kind == "derived":
                     self._derived(cast("list[tuple[Labels, int, float]]", payload))
                 else:
@@ -250,8 +250,8 @@ class HistoryWriter:
                     size += len(chunk)
             if batch:
                 queued += self._append(batch, size)
-            if self.log is not None:
-                self.log.release(logged)  # those bodies are in the queue now
+            if self.intake_log is not None:
+                self.intake_log.release(logged)  # those bodies are in the queue now
             return queued
 
     def _append(self, batch: list[Series], samples: int) -> int:
