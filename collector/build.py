@@ -11,9 +11,11 @@ from gpuwarden.collector.accounting.gpu_time import AccountingConfig
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.extras import needs_extra
+from gpuwarden.collector.ingest.otlp_limits import IngestLimits
 from gpuwarden.collector.jobs import JobSourceError
 from gpuwarden.collector.jobs.model import JobSource
 from gpuwarden.collector.jobs.registry import JobRegistry
+from gpuwarden.collector.remote_write.settings import RemoteWriteSettings
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import RuleSet
 from gpuwarden.collector.service import CollectorService
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from gpuwarden.collector.clients.http import HttpClient
     from gpuwarden.collector.remediate.actuators.base import Actuator
     from gpuwarden.collector.remediate.actuators.build import JobLookup
+    from gpuwarden.collector.remote_write.writer import HistoryWriter
 
 
 def load_configured_rules(config: CollectorConfig) -> RuleSet:
@@ -142,6 +145,55 @@ def build_remediation(
     )
 
 
+def build_history(
+    settings: RemoteWriteSettings | None,
+    *,
+    http: HttpClient | None = None,
+    limits: IngestLimits | None = None,
+) -> HistoryWriter | None:
+    """The remote-write history writer ``remote_write:`` describes (None: not configured).
+
+    Its queue folder is created now; the bearer token is read from its file now (fail at start).
+    """
+    if settings is None:
+        return None
+    from gpuwarden.collector.remote_write.intake_log import IntakeLog
+    from gpuwarden.collector.remote_write.queue import DiskQueue
+    from gpuwarden.collector.remote_write.sender import RemoteWriteSender
+    from gpuwarden.collector.remote_write.writer import HistoryWriter
+
+    headers = dict(settings.headers)
+    if settings.bearer_token_file is not None:
+        try:
+            token = settings.bearer_token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"remote_write.bearer_token_file {settings.bearer_token_file}: {exc.strerror}"
+            ) from None
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        queue = DiskQueue(settings.queue_dir, max_bytes=settings.max_queue_bytes)
+        log = IntakeLog(settings.queue_dir)
+    except OSError as exc:
+        raise ConfigError(f"remote_write.queue_dir {settings.queue_dir}: {exc.strerror}") from None
+    sender = RemoteWriteSender(
+        queue,
+        http if http is not None else build_http_client(),
+        settings.url,
+        headers=headers,
+        timeout_seconds=settings.timeout_seconds,
+        max_backoff_seconds=settings.max_backoff_seconds,
+    )
+    return HistoryWriter(
+        queue,
+        sender,
+        batch_samples=settings.batch_samples,
+        flush_seconds=settings.flush_seconds,
+        log=log,
+        limits=limits if limits is not None else IngestLimits(),
+    )
+
+
 def build_service(
     config: CollectorConfig,
     *,
@@ -218,6 +270,7 @@ def build_service(
         max_new_series_per_source_hour=config.max_new_series_per_source_hour,
         limits=config.ingest_limits,
         snapshot_path=config.snapshot_path,
+        history=build_history(config.remote_write, http=http, limits=config.ingest_limits),
     )
     service.restore_snapshot()  # warm start: the window as the last snapshot left it
     return service

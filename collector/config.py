@@ -26,6 +26,7 @@ from gpuwarden.collector.ingest.otlp_limits import IngestLimits
 from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.remediate.actuators.settings import ActuatorSettings, traffic_targets
 from gpuwarden.collector.remediate.policy import RemediationSection, RemediationSettings
+from gpuwarden.collector.remote_write.settings import RemoteWriteSettings
 
 __all__ = [
     "CollectorConfig",
@@ -231,6 +232,8 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     alerting: AlertingSettings = msgspec.field(default_factory=AlertingSettings)
     #: people on the web: session key and lifetime, trusted reverse proxies and their roles
     signin: SignInSettings = msgspec.field(default_factory=SignInSettings)
+    #: history in a Prometheus-compatible TSDB by remote-write through a durable queue (off)
+    remote_write: RemoteWriteSettings | None = None
 
     def __post_init__(self) -> None:
         """The checks across keys, in one place (the actuators' in ``actuator_problem``)."""

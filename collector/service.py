@@ -27,6 +27,7 @@ from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
 from gpuwarden.collector.ingest.rounds_seen import AgentRounds
 from gpuwarden.collector.ingest.scrape import ModelServerScraper
 from gpuwarden.collector.jobs.registry import JobRegistry
+from gpuwarden.collector.remote_write.writer import HistoryWriter
 from gpuwarden.collector.storage.base import Storage
 from gpuwarden.collector.storage.records import AccountingRow, Event
 from gpuwarden.collector.store.snapshot import Restored, SnapshotStats
@@ -94,6 +95,7 @@ class CollectorService:
         max_new_series_per_source_hour: int = 100_000,
         limits: IngestLimits = DEFAULT_LIMITS,
         snapshot_path: Path | None = None,
+        history: HistoryWriter | None = None,
     ) -> None:
         nodes = {} if nodes is None else nodes  # one dict: the intake writes, the fleet reads
         self.intake = Intake(
@@ -105,6 +107,7 @@ class CollectorService:
             totals=IngestTotals() if totals is None else totals,
             max_new_series_per_source_hour=max_new_series_per_source_hour,
             limits=limits,
+            tap=history,
         )
         self.fleet = Fleet(
             store,
@@ -121,6 +124,8 @@ class CollectorService:
         """Where the store is snapshotted (None: never; ``store.snapshot``)."""
         self.restored: Restored | None = None
         """What the snapshot read at start gave the store (None: nothing)."""
+        #: writes the stored points to a TSDB by remote-write (``remote_write:``), if set
+        self.history = history
         self._view: DetectionView | None = None
         self._lock = threading.Lock()
 

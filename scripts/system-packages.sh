@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages the integration tests start for real: gcc (fake NVML), Slurm and munge,
-# Prometheus (promtool, dashboard queries), Alertmanager, and Chromium (the status page).
+# Prometheus (promtool, dashboard queries, remote-write receiver), Alertmanager, VictoriaMetrics
+# (remote-write target), and Chromium (the status page).
 # Installs only what is missing; needs root (CI runs as root). Without root it says what to run.
 set -euo pipefail
 pkgs=()
@@ -11,6 +12,7 @@ command -v sbatch >/dev/null || pkgs+=(slurm-client)
 command -v munged >/dev/null || pkgs+=(munge)
 command -v promtool >/dev/null || pkgs+=(prometheus)
 [ -x /usr/bin/prometheus-alertmanager ] || pkgs+=(prometheus-alertmanager)
+[ -x /usr/bin/victoria-metrics ] || pkgs+=(victoria-metrics)
 command -v chromium >/dev/null || pkgs+=(chromium)
 [ ${#pkgs[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint, histogram_points
 from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
@@ -37,6 +38,16 @@ NODE_FACTS = (
     "gpuwarden.price_tier",
     "gpuwarden.agent.version",
 )
+
+
+class IngestTap(Protocol):
+    """Sees every request's gauge and sum points after the store took them (remote-write)."""
+
+    def payload(self, payload: bytes, kind: str) -> None:
+        """An OTLP/HTTP body the store ingested (``kind``: its media type)."""
+
+    def points(self, points: Sequence[NumberPoint]) -> None:
+        """Decoded points the store ingested."""
 
 
 @dataclass
@@ -94,6 +105,8 @@ class Intake:
     max_new_series_per_source_hour: int = 100_000
     #: what a point, its resource and its metric name may carry (``otlp_limits``)
     limits: IngestLimits = DEFAULT_LIMITS
+    #: sees what was stored (the remote-write history writer), if any
+    tap: IngestTap | None = None
     _budgets: dict[str, tuple[float, float]] = field(default_factory=dict)
     _source_locks: dict[str, threading.Lock] = field(default_factory=dict)
     _announced: set[tuple[tuple[str, str | int | float | bool], ...]] = field(default_factory=set)
@@ -115,6 +128,8 @@ class Intake:
             counts = self.store.ingest(points, new_series_budget=self._budget(source))
             newest = max((p.time_unix_nano for p in points), default=None)
             self._count(source, counts, newest)
+        if self.tap is not None:
+            self.tap.points(points)
         return counts.rejected
 
     def accept_payload(
@@ -174,6 +189,8 @@ class Intake:
                 payload, kind, new_series_budget=self._budget(source), limits=self.limits
             )
             self._count(source, result.counts, result.newest_ns)
+        if self.tap is not None:
+            self.tap.payload(payload, kind)
         self._remember_resources(result.resources, source)
         if result.over_limits:
             log.warning(

@@ -41,6 +41,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from gpuwarden.collector.accounting.prices import DEFAULT_MODEL
 from gpuwarden.collector.remediate.states import BREAKER_SCOPE
+from gpuwarden.collector.remote_write.metrics import remote_write_families
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import IncidentState, RollupTotal
 from gpuwarden.collector.web.exposition_models import model_families
@@ -123,6 +124,9 @@ class FleetMetrics:
             ("remediation", self._remediation),
             ("health", self._health),
         )
+        if self._service.history is not None:  # remote-write is on
+            history = self._service.history
+            sections += (("remote_write", lambda _now: remote_write_families(history)),)
         for name, section in sections:
             try:
                 families = section(now)

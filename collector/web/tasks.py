@@ -1,10 +1,12 @@
 """Background work of the collector app: job polling, accounting, eviction, detection,
-remediation, alerting, and the store's snapshots.
+remediation, alerting, remote-write and the store's snapshots.
 
 Each loop runs its blocking step in a worker thread, on a monotonic deadline, and survives its own
 failures (one broad except per iteration, logged with the traceback). When the app stops, the loops
 are told to stop and a step already running is waited for (up to ``stop_timeout_seconds``): a
 worker thread cannot be cancelled, and the storage closes right after (the app's ``on_cleanup``).
+Remote-write's buffer is flushed to its durable queue once more at the end, so a restart
+sends what it held.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from aiohttp import web
 from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.notify.dispatcher import AlertDispatcher
 from gpuwarden.collector.remediate.remediator import Remediator
+from gpuwarden.collector.remote_write.derived import job_samples
 from gpuwarden.collector.web.keys import SERVICE
 
 log = logging.getLogger(__name__)
@@ -101,6 +104,16 @@ def background(
             steps.append(("alerting", alerting_seconds, dispatcher.tick))
         if service.scraper is not None:
             steps.append(("model scraping", scrape_seconds, service.scrape_models))
+        history = service.history
+        if history is not None:
+            steps.append(("remote-write", history.flush_seconds, history.tick))
+            steps.append(
+                (
+                    "remote-write job totals",
+                    accounting_seconds,
+                    lambda: history.add(job_samples(service.storage, service.clock())),
+                )
+            )
         stop = asyncio.Event()
         loops = {
             asyncio.create_task(_every(name, seconds, step, stop)): name
@@ -119,6 +132,8 @@ def background(
         yield
         stop.set()
         await _stop(loops, stop_timeout_seconds)
+        if history is not None:  # first: quick, and what it holds is not on disk elsewhere
+            await asyncio.to_thread(history.flush)
         if snapshots:
             try:
                 await asyncio.to_thread(service.save_snapshot)
