@@ -5,21 +5,26 @@ server dropped us. (Everything the backends share runs on both in ``test_storage
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from contextlib import closing
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from gpuwarden.collector.build import open_storage
 from gpuwarden.collector.config import CollectorConfig, ConfigError, load_collector_config
 from gpuwarden.collector.storage.base import StorageError
+from gpuwarden.collector.storage.migrations import LATEST_VERSION
 from gpuwarden.collector.storage.postgres import PostgresStorage
 from gpuwarden.collector.storage.records import ModelDeployment
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from gpuwarden.collector.storage.urls import redact_url
 from tests.collector_server import free_port
 from tests.postgres_server import PASSWORD, PASSWORD_USER, PostgresServer
+from tests.storage_backends import Backend
+from tests.test_collector_remediation import TOKEN, get, wait_ready
 
 
 def test_database_url_in_the_config_selects_postgresql(
@@ -125,6 +130,53 @@ def test_a_dropped_connection_is_replaced_at_the_next_call(
         pid = store._read("SELECT pg_backend_pid()")[0][0]
         with postgres_server.admin() as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        with pytest.raises(psycopg.OperationalError):
+        with pytest.raises(StorageError, match="PostgreSQL unavailable"):
             store.models()  # the call that finds the connection gone fails ...
         assert store.models() == [ModelDeployment("m", "v1", 1)]  # ... the next reconnects
+        # and the same for a write: it fails whole, the next one lands
+        pid = store._read("SELECT pg_backend_pid()")[0][0]
+        with postgres_server.admin() as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(StorageError, match="PostgreSQL unavailable"):
+            store.upsert_model(ModelDeployment("m", "v2", 1))
+        assert store.upsert_model(ModelDeployment("m", "v3", 1))
+        assert store.models() == [ModelDeployment("m", "v3", 1)]
+
+
+def run_collector(tmp_path: Path, database: str) -> subprocess.Popen[str]:
+    port = free_port()
+    (tmp_path / "tokens").write_text(f"operator ops {TOKEN}\n")
+    (tmp_path / "c.yaml").write_text(
+        f"port: {port}\ntokens_file: {tmp_path / 'tokens'}\ndatabase: {database}\n"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "collector", "--config", str(tmp_path / "c.yaml")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_the_collector_refuses_to_start_on_an_unreachable_server(tmp_path: Path) -> None:
+    url = f"postgresql://gpuwarden@127.0.0.1:{free_port()}/gpuwarden"
+    with run_collector(tmp_path, url) as proc:
+        _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    (line,) = [line for line in stderr.splitlines() if "cannot" in line]
+    assert f"cannot open the database {url}" in line
+    assert "cannot connect to PostgreSQL" in line
+
+
+def test_the_collector_runs_on_postgresql(fresh_database: str, tmp_path: Path) -> None:
+    """The real collector process on a PostgreSQL database: it migrates it and answers."""
+    with run_collector(tmp_path, fresh_database) as proc:
+        try:
+            port = int((tmp_path / "c.yaml").read_text().split()[1])
+            wait_ready(port, proc)
+            status, body = get(f"http://127.0.0.1:{port}/v1/incidents", TOKEN)
+            assert (status, json.loads(body)) == (200, {"incidents": []})
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=60)
+    backend = Backend("postgresql", fresh_database)
+    assert backend.query("SELECT MAX(version) FROM schema_migrations") == [(LATEST_VERSION,)]

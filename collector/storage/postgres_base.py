@@ -178,15 +178,25 @@ class PostgresBase(SqlBase):
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        with self._lock:
+        with self._lock, self._unavailable():
             conn = self._connection()
             with conn.transaction():
                 yield _Qmark(conn)
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        with self._lock:
+        with self._lock, self._unavailable():
             rows: list[Row] = list(_Qmark(self._connection()).execute(sql, params).fetchall())
             return rows
+
+    @contextmanager
+    def _unavailable(self) -> Iterator[None]:
+        """A lost or refused connection is :class:`StorageError` (the store cannot be used
+        now), as a locked or missing SQLite file is; SQL errors stay psycopg's."""
+        try:
+            yield
+        except psycopg.OperationalError as exc:
+            reason = " ".join(str(exc).split())
+            raise StorageError(f"{self.location}: PostgreSQL unavailable: {reason}") from exc
 
     def _insert(self, conn: Connection, sql: str, params: Sequence[Any], row_id: str) -> int | None:
         row = conn.execute(f"{sql} RETURNING {row_id}", params).fetchone()

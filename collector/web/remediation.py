@@ -393,7 +393,7 @@ async def alertmanager_webhook(request: web.Request) -> web.Response:
         return _error(400, f"bad Alertmanager payload: {reason}")
     try:
         result = await asyncio.to_thread(receiver.receive, alerts, now=time.time())
-    except (sqlite3.Error, OSError) as exc:
+    except (sqlite3.Error, StorageError, OSError) as exc:  # StorageError: PostgreSQL's
         log.warning("alertmanager webhook: storage unavailable: %s", exc)
         return _error(503, "storage unavailable, retry")
     return web.json_response(asdict(result))
