@@ -19,6 +19,7 @@ from gpuwarden.collector.remote_write.settings import RemoteWriteSettings
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import RuleSet
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.base import Storage, StorageError
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from gpuwarden.collector.store.window import WindowStore
 from gpuwarden.collector.web.remediation_setup import Remediation, create_remediation
@@ -194,6 +195,32 @@ def build_history(
     )
 
 
+def open_storage(config: CollectorConfig, *, clock: Callable[[], float] = time.time) -> Storage:
+    """The storage the config names: PostgreSQL for a ``postgresql://`` database, else the
+    SQLite file (its folder created).
+
+    Raises:
+        StorageError: the database cannot be opened or reached (one line, no password).
+        OSError: the SQLite file's folder cannot be created.
+    """
+    if config.database_url is None:
+        if config.database.parent and str(config.database) != ":memory:":
+            config.database.parent.mkdir(parents=True, exist_ok=True)
+        return SqliteStorage(config.database, clock=clock)
+    with needs_extra("collector", "database"):
+        from gpuwarden.collector.storage.postgres import PostgresStorage
+    password = None
+    if config.database_password_file is not None:
+        try:
+            text = config.database_password_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise StorageError(
+                f"database_password_file {config.database_password_file}: {exc.strerror}"
+            ) from None
+        password = text.strip("\r\n")  # the file's line ending is not part of the password
+    return PostgresStorage(config.database_url, clock=clock, password=password)
+
+
 def build_service(
     config: CollectorConfig,
     *,
@@ -203,9 +230,7 @@ def build_service(
 ) -> CollectorService:
     """The store, storage, job registry and accounting the config describes (model-server
     scrapes through ``http``)."""
-    if config.database.parent and str(config.database) != ":memory:":
-        config.database.parent.mkdir(parents=True, exist_ok=True)
-    storage = SqliteStorage(config.database, clock=clock)
+    storage = open_storage(config, clock=clock)
     if job_sources is None:
         job_sources = []
         if config.slurm_cluster:

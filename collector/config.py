@@ -27,6 +27,7 @@ from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.remediate.actuators.settings import ActuatorSettings, traffic_targets
 from gpuwarden.collector.remediate.policy import RemediationSection, RemediationSettings
 from gpuwarden.collector.remote_write.settings import RemoteWriteSettings
+from gpuwarden.collector.storage.urls import has_password, is_postgresql_url, redact_url
 
 __all__ = [
     "CollectorConfig",
@@ -168,7 +169,13 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     max_decompressed_bytes: PositiveInt = 64 * 1024 * 1024
     #: HTTPS and mTLS (default: plain HTTP; put a TLS proxy in front, or set this)
     tls: TlsSettings = msgspec.field(default_factory=TlsSettings)
+    #: the state: a SQLite file (the embedded default), or, written as a postgresql:// URL
+    #: in the file's ``database`` key, a PostgreSQL server, held in ``database_url``
     database: Path = Path("/var/lib/gpuwarden/collector.db")
+    database_url: str | None = None
+    #: the PostgreSQL password, read from this file at start (else libpq's PGPASSWORD or
+    #: ~/.pgpass); never in the URL, so never in a log line
+    database_password_file: Path | None = None
     step_seconds: PositiveInt = 10
     recent_hours: PositiveInt = 6
     max_series: PositiveInt = 1_000_000
@@ -239,6 +246,16 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
         """The checks across keys, in one place (the actuators' in ``actuator_problem``)."""
         if self.max_body_bytes <= 0 or self.max_decompressed_bytes < self.max_body_bytes:
             raise ConfigError("need 0 < max_body_bytes <= max_decompressed_bytes")
+        if self.database_url is not None:
+            if not is_postgresql_url(self.database_url):
+                raise ConfigError(f"database_url: not a postgresql:// URL: {self.database_url!r}")
+            if has_password(self.database_url):
+                raise ConfigError(
+                    f"database: {redact_url(self.database_url)}: a password in the URL would be "
+                    "shown wherever the setting is; put it in database_password_file or PGPASSWORD"
+                )
+        elif self.database_password_file is not None:
+            raise ConfigError("database_password_file: only for a postgresql:// database")
         if self.tokens and self.allow_unauthenticated:
             raise ConfigError(
                 "allow_unauthenticated makes every caller an anonymous admin, which a "
@@ -248,6 +265,11 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
 
     def __repr__(self) -> str:
         return redacted_repr(self, "tokens")
+
+    @property
+    def database_location(self) -> str:
+        """Where the state lives, for messages: the PostgreSQL URL or the SQLite file."""
+        return self.database_url if self.database_url is not None else str(self.database)
 
     @property
     def ingest_limits(self) -> IngestLimits:
@@ -338,6 +360,17 @@ def _tls(written: object, where: str, key: str) -> TlsSettings:
     return tls
 
 
+def _password_file(written: object, where: str, key: str) -> Path:
+    """``database_password_file``: a file readable now (its text is read at connect)."""
+    path = convert(written, Path, where, section=key)
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{where}: {key}: cannot read {path}: {exc.strerror}") from None
+    return path
+
+
 def _signin(written: object, where: str, key: str) -> SignInSettings:
     """``signin``: the section, with its session key file checked now (fail at start)."""
     settings = convert(written, SignInSettings, where, section=key)
@@ -375,6 +408,7 @@ _READERS: Mapping[str, Callable[[object, str, str], object]] = MappingProxyType(
         "signin": _signin,
         "prices": _prices,
         "tls": _tls,
+        "database_password_file": _password_file,
     }
 )
 
@@ -390,6 +424,9 @@ def load_collector_config(
     where = str(path) if path is not None else "<defaults>"
     data = read_yaml(path) if path is not None else {}
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    written = data.get("database")
+    if isinstance(written, str) and is_postgresql_url(written):
+        data["database_url"] = data.pop("database")  # `database: postgresql://...`
     for key, read in _READERS.items():
         if key in data:
             data[key] = read(data[key], where, key)

@@ -19,7 +19,9 @@ EXTRA_MODULES: Mapping[str, frozenset[str]] = MappingProxyType(
     {
         "kubernetes": frozenset({"kubernetes"}),
         "slack": frozenset({"slack_sdk"}),
-        "collector": frozenset({"numpy", "pandas", "scipy", "statsmodels", "aiohttp", "jinja2"}),
+        "collector": frozenset(
+            {"numpy", "pandas", "scipy", "statsmodels", "aiohttp", "jinja2", "psycopg"}
+        ),
     }
 )
 """Extra → the top-level modules it installs that our adapters import."""

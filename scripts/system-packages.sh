@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages the integration tests start for real: gcc (fake NVML), Slurm and munge,
 # Prometheus (promtool, dashboard queries, remote-write receiver), Alertmanager, VictoriaMetrics
-# (remote-write target), and Chromium (the status page).
+# (remote-write target), Chromium (the status page), and PostgreSQL (the storage suite's second
+# backend: initdb + pg_ctl of a private server).
 # Installs only what is missing; needs root (CI runs as root). Without root it says what to run.
 set -euo pipefail
 pkgs=()
@@ -14,6 +15,8 @@ command -v promtool >/dev/null || pkgs+=(prometheus)
 [ -x /usr/bin/prometheus-alertmanager ] || pkgs+=(prometheus-alertmanager)
 [ -x /usr/bin/victoria-metrics ] || pkgs+=(victoria-metrics)
 command -v chromium >/dev/null || pkgs+=(chromium)
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null \
+  || pkgs+=(postgresql)
 [ ${#pkgs[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
   echo "note: missing ${pkgs[*]}; install them (apt-get install ${pkgs[*]}) or those tests skip" >&2
@@ -22,4 +25,5 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q >/dev/null
 apt-get install -y -q --no-install-recommends "${pkgs[@]}" >/dev/null
-# The Debian packages start daemons under systemd where it runs; the tests start their own.
+# The Debian packages start daemons under systemd where it runs (postgresql: its "main"
+# cluster); the tests start their own, on private directories and free loopback ports.

@@ -3,4 +3,6 @@
 pytest_plugins = [
     "tests.fakenvml.plugin",
     "tests.slurm.plugin",
+    "tests.postgres_server",
+    "tests.storage_backends",
 ]

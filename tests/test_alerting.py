@@ -9,7 +9,6 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,9 +32,9 @@ from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks
 from gpuwarden.collector.rules.model import Rule
 from gpuwarden.collector.storage.base import ActionRecord
 from gpuwarden.collector.storage.records import AuditEntry, Incident, IncidentState
-from gpuwarden.collector.storage.sqlite import SqliteStorage
 from tests.alertmanager_server import AlertmanagerServer, alertmanager_binary
 from tests.capture_servers import Capture, ServedApp, pagerduty_app, slack_app
+from tests.storage_backends import Backend, SqlStorage
 from tests.test_remediator import FakeClock
 
 PD_KEY = "R0UTINGKEY0000000000000000000000"
@@ -49,8 +48,9 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def storage(tmp_path: Path, clock: FakeClock) -> Iterator[SqliteStorage]:
-    with SqliteStorage(tmp_path / "state.db", clock=clock) as store:
+def storage(backend: Backend, clock: FakeClock) -> Iterator[SqlStorage]:
+    """On SQLite and on PostgreSQL: the notification state is the database's."""
+    with backend.open(clock) as store:
         yield store
 
 
@@ -75,7 +75,7 @@ def notifiers(services: dict[str, tuple[Capture, ServedApp]]) -> dict[str, Any]:
     }
 
 
-def idle_incident(storage: SqliteStorage, n: int, now: float) -> Incident:
+def idle_incident(storage: SqlStorage, n: int, now: float) -> Incident:
     incident = Incident(
         fingerprint=f"idle-gpu:slurm:c:{n}",
         rule_id="idle-gpu",
@@ -96,12 +96,12 @@ def idle_incident(storage: SqliteStorage, n: int, now: float) -> Incident:
     return replace(incident, incident_id=incident_id)
 
 
-def resolve(storage: SqliteStorage, incident: Incident, now: float) -> None:
+def resolve(storage: SqlStorage, incident: Incident, now: float) -> None:
     storage.update_incident(replace(incident, state=IncidentState.RESOLVED, resolved_time=now))
 
 
 def dispatcher(
-    storage: SqliteStorage, services: dict[str, Any], clock: FakeClock, **settings: Any
+    storage: SqlStorage, services: dict[str, Any], clock: FakeClock, **settings: Any
 ) -> AlertDispatcher:
     return AlertDispatcher(
         storage, RULES.rules, notifiers(services), AlertingSettings(**settings), LINKS, clock=clock
@@ -558,7 +558,7 @@ async def test_a_storage_failure_is_answered_5xx_so_alertmanager_retries(webhook
 # --- the audit, mirrored as PagerDuty change events ---------------------------------------------
 
 
-def audit(storage: SqliteStorage, now: float, result: str, *, dry_run: bool = False) -> None:
+def audit(storage: SqlStorage, now: float, result: str, *, dry_run: bool = False) -> None:
     storage.append_audit(
         AuditEntry(
             time=now,

@@ -1,4 +1,4 @@
-"""Approval tokens: signed, single-use, expiring, only their hash stored."""
+"""Approval tokens: signed, single-use, expiring, only their hash stored (on both backends)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from gpuwarden.collector.remediate.approvals import (
 )
 from gpuwarden.collector.storage.base import ActionRecord
 from gpuwarden.collector.storage.records import Incident
-from gpuwarden.collector.storage.sqlite import SqliteStorage
+from tests.postgres_server import PostgresServer
+from tests.storage_backends import Backend, SqlStorage
 
 SECRET = b"s" * 40
 
@@ -38,12 +39,13 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def storage(tmp_path: Path, clock: FakeClock) -> Iterator[SqliteStorage]:
-    with SqliteStorage(tmp_path / "db", clock=clock) as store:
+def storage(backend: Backend, clock: FakeClock) -> Iterator[SqlStorage]:
+    """On SQLite and on PostgreSQL: single use is the database's (a conditional UPDATE)."""
+    with backend.open(clock) as store:
         yield store
 
 
-def make_action(storage: SqliteStorage, now: float) -> int:
+def make_action(storage: SqlStorage, now: float) -> int:
     incident_id = storage.open_incident(
         Incident(
             fingerprint="fp", rule_id="idle-gpu", severity="warning", first_seen=now, last_seen=now
@@ -68,13 +70,11 @@ def make_action(storage: SqliteStorage, now: float) -> int:
 
 
 @pytest.fixture
-def approvals(storage: SqliteStorage, clock: FakeClock) -> Approvals:
+def approvals(storage: SqlStorage, clock: FakeClock) -> Approvals:
     return Approvals(storage, TokenSigner(SECRET, clock=clock), ttl_seconds=600, clock=clock)
 
 
-def test_a_token_approves_once(
-    approvals: Approvals, storage: SqliteStorage, clock: FakeClock
-) -> None:
+def test_a_token_approves_once(approvals: Approvals, storage: SqlStorage, clock: FakeClock) -> None:
     action_id = make_action(storage, clock.now)
     token = approvals.issue(action_id)
     claim = approvals.redeem(token, used_by="alice")
@@ -88,7 +88,7 @@ def test_a_token_approves_once(
 
 
 def test_peek_never_changes_state(
-    approvals: Approvals, storage: SqliteStorage, clock: FakeClock
+    approvals: Approvals, storage: SqlStorage, clock: FakeClock
 ) -> None:
     token = approvals.issue(make_action(storage, clock.now))
     for _ in range(3):
@@ -99,7 +99,7 @@ def test_peek_never_changes_state(
     approvals.redeem(token, used_by="alice")  # still usable after many looks
 
 
-def test_tokens_expire(approvals: Approvals, storage: SqliteStorage, clock: FakeClock) -> None:
+def test_tokens_expire(approvals: Approvals, storage: SqlStorage, clock: FakeClock) -> None:
     token = approvals.issue(make_action(storage, clock.now))
     clock.now += 601
     for call in (approvals.peek, lambda t: approvals.redeem(t, used_by="alice")):
@@ -112,7 +112,7 @@ def test_tokens_expire(approvals: Approvals, storage: SqliteStorage, clock: Fake
 
 
 def test_storage_refuses_an_expired_approval_even_with_a_valid_token(
-    storage: SqliteStorage, clock: FakeClock
+    storage: SqlStorage, clock: FakeClock
 ) -> None:
     signer_clock = FakeClock()  # a signer whose clock lags behind the store's
     approvals = Approvals(
@@ -126,7 +126,7 @@ def test_storage_refuses_an_expired_approval_even_with_a_valid_token(
 
 
 def test_revoking_expires_the_unused_links_of_one_action(
-    storage: SqliteStorage, clock: FakeClock
+    storage: SqlStorage, clock: FakeClock
 ) -> None:
     approvals = Approvals(storage, TokenSigner(SECRET, clock=clock), ttl_seconds=600, clock=clock)
     action = make_action(storage, clock.now)
@@ -154,7 +154,7 @@ def test_revoking_expires_the_unused_links_of_one_action(
     ],
 )
 def test_tampered_tokens_are_refused(
-    approvals: Approvals, storage: SqliteStorage, clock: FakeClock, mangle, problem
+    approvals: Approvals, storage: SqlStorage, clock: FakeClock, mangle, problem
 ) -> None:
     token = approvals.issue(make_action(storage, clock.now))
     with pytest.raises(ApprovalError) as caught:
@@ -163,7 +163,7 @@ def test_tampered_tokens_are_refused(
     approvals.redeem(token, used_by="alice")  # the genuine one still works
 
 
-def test_another_secret_cannot_sign(storage: SqliteStorage, clock: FakeClock) -> None:
+def test_another_secret_cannot_sign(storage: SqlStorage, clock: FakeClock) -> None:
     action_id = make_action(storage, clock.now)
     forged = TokenSigner(b"f" * 40, clock=clock).mint(action_id, clock.now + 60)
     approvals = Approvals(storage, TokenSigner(SECRET, clock=clock), clock=clock)
@@ -173,7 +173,7 @@ def test_another_secret_cannot_sign(storage: SqliteStorage, clock: FakeClock) ->
 
 
 def test_a_well_signed_token_that_was_never_issued_is_unknown(
-    approvals: Approvals, storage: SqliteStorage, clock: FakeClock
+    approvals: Approvals, storage: SqlStorage, clock: FakeClock
 ) -> None:
     action_id = make_action(storage, clock.now)
     stray = TokenSigner(SECRET, clock=clock).mint(action_id, clock.now + 60)
@@ -182,12 +182,34 @@ def test_a_well_signed_token_that_was_never_issued_is_unknown(
     assert caught.value.reason is TokenProblem.UNKNOWN
 
 
+def stored_bytes(backend: Backend, request: pytest.FixtureRequest) -> bytes:
+    """Every byte the database wrote to disk: the SQLite file and its WAL, or the PostgreSQL
+    database's files and the server's WAL (after a checkpoint)."""
+    if backend.name == "sqlite":
+        main = Path(backend.location)
+        files = [p for p in main.parent.iterdir() if p.name.startswith(main.name)]
+    else:
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        name = backend.location.rsplit("/", 1)[-1]
+        with server.admin() as conn:
+            conn.execute("CHECKPOINT")
+            row = conn.execute("SELECT oid FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        assert row is not None
+        folders = [server.data / "base" / str(row[0]), server.data / "pg_wal"]
+        files = [p for folder in folders for p in folder.iterdir() if p.is_file()]
+    return b"".join(p.read_bytes() for p in files)
+
+
 def test_only_the_hash_of_a_token_is_stored(
-    approvals: Approvals, storage: SqliteStorage, clock: FakeClock, tmp_path: Path
+    approvals: Approvals,
+    storage: SqlStorage,
+    clock: FakeClock,
+    backend: Backend,
+    request: pytest.FixtureRequest,
 ) -> None:
     token = approvals.issue(make_action(storage, clock.now))
     storage.close()
-    data = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("db"))
+    data = stored_bytes(backend, request)
     assert token.encode() not in data
     assert token.rsplit(".", 1)[1].encode() not in data  # not even the MAC
     assert token_sha256(token).encode() in data

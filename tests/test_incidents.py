@@ -1,4 +1,5 @@
-"""Incidents: open, update, resolve with hysteresis; gaps change nothing; no flapping."""
+"""Incidents: open, update, resolve with hysteresis; gaps change nothing; no flapping (on both
+storage backends)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.incidents import IncidentTracker
 from gpuwarden.collector.storage.records import IncidentState
-from gpuwarden.collector.storage.sqlite import SqliteStorage
+from tests.storage_backends import Backend
 
 F, C, U = Verdict.FIRING, Verdict.CLEAR, Verdict.UNKNOWN
 
@@ -29,8 +30,9 @@ def finding(verdict: Verdict, subject: str = "n1/GPU-1") -> Finding:
 
 
 @pytest.fixture
-def tracker() -> Iterator[IncidentTracker]:
-    storage = SqliteStorage(":memory:")
+def tracker(backend: Backend) -> Iterator[IncidentTracker]:
+    """On SQLite and on PostgreSQL (deduplication is the database's unique index)."""
+    storage = backend.open()
     now = [1000.0]
 
     def clock() -> float:

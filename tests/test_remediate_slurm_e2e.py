@@ -22,6 +22,7 @@ from gpuwarden.collector.remediate.remediator import ActionState
 from gpuwarden.collector.storage.records import IncidentState
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from tests.slurm.cluster import SlurmCluster
+from tests.storage_backends import Backend
 from tests.test_remediator import FakeClock, World, open_incident
 
 pytestmark = pytest.mark.slurm
@@ -42,7 +43,7 @@ def world_on(path: Path, clock: FakeClock) -> World:
         actuator=FakeActuator(),
         pager=RecordingNotifier(),
         slack=RecordingNotifier(),
-        path=path,
+        backend=Backend("sqlite", str(path)),
     )
 
 
@@ -88,6 +89,7 @@ CRASHING = textwrap.dedent(
     import os, signal, sys
     from gpuwarden.collector.remediate.actuators.slurm import SlurmActuator
     from gpuwarden.collector.storage.sqlite import SqliteStorage
+    from tests.storage_backends import Backend
     from tests.test_remediator import FakeClock, World, FakeActuator, RecordingNotifier
 
     class DiesBeforeActing(SlurmActuator):
@@ -99,7 +101,8 @@ CRASHING = textwrap.dedent(
     path, cluster_env = sys.argv[1], dict(os.environ)
     clock = FakeClock()
     storage = SqliteStorage(path, clock=clock)
-    world = World(storage, clock, FakeActuator(), RecordingNotifier(), RecordingNotifier(), path)
+    world = World(storage, clock, FakeActuator(), RecordingNotifier(), RecordingNotifier(),
+                  Backend("sqlite", path))
     world.remediator(actuator=DiesBeforeActing("gwtest", environ=cluster_env), dry_run=False).tick()
     """
 )

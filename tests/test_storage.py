@@ -1,5 +1,6 @@
 """The collector's persistence: round trips, upserts, roll-ups, incidents, the append-only audit
-log, schema migrations, SQLite settings, threads, and a real SIGKILL of a writing process."""
+log, schema migrations, SQLite settings, threads, concurrent writers, and a real SIGKILL of a
+writing process -- on SQLite and on a real PostgreSQL (``tests.storage_backends``)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,26 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import psycopg
 import pytest
 
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
-from gpuwarden.collector.storage.base import SchemaVersionError, Storage, StorageError
+from gpuwarden.collector.storage.base import (
+    ActionRecord,
+    ApprovalRecord,
+    BreakerRecord,
+    PageRecord,
+    SchemaVersionError,
+    Storage,
+    StorageError,
+)
 from gpuwarden.collector.storage.migrations import (
     LATEST_VERSION,
     MIGRATIONS,
@@ -32,6 +42,8 @@ from gpuwarden.collector.storage.migrations import (
     schema_version,
     split_statements,
 )
+from gpuwarden.collector.storage.postgres import PostgresStorage
+from gpuwarden.collector.storage.postgres_base import migrate_postgresql
 from gpuwarden.collector.storage.records import (
     AccountingRow,
     AuditEntry,
@@ -42,6 +54,7 @@ from gpuwarden.collector.storage.records import (
     ModelDeployment,
 )
 from gpuwarden.collector.storage.sqlite import SqliteStorage
+from tests.storage_backends import Backend, SqlStorage, backend_for
 
 
 class FakeClock:
@@ -57,10 +70,14 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=["memory", "file"])
+@pytest.fixture(params=["sqlite-memory", "sqlite-file", "postgresql"])
 def store(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> Iterator[Storage]:
-    path = ":memory:" if request.param == "memory" else tmp_path / "state.db"
-    with SqliteStorage(path, clock=clock) as opened:
+    if request.param == "sqlite-memory":
+        with SqliteStorage(":memory:", clock=clock) as in_memory:
+            yield in_memory
+        return
+    engine = request.param.split("-")[0]
+    with backend_for(engine, request, tmp_path).open(clock) as opened:
         yield opened
 
 
@@ -145,14 +162,15 @@ def audit_entry(time_seconds: float = 700.0, **changes: Any) -> AuditEntry:
     return replace(base, **changes)
 
 
-def test_sqlite_storage_implements_the_protocol() -> None:
-    def as_storage(store: SqliteStorage) -> Storage:
+@pytest.mark.parametrize("cls", [SqliteStorage, PostgresStorage])
+def test_the_backends_implement_the_protocol(cls: type[SqlStorage]) -> None:
+    def as_storage(store: SqliteStorage | PostgresStorage) -> Storage:
         return store  # mypy checks every method's signature against the Protocol
 
     with SqliteStorage(":memory:") as opened:
         assert as_storage(opened) is opened
     # The audit log has no way to change or remove an entry.
-    mutators = [n for n in dir(SqliteStorage) if "audit" in n and not n.startswith("_")]
+    mutators = [n for n in dir(cls) if "audit" in n and not n.startswith("_")]
     assert sorted(mutators) == ["append_audit", "audit", "audit_entry"]
 
 
@@ -170,10 +188,9 @@ def test_job_round_trip(store: Storage) -> None:
 
 
 def test_upsert_jobs_replaces_by_key_and_counts_only_changes(
-    tmp_path: Path, clock: FakeClock
+    backend: Backend, clock: FakeClock
 ) -> None:
-    path = tmp_path / "state.db"
-    with SqliteStorage(path, clock=clock) as store:
+    with backend.open(clock) as store:
         assert store.upsert_jobs([make_job("a"), make_job("b")]) == 2
         clock.now = 2000.0
         assert store.upsert_jobs([make_job("a"), make_job("b")]) == 0  # unchanged: not rewritten
@@ -181,10 +198,7 @@ def test_upsert_jobs_replaces_by_key_and_counts_only_changes(
         assert store.upsert_jobs([make_job("a"), done, make_job("c")]) == 2
         assert store.jobs() == [make_job("a"), done, make_job("c")]
         assert store.upsert_jobs([]) == 0
-    with raw(path) as conn:
-        stamps = conn.execute(
-            "SELECT key, first_seen, updated_at FROM jobs ORDER BY key"
-        ).fetchall()
+    stamps = backend.query("SELECT key, first_seen, updated_at FROM jobs ORDER BY key")
     assert stamps == [("a", 1000.0, 1000.0), ("b", 1000.0, 2000.0), ("c", 2000.0, 2000.0)]
 
 
@@ -423,24 +437,50 @@ def test_audit_log_refuses_update_and_delete_in_the_database(tmp_path: Path) -> 
         assert conn.execute("SELECT result FROM audit_log").fetchall() == [("ok",)]
 
 
+def test_postgresql_audit_log_refuses_update_delete_and_truncate(fresh_database: str) -> None:
+    with PostgresStorage(fresh_database) as store:
+        store.append_audit(audit_entry())
+    backend = Backend("postgresql", fresh_database)
+    for statement, verb in [
+        ("UPDATE audit_log SET result = 'ok, honest'", "UPDATE"),
+        ("DELETE FROM audit_log", "DELETE"),
+        ("TRUNCATE audit_log", "TRUNCATE"),
+    ]:
+        with pytest.raises(psycopg.errors.IntegrityConstraintViolation, match=f"{verb} refused"):
+            backend.execute(statement)
+    assert backend.query("SELECT result FROM audit_log") == [("ok",)]
+
+
 # Migrations ----------------------------------------------------------------------------------
 
 
-def applied(path: Path) -> list[tuple[int, float]]:
-    with raw(path) as conn:
-        return conn.execute("SELECT version, applied_at FROM schema_migrations").fetchall()
+def applied(backend: Backend) -> list[tuple[int, float]]:
+    return backend.query("SELECT version, applied_at FROM schema_migrations ORDER BY version")
+
+
+def tables(backend: Backend) -> set[str]:
+    if backend.name == "sqlite":
+        return {name for (name,) in backend.query("SELECT name FROM sqlite_master")}
+    sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+    return {name for (name,) in backend.query(sql)}
+
+
+def migrate_to(backend: Backend, migrations: list[Migration]) -> list[int]:
+    """Bring ``backend``'s database to the end of ``migrations`` (an older gpuwarden)."""
+    if backend.name == "sqlite":
+        with closing(sqlite3.connect(backend.location, isolation_level=None)) as conn:
+            return migrate(conn, now=1.0, location=backend.location, migrations=migrations)
+    with psycopg.connect(backend.location, autocommit=True) as pg:
+        return migrate_postgresql(pg, now=1.0, location=backend.location, migrations=migrations)
 
 
 def test_migrates_an_empty_database_and_reopening_is_a_no_op(
-    tmp_path: Path, clock: FakeClock
+    backend: Backend, clock: FakeClock
 ) -> None:
-    path = tmp_path / "state.db"
-    with SqliteStorage(path, clock=clock) as store:
+    with backend.open(clock) as store:
         assert store.applied_migrations == list(range(1, LATEST_VERSION + 1))
         store.upsert_jobs([make_job()])
-    assert applied(path) == [(v, 1000.0) for v in range(1, LATEST_VERSION + 1)]
-    with raw(path) as conn:
-        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+    assert applied(backend) == [(v, 1000.0) for v in range(1, LATEST_VERSION + 1)]
     assert {
         *("jobs", "models", "events", "accounting", "incidents", "audit_log"),
         *("remediation_actions", "approvals", "breaker_state", "schema_migrations"),
@@ -448,38 +488,34 @@ def test_migrates_an_empty_database_and_reopening_is_a_no_op(
         "pages",
         "silences",
         "agent_rounds",
-    } <= tables
+    } <= tables(backend)
     clock.now = 5000.0
-    with SqliteStorage(path, clock=clock) as store:
+    with backend.open(clock) as store:
         assert store.applied_migrations == []
         assert store.jobs() == [make_job()]
-    assert applied(path) == [(v, 1000.0) for v in range(1, LATEST_VERSION + 1)]
+    assert applied(backend) == [(v, 1000.0) for v in range(1, LATEST_VERSION + 1)]
 
 
-def test_upgrades_a_database_at_an_older_version(tmp_path: Path, clock: FakeClock) -> None:
-    path = tmp_path / "state.db"
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        assert migrate(conn, now=1.0, location=str(path), migrations=MIGRATIONS[:1]) == [1]
-        conn.execute("INSERT INTO models VALUES ('m', 'v1', 1, NULL, NULL, NULL, '{}', 1.0)")
-    with SqliteStorage(path, clock=clock) as store:
+def test_upgrades_a_database_at_an_older_version(backend: Backend, clock: FakeClock) -> None:
+    assert migrate_to(backend, list(MIGRATIONS[:1])) == [1]
+    backend.execute("INSERT INTO models VALUES ('m', 'v1', 1, NULL, NULL, NULL, '{}', 1.0)")
+    with backend.open(clock) as store:
         assert store.applied_migrations == list(range(2, LATEST_VERSION + 1))
         assert store.models() == [ModelDeployment("m", "v1", 1)]
         assert store.open_incident(incident()) is not None
-    assert applied(path) == [(1, 1.0)] + [(v, 1000.0) for v in range(2, LATEST_VERSION + 1)]
+    assert applied(backend) == [(1, 1.0)] + [(v, 1000.0) for v in range(2, LATEST_VERSION + 1)]
 
 
 def test_costs_written_before_the_currency_was_kept_keep_their_value(
-    tmp_path: Path, clock: FakeClock
+    backend: Backend, clock: FakeClock
 ) -> None:
-    path = tmp_path / "state.db"
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        assert migrate(conn, now=1.0, location=str(path), migrations=MIGRATIONS[:4]) == [1, 2, 3, 4]
-        conn.execute(
-            "INSERT INTO accounting (period_start, period_seconds, job_key, gpu_uuid, node,"
-            " gpu_seconds_allocated, gpu_seconds_busy, gpu_seconds_idle, gpu_seconds_unknown,"
-            " cost_usd, written_at) VALUES (60, 60, 'j', 'GPU-a', 'n', 60, 60, 0, 0, 0.07, 1)"
-        )
-    with SqliteStorage(path, clock=clock) as store:
+    assert migrate_to(backend, list(MIGRATIONS[:4])) == [1, 2, 3, 4]
+    backend.execute(
+        "INSERT INTO accounting (period_start, period_seconds, job_key, gpu_uuid, node,"
+        " gpu_seconds_allocated, gpu_seconds_busy, gpu_seconds_idle, gpu_seconds_unknown,"
+        " cost_usd, written_at) VALUES (60, 60, 'j', 'GPU-a', 'n', 60, 60, 0, 0, 0.07, 1)"
+    )
+    with backend.open(clock) as store:
         assert store.applied_migrations == list(range(5, LATEST_VERSION + 1))
         (row,) = store.accounting_rows(since=0, until=120)
         assert (row.cost, row.currency) == (0.07, None)  # never guessed: USD or not
@@ -489,23 +525,21 @@ def test_costs_written_before_the_currency_was_kept_keep_their_value(
         assert (total.cost, total.currency) == (None, "(unrecorded),EUR")
 
 
-def test_refuses_a_database_from_a_newer_program(tmp_path: Path) -> None:
-    path = tmp_path / "state.db"
-    SqliteStorage(path).close()
+def test_refuses_a_database_from_a_newer_program(backend: Backend) -> None:
+    backend.open().close()
     future = LATEST_VERSION + 1
-    with raw(path) as conn, conn:
-        conn.execute("INSERT INTO schema_migrations VALUES (?, 'from the future', 0)", (future,))
+    backend.execute(f"INSERT INTO schema_migrations VALUES ({future}, 'from the future', 0)")  # noqa: S608
     with pytest.raises(SchemaVersionError) as caught:
-        SqliteStorage(path)
+        backend.open()
     message = str(caught.value)
-    assert str(path) in message
+    assert backend.location in message
     assert f"version {future} is newer" in message
     assert f"({LATEST_VERSION})" in message
     assert (caught.value.database_version, caught.value.supported_version) == (
         future,
         LATEST_VERSION,
     )
-    assert applied(path)[-1][0] == future  # untouched
+    assert applied(backend)[-1][0] == future  # untouched
 
 
 def test_a_failing_migration_leaves_the_previous_version(tmp_path: Path) -> None:
@@ -516,6 +550,21 @@ def test_a_failing_migration_leaves_the_previous_version(tmp_path: Path) -> None
         assert schema_version(conn) == 1
         assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'half'").fetchall() == []
         assert not conn.in_transaction
+
+
+def test_a_failing_postgresql_migration_leaves_the_previous_version(fresh_database: str) -> None:
+    broken = Migration(
+        2, "broken", "CREATE TABLE half (a INTEGER);\nINSERT INTO missing VALUES (1);"
+    )
+    backend = Backend("postgresql", fresh_database)
+    with (
+        psycopg.connect(fresh_database, autocommit=True) as conn,
+        pytest.raises(psycopg.errors.UndefinedTable, match="missing"),
+    ):
+        migrate_postgresql(conn, now=1.0, location="db", migrations=[MIGRATIONS[0], broken])
+    assert applied(backend) == [(1, 1.0)]
+    assert "half" not in tables(backend)
+    assert "jobs" in tables(backend)
 
 
 def test_split_statements_keeps_triggers_and_literals_whole() -> None:
@@ -555,9 +604,17 @@ def test_migrations_are_numbered_from_one_without_gaps() -> None:
         (AuditEntry, "audit_log"),
     ],
 )
-def test_every_record_field_has_a_column(record: type, table: str) -> None:
-    with SqliteStorage(":memory:") as store:
-        columns = {r[1] for r in store._connection().execute(f"PRAGMA table_info({table})")}
+def test_every_record_field_has_a_column(backend: Backend, record: type, table: str) -> None:
+    backend.open().close()
+    if backend.name == "sqlite":
+        columns = {r[1] for r in backend.query(f"PRAGMA table_info({table})")}
+    else:
+        columns = {
+            r[0]
+            for r in backend.query(
+                f"SELECT column_name FROM information_schema.columns WHERE table_name = '{table}'"  # noqa: S608 - a constant of the test
+            )
+        }
     assert {f.name for f in fields(record)} <= columns
 
 
@@ -595,8 +652,8 @@ def test_open_errors_are_clear(tmp_path: Path) -> None:
         SqliteStorage(":memory:", synchronous="OFF")  # type: ignore[arg-type]
 
 
-def test_closed_store_refuses_calls_and_close_is_idempotent() -> None:
-    store = SqliteStorage(":memory:")
+def test_closed_store_refuses_calls_and_close_is_idempotent(backend: Backend) -> None:
+    store = backend.open()
     store.close()
     store.close()
     with pytest.raises(StorageError, match="closed"):
@@ -605,9 +662,8 @@ def test_closed_store_refuses_calls_and_close_is_idempotent() -> None:
         store.append_audit(audit_entry())
 
 
-def test_threads_and_a_second_connection_share_the_database(tmp_path: Path) -> None:
-    path = tmp_path / "state.db"
-    with SqliteStorage(path) as store, SqliteStorage(path) as other:
+def test_threads_and_a_second_connection_share_the_database(backend: Backend) -> None:
+    with backend.open() as store, backend.open() as other:
         errors: list[Exception] = []
 
         def work(worker: int) -> None:
@@ -640,9 +696,11 @@ CHILD = f"""
 import sys, time
 from gpuwarden.collector.jobs.model import Job, JobState
 from gpuwarden.collector.storage.records import AccountingRow, AuditEntry
+from gpuwarden.collector.storage.postgres import PostgresStorage
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 
-store = SqliteStorage(sys.argv[1])
+where = sys.argv[1]
+store = PostgresStorage(where) if where.startswith("postgresql:") else SqliteStorage(where)
 commits = 0
 deadline = time.monotonic() + 120  # never outlive a test run that lost track of us
 i = 0
@@ -687,10 +745,11 @@ def read_until(proc: subprocess.Popen[bytes], at_least: int, timeout_seconds: fl
                 data += chunk
 
 
-def test_sigkill_mid_write_keeps_every_committed_transaction(tmp_path: Path) -> None:
-    path = tmp_path / "state.db"
+def test_sigkill_mid_write_keeps_every_committed_transaction(backend: Backend) -> None:
     with subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-c", CHILD, backend.location],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     ) as proc:
         data = read_until(proc, at_least=300, timeout_seconds=60)
         proc.send_signal(signal.SIGKILL)
@@ -700,9 +759,9 @@ def test_sigkill_mid_write_keeps_every_committed_transaction(tmp_path: Path) -> 
     assert reported == list(range(1, len(reported) + 1))
     committed = len(reported)
 
-    with raw(path) as conn:
-        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-    with SqliteStorage(path) as store:
+    if backend.name == "sqlite":
+        assert backend.query("PRAGMA integrity_check") == [("ok",)]
+    with backend.open() as store:
         assert store.applied_migrations == []
         job_batches: dict[int, int] = {}
         for job in store.jobs():
@@ -723,10 +782,8 @@ def test_sigkill_mid_write_keeps_every_committed_transaction(tmp_path: Path) -> 
     assert committed <= stored <= committed + 1
 
 
-def test_pages_are_stored_then_updated_in_place(tmp_path: Path, clock: FakeClock) -> None:
-    from gpuwarden.collector.storage.base import PageRecord
-
-    with SqliteStorage(tmp_path / "state.db", clock=clock) as store:
+def test_pages_are_stored_then_updated_in_place(backend: Backend, clock: FakeClock) -> None:
+    with backend.open(clock) as store:
         page_id = store.add_page(PageRecord("slack:#c", {"summary": "s"}, created_at=1.0))
         (page,) = store.pages(status="pending")
         assert page == PageRecord("slack:#c", {"summary": "s"}, 1.0, page_id=page_id)
@@ -736,3 +793,142 @@ def test_pages_are_stored_then_updated_in_place(tmp_path: Path, clock: FakeClock
         assert (done.status, done.sent_at, dict(done.alert)) == ("delivered", 2.0, {"summary": "t"})
         with pytest.raises(ValueError, match="new page"):
             store.add_page(done)
+
+
+# Several writers at once: what must happen once is decided by the database ---------------------
+
+WRITERS = 4
+
+
+def race(backend: Backend, attempt: Callable[[SqlStorage, int], object]) -> list[object]:
+    """``attempt(store, writer)`` by ``WRITERS`` threads, each on its own connection (as
+    collector processes sharing one database), released together by a barrier."""
+    stores = [backend.open() for _ in range(WRITERS)]
+    barrier = threading.Barrier(WRITERS)
+    results: list[object] = [None] * WRITERS
+    errors: list[BaseException] = []
+
+    def work(writer: int) -> None:
+        try:
+            barrier.wait(timeout=60)
+            results[writer] = attempt(stores[writer], writer)
+        except BaseException as exc:  # noqa: BLE001 - collected, asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(WRITERS)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        for opened in stores:
+            opened.close()
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
+    return results
+
+
+def an_action(store: Storage, key: str = "idle:node1:GPU-a|requeue|slurm:c1:42") -> ActionRecord:
+    incident_id = store.open_incident(incident(fingerprint=f"fp:{key}"))
+    assert incident_id is not None
+    return ActionRecord(
+        incident_id,
+        key,
+        "slurm.requeue",
+        "slurm:c1:42",
+        "approve",
+        False,
+        "awaiting_approval",
+        1.0,
+        1.0,
+    )
+
+
+def test_one_approval_is_redeemed_once_by_concurrent_redeemers(backend: Backend) -> None:
+    with backend.open() as store:
+        action_id = store.insert_action(an_action(store))
+        assert action_id is not None
+        tokens = [f"{n:064x}" for n in range(10)]
+        for token in tokens:
+            store.insert_approval(ApprovalRecord(action_id, token, 1.0, expires_at=1e12))
+    for token in tokens:
+
+        def redeem(store: SqlStorage, writer: int, token: str = token) -> bool:
+            return store.use_approval(token, now=2.0, used_by=f"w{writer}")
+
+        wins = race(backend, redeem)
+        assert wins.count(True) == 1, wins
+        with backend.open() as store:
+            stored = store.approval(token)
+        assert stored is not None
+        assert stored.used_by == f"w{wins.index(True)}"
+
+
+def test_a_duplicate_idempotency_key_is_refused(backend: Backend) -> None:
+    with backend.open() as store:
+        record = an_action(store)
+    ids = race(
+        backend,
+        lambda s, w: s.insert_action(record, audit_entry(target=f"w{w}", idempotency_key="k")),
+    )
+    assert len([i for i in ids if i is not None]) == 1, ids
+    with backend.open() as store:
+        assert len(store.actions(incident_id=record.incident_id)) == 1
+        assert len(store.audit()) == 1  # only the winner's audit entry
+    # ... and by the database itself, not only by ON CONFLICT in our INSERT.
+    refused = sqlite3.IntegrityError if backend.name == "sqlite" else psycopg.errors.UniqueViolation
+    with pytest.raises(refused):
+        backend.execute(
+            "INSERT INTO remediation_actions (incident_id, idempotency_key, action, target, mode,"  # noqa: S608
+            f" dry_run, state, params, created_at, updated_at) VALUES ({record.incident_id},"
+            f" '{record.idempotency_key}', 'a', 't', 'auto', 0, 'proposed', '{{}}', 1, 1)"
+        )
+
+
+def test_concurrent_writers_open_one_incident_and_trip_the_breaker_once(backend: Backend) -> None:
+    opened = race(backend, lambda s, w: s.open_incident(incident(last_seen=float(w))))
+    assert len([i for i in opened if i is not None]) == 1, opened
+    tripped = BreakerRecord("global", "open", 5.0, reason="blast radius", tripped_at=5.0)
+    moved = race(
+        backend,
+        lambda s, w: s.set_breaker(
+            replace(tripped, reason=f"w{w}"),
+            expect_state="closed",
+            audit=audit_entry(target=f"w{w}", action="breaker.trip"),
+        ),
+    )
+    assert moved.count(True) == 1, moved
+    with backend.open() as store:
+        assert [e.target for e in store.audit()] == [f"w{moved.index(True)}"]
+        breaker = store.breaker("global")
+    assert breaker is not None
+    assert breaker.reason == f"w{moved.index(True)}"
+
+
+def test_a_reader_following_the_audit_log_misses_no_entry(backend: Backend) -> None:
+    """Ids must rise in commit order: a reader (the audit's PagerDuty mirror) that reads past
+    its cursor while other connections append must, in the end, have seen every entry."""
+    writers_done = threading.Event()
+    finished: list[int] = []
+
+    def attempt(store: SqlStorage, writer: int) -> list[int]:
+        if writer == 0:  # the reader
+            seen: list[int] = []
+            while True:
+                last_round = writers_done.is_set()
+                batch = store.audit(after_id=seen[-1] if seen else 0)
+                seen += [e.entry_id for e in batch if e.entry_id is not None]
+                if last_round:
+                    return seen
+        ids = [store.append_audit(audit_entry(target=f"w{writer}:{n}")) for n in range(30)]
+        finished.append(writer)
+        if len(finished) == WRITERS - 1:
+            writers_done.set()
+        return ids
+
+    results = race(backend, attempt)
+    seen = results[0]
+    appended = [i for batch in results[1:] for i in batch]  # type: ignore[attr-defined]
+    assert len(appended) == 30 * (WRITERS - 1)
+    assert seen == sorted(appended)

@@ -340,7 +340,7 @@ async def test_cross_origin_and_csrf_less_posts_approve_nothing(aiohttp_client, 
         assert response.status == 403, (headers, data)
         assert reason in await response.text()
     assert state_of(setup, action_id) == ActionState.AWAITING_APPROVAL
-    counted = client.app[AUTH_STATS].refusals[("POST", "/approve/{token}", 403, "csrf")]
+    counted = client.app[AUTH_STATS].refusals[("POST", "/approve/{token}", 403, "page-csrf")]
     assert counted == len(refused)
     # Another person's token does not pass for this session's.
     other = await sign_in(client)
@@ -381,7 +381,7 @@ async def test_a_reader_sees_the_page_but_cannot_approve(aiohttp_client, setup) 
     assert "rita is a reader: only an operator or admin may approve" in await post.text()
     assert state_of(setup, action_id) == ActionState.AWAITING_APPROVAL
     # counted with the middleware's refusals, under the route's template
-    assert app[AUTH_STATS].refusals[("POST", "/approve/{token}", 403, "role")] == 1
+    assert app[AUTH_STATS].refusals[("POST", "/approve/{token}", 403, "page-role")] == 1
 
 
 async def test_without_auth_the_approver_is_anonymous(aiohttp_client, setup) -> None:

@@ -121,7 +121,7 @@ def _app(
     except ConfigError as exc:  # a job source's client settings that do not load
         raise _StartupRefusedError(2, f"configuration error: {exc}") from None
     except (OSError, StorageError) as exc:
-        message = f"cannot open the database {config.database}: {exc}"
+        message = f"cannot open the database {config.database_location}: {exc}"
         raise _StartupRefusedError(1, message) from None
     try:
         remediation = build_remediation(

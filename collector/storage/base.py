@@ -3,8 +3,9 @@ incidents and the remediation audit log.
 
 :class:`Storage` is what the rest of the collector depends on. The default implementation is
 :class:`gpuwarden.collector.storage.sqlite.SqliteStorage` (also the test fake, with ``":memory:"``);
-a PostgreSQL backend for several collector shards implements the same protocol over the same
-schema (see :mod:`gpuwarden.collector.storage.migrations`).
+:class:`gpuwarden.collector.storage.postgres.PostgresStorage`, for collectors sharing one
+database, implements the same protocol over the same schema and the same record SQL (see
+:mod:`gpuwarden.collector.storage.migrations` and :mod:`gpuwarden.collector.storage.dialect`).
 
 Contract for every implementation:
 

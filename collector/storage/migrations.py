@@ -5,7 +5,14 @@ Each migration is applied in its own transaction together with its row in
 previous version, never half-way. Migrations are append-only: once released, a migration is never
 edited; a change is a new migration with the next version.
 
-Conventions of the schema (a PostgreSQL backend keeps the same tables and columns):
+One list serves both backends. The SQL is written once in SQLite's spelling; for PostgreSQL
+:func:`render_postgresql` maps its column types (``<name>_id INTEGER PRIMARY KEY`` → an
+identity column, ``INTEGER`` → ``BIGINT``, ``REAL`` → ``DOUBLE PRECISION``, ``TEXT`` →
+``TEXT COLLATE "C"`` so strings sort by bytes as in SQLite). The one thing written twice is
+what cannot be translated: the audit log's append-only triggers (``Migration.sqlite`` /
+``Migration.postgresql``).
+
+Conventions of the schema (both backends have the same tables and columns):
 
 * times are ``REAL`` Unix seconds; ``NULL`` means unknown, never 0;
 * JSON columns hold canonical text (sorted keys) written by
@@ -19,20 +26,58 @@ Needs SQLite 3.24 or later (``INSERT ... ON CONFLICT DO UPDATE``).
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuwarden.collector.storage.base import SchemaVersionError
+from gpuwarden.collector.storage.dialect import SQLITE, Dialect
 
 
 @dataclass(frozen=True, slots=True)
 class Migration:
-    """One schema step: ``version`` counts up from 1 without gaps."""
+    """One schema step: ``version`` counts up from 1 without gaps.
+
+    ``sql`` is for both backends; ``sqlite`` and ``postgresql`` run after it on that backend
+    only (statements one engine's syntax cannot share).
+    """
 
     version: int
     name: str
     sql: str
+    sqlite: str = ""
+    postgresql: str = ""
+
+    def script(self, dialect: Dialect) -> str:
+        """The whole step in ``dialect``'s SQL."""
+        if dialect.postgresql:
+            return f"{render_postgresql(self.sql)}\n{self.postgresql}"
+        return f"{self.sql}\n{self.sqlite}"
+
+
+#: SQLite type → PostgreSQL type, applied in this order (longest first).
+_POSTGRESQL_TYPES = (
+    (
+        re.compile(r"\b(\w+_id\s+)INTEGER PRIMARY KEY( AUTOINCREMENT)?\b"),
+        r"\1BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+    ),
+    (re.compile(r"\bINTEGER\b"), "BIGINT"),
+    (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
+    (re.compile(r"\bTEXT\b"), 'TEXT COLLATE "C"'),
+)
+
+
+def render_postgresql(sql: str) -> str:
+    """The shared schema SQL with PostgreSQL's column types (see the module docstring).
+
+    An ``<name>_id INTEGER PRIMARY KEY`` is SQLite's rowid alias, assigned by the database (and
+    never reused with ``AUTOINCREMENT``); an identity column is both on PostgreSQL. Other
+    integer keys (``schema_migrations.version``) are written by us and stay plain.
+    """
+    for pattern, replacement in _POSTGRESQL_TYPES:
+        sql = pattern.sub(replacement, sql)
+    return sql
 
 
 _CORE = """
@@ -125,7 +170,7 @@ CREATE TABLE incidents (
 CREATE UNIQUE INDEX incidents_one_open ON incidents (fingerprint) WHERE state = 'open';
 CREATE INDEX incidents_state ON incidents (state, last_seen);
 
--- Append-only: the triggers below refuse UPDATE and DELETE.
+-- Append-only: the triggers (per backend, below) refuse UPDATE and DELETE.
 CREATE TABLE audit_log (
     entry_id              INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: rises forever
     time                  REAL NOT NULL,
@@ -142,14 +187,6 @@ CREATE TABLE audit_log (
 );
 CREATE INDEX audit_log_time ON audit_log (time);
 CREATE INDEX audit_log_key ON audit_log (idempotency_key);
-CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
-BEGIN
-    SELECT RAISE(ABORT, 'audit_log is append-only: UPDATE refused');
-END;
-CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
-BEGIN
-    SELECT RAISE(ABORT, 'audit_log is append-only: DELETE refused');
-END;
 
 -- For the remediation issue: one row per (incident, fingerprint+action+target); a retry updates
 -- the row (attempts, state), a second decision for the same incident finds it (idempotency).
@@ -193,6 +230,31 @@ CREATE TABLE breaker_state (
     tripped_at  REAL,
     updated_at  REAL NOT NULL
 );
+"""
+
+_AUDIT_APPEND_ONLY_SQLITE = """
+CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+BEGIN
+    SELECT RAISE(ABORT, 'audit_log is append-only: UPDATE refused');
+END;
+CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+BEGIN
+    SELECT RAISE(ABORT, 'audit_log is append-only: DELETE refused');
+END;
+"""
+
+# The same refusal on PostgreSQL, TRUNCATE included (it fires no row trigger).
+_AUDIT_APPEND_ONLY_POSTGRESQL = """
+CREATE FUNCTION audit_log_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'audit_log is append-only: % refused', TG_OP
+        USING ERRCODE = 'integrity_constraint_violation';
+END;
+$$;
+CREATE TRIGGER audit_log_no_update_or_delete BEFORE UPDATE OR DELETE ON audit_log
+    FOR EACH ROW EXECUTE FUNCTION audit_log_append_only();
+CREATE TRIGGER audit_log_no_truncate BEFORE TRUNCATE ON audit_log
+    FOR EACH STATEMENT EXECUTE FUNCTION audit_log_append_only();
 """
 
 _NOTIFICATIONS = """
@@ -286,6 +348,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         2,
         "incidents, audit log, remediation actions, approvals, breaker",
         _INCIDENTS_AND_REMEDIATION,
+        sqlite=_AUDIT_APPEND_ONLY_SQLITE,
+        postgresql=_AUDIT_APPEND_ONLY_POSTGRESQL,
     ),
     Migration(3, "notification state per incident and route, log cursors", _NOTIFICATIONS),
     Migration(4, "pages: the remediator's alerts, stored until a route accepts them", _PAGES),
@@ -295,7 +359,7 @@ MIGRATIONS: tuple[Migration, ...] = (
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 
-_CREATE_VERSIONS = """
+CREATE_VERSIONS = """
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     INTEGER PRIMARY KEY,
     name        TEXT NOT NULL,
@@ -366,7 +430,7 @@ def migrate(
     check_order(migrations)
     latest = migrations[-1].version if migrations else 0
     applied: list[int] = []
-    conn.execute(_CREATE_VERSIONS)
+    conn.execute(CREATE_VERSIONS)
     for migration in migrations:
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -376,7 +440,7 @@ def migrate(
             if migration.version <= current:
                 conn.execute("COMMIT")
                 continue
-            for statement in split_statements(migration.sql):
+            for statement in split_statements(migration.script(SQLITE)):
                 conn.execute(statement)
             conn.execute(
                 "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",

@@ -20,21 +20,27 @@ fsync per write.
 
 from __future__ import annotations
 
-from gpuwarden.collector.storage.sqlite_base import MEMORY, MIN_SQLITE_VERSION, Synchronous
-from gpuwarden.collector.storage.sqlite_delivery import DeliveryRecords
-from gpuwarden.collector.storage.sqlite_fleet import FleetRecords
-from gpuwarden.collector.storage.sqlite_remediation import RemediationRecords
-from gpuwarden.collector.storage.sqlite_silences import SilenceRecords
+from gpuwarden.collector.storage.sql_delivery import DeliveryRecords
+from gpuwarden.collector.storage.sql_fleet import FleetRecords
+from gpuwarden.collector.storage.sql_remediation import RemediationRecords
+from gpuwarden.collector.storage.sql_silences import SilenceRecords
+from gpuwarden.collector.storage.sqlite_base import (
+    MEMORY,
+    MIN_SQLITE_VERSION,
+    SqliteBase,
+    Synchronous,
+)
 
 __all__ = ["MEMORY", "MIN_SQLITE_VERSION", "SqliteStorage", "Synchronous"]
 
 
-class SqliteStorage(FleetRecords, RemediationRecords, DeliveryRecords, SilenceRecords):
+class SqliteStorage(FleetRecords, RemediationRecords, DeliveryRecords, SilenceRecords, SqliteBase):
     """Collector state in one SQLite database (``":memory:"`` for tests and demos).
 
     The methods' contracts are :class:`~gpuwarden.collector.storage.base.Storage`'s. The
     connection (opening, lock, transactions) is ``SqliteBase``'s; the methods come by record
-    family from mixin bases: ``FleetRecords`` (jobs, models, events, accounting),
+    family from mixin bases shared with the PostgreSQL backend: ``FleetRecords`` (jobs,
+    models, events, accounting),
     ``RemediationRecords`` (incidents, audit, actions, approvals, breaker) and
     ``DeliveryRecords`` (notifications, pages, cursors) and ``SilenceRecords`` (operators'
     silences).

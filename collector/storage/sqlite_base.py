@@ -18,8 +18,10 @@ from typing import Any, Literal, Self
 from gpuwarden.collector.storage.base import (
     StorageError,
 )
+from gpuwarden.collector.storage.dialect import SQLITE
 from gpuwarden.collector.storage.migrations import migrate
-from gpuwarden.collector.storage.sqlite_codec import Codec, R
+from gpuwarden.collector.storage.sql_base import Connection, SqlBase
+from gpuwarden.collector.storage.sql_codec import Row
 
 Synchronous = Literal["NORMAL", "FULL"]
 MEMORY = ":memory:"
@@ -30,8 +32,10 @@ _SYNCHRONOUS_PRAGMA: dict[str, str] = {
 }
 
 
-class SqliteBase:
+class SqliteBase(SqlBase):
     """One connection guarded by one lock; ``_write`` is one ``BEGIN IMMEDIATE`` transaction."""
+
+    dialect = SQLITE
 
     def __init__(
         self,
@@ -117,10 +121,13 @@ class SqliteBase:
                     conn.execute("ROLLBACK")
                 raise
 
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         with self._lock:
-            return self._connection().execute(sql, params).fetchall()
+            rows: list[Row] = self._connection().execute(sql, params).fetchall()
+            return rows
 
-    def _one(self, codec: Codec[R], sql: str, key: object) -> R | None:
-        rows = self._read(sql, (key,))
-        return codec.load(rows[0]) if rows else None
+    def _insert(self, conn: Connection, sql: str, params: Sequence[Any], row_id: str) -> int | None:
+        cursor = conn.execute(sql, params)
+        if not isinstance(cursor, sqlite3.Cursor):  # pragma: no cover - SQLite's own connection
+            raise TypeError("a SqliteBase transaction runs on a sqlite3 connection")
+        return cursor.lastrowid if cursor.rowcount > 0 else None

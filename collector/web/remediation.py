@@ -261,7 +261,8 @@ async def approve_post(request: web.Request) -> web.Response:
     form = await request.post()
     presented = form.get(CSRF_FIELD)
     problem = csrf_problem(request, caller, presented if isinstance(presented, str) else None)
-    reason = "csrf" if problem is not None else "role"
+    # the handler's own refusals, told apart from the middleware's ("role", "missing", ...)
+    reason = "page-csrf" if problem is not None else "page-role"
     if problem is None and caller.role not in DECIDING_ROLES:
         problem = f"{caller.name} is a {caller.role.value}: only an operator or admin may approve"
     if problem is not None:
@@ -396,7 +397,7 @@ async def alertmanager_webhook(request: web.Request) -> web.Response:
         return _error(400, f"bad Alertmanager payload: {reason}")
     try:
         result = await asyncio.to_thread(receiver.receive, alerts, now=time.time())
-    except (sqlite3.Error, OSError) as exc:
+    except (sqlite3.Error, StorageError, OSError) as exc:  # StorageError: PostgreSQL's
         log.warning("alertmanager webhook: storage unavailable: %s", exc)
         return _error(503, "storage unavailable, retry")
     return web.json_response(asdict(result))

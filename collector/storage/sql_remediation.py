@@ -1,4 +1,4 @@
-"""Remediation's records in SQLite: incidents, the audit log, actions, approvals, breakers.
+"""Remediation's records in SQL: incidents, the audit log, actions, approvals, breakers.
 
 An action's or breaker's audit entry is written in the same transaction as the change.
 """
@@ -21,8 +21,8 @@ from gpuwarden.collector.storage.records import (
     dump_json,
     load_json,
 )
-from gpuwarden.collector.storage.sqlite_base import SqliteBase
-from gpuwarden.collector.storage.sqlite_codec import ALL, Codec, field_names, marks, same
+from gpuwarden.collector.storage.sql_base import Connection, SqlBase
+from gpuwarden.collector.storage.sql_codec import ALL, Codec, field_names, marks, one_of, same
 
 _INCIDENTS = Codec(
     "incidents",
@@ -82,7 +82,7 @@ _INSERT_INCIDENT = _INCIDENTS.insert_sql(("updated_at",), "ON CONFLICT DO NOTHIN
 _INSERT_AUDIT = _AUDIT.insert_sql()
 
 
-class RemediationRecords(SqliteBase):
+class RemediationRecords(SqlBase):
     """The ``Storage`` methods of incidents, audit, actions, approvals and the breaker."""
 
     # Incidents -------------------------------------------------------------------------------
@@ -92,8 +92,7 @@ class RemediationRecords(SqliteBase):
             raise ValueError("open_incident takes a new incident (no id) in state 'open'")
         params = _INCIDENTS.params(incident, self._clock())
         with self._write() as conn:
-            cursor = conn.execute(_INSERT_INCIDENT, params)
-            return cursor.lastrowid if cursor.rowcount > 0 else None
+            return self._insert(conn, _INSERT_INCIDENT, params, "incident_id")
 
     def update_incident(self, incident: Incident) -> bool:
         i = incident
@@ -130,7 +129,7 @@ class RemediationRecords(SqliteBase):
         if entry.entry_id is not None:
             raise ValueError("append_audit takes a new entry (entry_id=None)")
         with self._write() as conn:
-            entry_id = conn.execute(_INSERT_AUDIT, _AUDIT.params(entry)).lastrowid
+            entry_id = self._append(conn, entry)
         if entry_id is None:  # pragma: no cover - a successful INSERT always sets it
             raise StorageError("audit_log insert returned no id")
         return entry_id
@@ -142,7 +141,11 @@ class RemediationRecords(SqliteBase):
             raise ValueError(f"limit must be >= 0, got {limit}")
         rows = self._read(
             "SELECT * FROM audit_log WHERE time >= ? AND entry_id > ? ORDER BY entry_id LIMIT ?",
-            (ALL if since is None else since, after_id, -1 if limit is None else limit),
+            (
+                ALL if since is None else since,
+                after_id,
+                self.dialect.no_limit if limit is None else limit,
+            ),
         )
         return [_AUDIT.load(row) for row in rows]
 
@@ -164,12 +167,12 @@ class RemediationRecords(SqliteBase):
         if record.action_id is not None:
             raise ValueError("insert_action takes a new action (action_id=None)")
         with self._write() as conn:
-            cursor = conn.execute(_INSERT_ACTION, _ACTIONS.params(record))
-            if cursor.rowcount <= 0:
+            action_id = self._insert(conn, _INSERT_ACTION, _ACTIONS.params(record), "action_id")
+            if action_id is None:
                 return None
             if audit is not None:
-                conn.execute(_INSERT_AUDIT, _AUDIT.params(audit))
-            return cursor.lastrowid
+                self._append(conn, audit)
+            return action_id
 
     def update_action(
         self, record: ActionRecord, *, expect_state: str, audit: AuditEntry | None = None
@@ -183,7 +186,7 @@ class RemediationRecords(SqliteBase):
             if cursor.rowcount <= 0:
                 return False
             if audit is not None:
-                conn.execute(_INSERT_AUDIT, _AUDIT.params(audit))
+                self._append(conn, audit)
             return True
 
     def action(self, action_id: int) -> ActionRecord | None:
@@ -209,10 +212,10 @@ class RemediationRecords(SqliteBase):
         sql = "SELECT * FROM remediation_actions WHERE (? IS NULL OR incident_id = ?)"
         params: list[Any] = [incident_id, incident_id]
         if states is not None:
-            sql += f" AND state IN ({marks(len(states))})"
+            sql += f" AND {one_of('state', len(states))}"
             params += [str(state) for state in states]
         sql += " ORDER BY action_id DESC LIMIT ?"
-        params.append(-1 if limit is None else limit)
+        params.append(self.dialect.no_limit if limit is None else limit)
         return [_ACTIONS.load(row) for row in self._read(sql, params)]
 
     def cooldown_until(self, action: str, target: str, *, dry_run: bool) -> float | None:
@@ -228,7 +231,8 @@ class RemediationRecords(SqliteBase):
         if record.approval_id is not None:
             raise ValueError("insert_approval takes a new approval (approval_id=None)")
         with self._write() as conn:
-            approval_id = conn.execute(_INSERT_APPROVAL, _APPROVALS.params(record)).lastrowid
+            params = _APPROVALS.params(record)
+            approval_id = self._insert(conn, _INSERT_APPROVAL, params, "approval_id")
         if approval_id is None:  # pragma: no cover - a successful INSERT always sets it
             raise StorageError("approvals insert returned no id")
         return approval_id
@@ -269,7 +273,16 @@ class RemediationRecords(SqliteBase):
             ).fetchone()
             if (current[0] if current is not None else "closed") != expect_state:
                 return False
-            conn.execute(_SET_BREAKER, (*_BREAKERS.params(record), expect_state))
+            # The upsert re-checks the state: on a backend with concurrent writers another
+            # transaction may have moved the breaker between the SELECT and here.
+            cursor = conn.execute(_SET_BREAKER, (*_BREAKERS.params(record), expect_state))
+            if cursor.rowcount <= 0:
+                return False
             if audit is not None:
-                conn.execute(_INSERT_AUDIT, _AUDIT.params(audit))
+                self._append(conn, audit)
             return True
+
+    def _append(self, conn: Connection, entry: AuditEntry) -> int | None:
+        """Append ``entry`` to the audit log inside the transaction of ``conn``."""
+        self._before_audit(conn)
+        return self._insert(conn, _INSERT_AUDIT, _AUDIT.params(entry), "entry_id")

@@ -1,11 +1,11 @@
-"""Operators' silences in SQLite (the ``silences`` table of migration 6)."""
+"""Operators' silences (the ``silences`` table of migration 6), for both SQL backends."""
 
 from __future__ import annotations
 
 from gpuwarden.collector.storage.base import SilenceRecord, StorageError
 from gpuwarden.collector.storage.records import dump_json, load_json
-from gpuwarden.collector.storage.sqlite_base import SqliteBase
-from gpuwarden.collector.storage.sqlite_codec import Codec, field_names
+from gpuwarden.collector.storage.sql_base import SqlBase
+from gpuwarden.collector.storage.sql_codec import Codec, field_names
 
 _SILENCES = Codec(
     "silences",
@@ -18,14 +18,14 @@ _SILENCES = Codec(
 _INSERT_SILENCE = _SILENCES.insert_sql()
 
 
-class SilenceRecords(SqliteBase):
+class SilenceRecords(SqlBase):
     """The ``Storage`` methods of silences."""
 
     def add_silence(self, record: SilenceRecord) -> int:
         if record.silence_id is not None:
             raise ValueError("add_silence takes a new silence (silence_id=None)")
         with self._write() as conn:
-            silence_id = conn.execute(_INSERT_SILENCE, _SILENCES.params(record)).lastrowid
+            silence_id = self._insert(conn, _INSERT_SILENCE, _SILENCES.params(record), "silence_id")
         if silence_id is None:  # pragma: no cover - a successful INSERT always sets it
             raise StorageError("silences insert returned no id")
         return silence_id
@@ -44,8 +44,8 @@ class SilenceRecords(SqliteBase):
         # A silence that has not started yet ends before it starts: it never holds anything.
         with self._write() as conn:
             cursor = conn.execute(
-                "UPDATE silences SET ends_at = MAX(?, starts_at + 0.001), expired_by = ?"
-                " WHERE silence_id = ? AND ends_at > ?",
-                (now, actor, silence_id, now),
+                "UPDATE silences SET ends_at = CASE WHEN ? > starts_at + 0.001 THEN ?"
+                " ELSE starts_at + 0.001 END, expired_by = ? WHERE silence_id = ? AND ends_at > ?",
+                (now, now, actor, silence_id, now),
             )
             return cursor.rowcount > 0

@@ -1,4 +1,4 @@
-"""What the fleet did, in SQLite: jobs, model deployments, events and accounting rollups."""
+"""What the fleet did, in SQL: jobs, model deployments, events and accounting rollups."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuwarden.collector.jobs.model import Job, JobState
+from gpuwarden.collector.storage.dialect import DIALECTS, Dialect
 from gpuwarden.collector.storage.records import (
     ROLLUP_DIMENSIONS,
     AccountingRow,
@@ -22,8 +23,8 @@ from gpuwarden.collector.storage.records import (
     load_json,
     load_labels,
 )
-from gpuwarden.collector.storage.sqlite_base import SqliteBase
-from gpuwarden.collector.storage.sqlite_codec import ALL, Codec, field_names, marks
+from gpuwarden.collector.storage.sql_base import SqlBase
+from gpuwarden.collector.storage.sql_codec import ALL, Codec, field_names, one_of
 
 _JOBS = Codec(
     "jobs",
@@ -53,24 +54,35 @@ _ACCOUNTING = Codec(
     to_sql={"job_key": lambda key: key or ""},  # '' in the key column: no job
     from_sql={"job_key": lambda key: key or None},
 )
-_UPSERT_JOB = _JOBS.upsert_sql(("first_seen", "updated_at"))
-_UPSERT_MODEL = _MODELS.upsert_sql(("updated_at",))
+_UPSERT_JOB = {d: _JOBS.upsert_sql(("first_seen", "updated_at"), d) for d in DIALECTS}
+_UPSERT_MODEL = {d: _MODELS.upsert_sql(("updated_at",), d) for d in DIALECTS}
 _INSERT_EVENT = _EVENTS.insert_sql(("recorded_at",), "ON CONFLICT DO NOTHING")
-_REPLACE_ACCOUNTING = _ACCOUNTING.insert_sql(("written_at",), verb="INSERT OR REPLACE")
+_ACCOUNTING_KEY = ("period_start", "job_key", "gpu_uuid")
+_REPLACE_ACCOUNTING = {
+    d: _ACCOUNTING.replace_sql(("written_at",), _ACCOUNTING_KEY, d) for d in DIALECTS
+}
 _ROLLUP_GROUP: dict[str, str] = {d: d for d in ROLLUP_DIMENSIONS} | {
     "job_key": "NULLIF(job_key, '')"
 }
 UNRECORDED_CURRENCY = "(unrecorded)"
 """The currency of rows written before the collector kept it (never guessed)."""
-_ROLLUP_SUMS = (
-    "COUNT(*), SUM(energy_joules IS NULL OR cost IS NULL OR carbon_grams IS NULL),"
-    " SUM(gpu_seconds_allocated), SUM(gpu_seconds_busy), SUM(gpu_seconds_idle),"
-    " SUM(gpu_seconds_unknown), SUM(energy_joules), SUM(cost), SUM(carbon_grams),"
-    f" GROUP_CONCAT(DISTINCT COALESCE(currency, '{UNRECORDED_CURRENCY}'))"
-)
 
 
-class FleetRecords(SqliteBase):
+def _rollup_sums(d: Dialect) -> str:
+    incomplete = d.count_where("energy_joules IS NULL OR cost IS NULL OR carbon_grams IS NULL")
+    currencies = d.distinct_list(f"COALESCE(currency, '{UNRECORDED_CURRENCY}')")
+    return (
+        f"COUNT(*), {incomplete},"
+        " SUM(gpu_seconds_allocated), SUM(gpu_seconds_busy), SUM(gpu_seconds_idle),"
+        " SUM(gpu_seconds_unknown), SUM(energy_joules), SUM(cost), SUM(carbon_grams),"
+        f" {currencies}"
+    )
+
+
+_ROLLUP_SUMS = {d: _rollup_sums(d) for d in DIALECTS}
+
+
+class FleetRecords(SqlBase):
     """The ``Storage`` methods of jobs, models, events and accounting."""
 
     # Jobs ------------------------------------------------------------------------------------
@@ -79,7 +91,7 @@ class FleetRecords(SqliteBase):
         now = self._clock()
         params = [_JOBS.params(job, now, now) for job in jobs]
         with self._write() as conn:
-            return conn.executemany(_UPSERT_JOB, params).rowcount
+            return conn.executemany(_UPSERT_JOB[self.dialect], params).rowcount
 
     def jobs(
         self, *, since: float | None = None, states: Collection[JobState] | None = None
@@ -87,7 +99,7 @@ class FleetRecords(SqliteBase):
         sql = "SELECT * FROM jobs WHERE (end_time IS NULL OR end_time >= ?)"
         params: list[Any] = [ALL if since is None else since]
         if states is not None:
-            sql += f" AND state IN ({marks(len(states))})"
+            sql += f" AND {one_of('state', len(states))}"
             params += [JobState(s) for s in states]
         return [_JOBS.load(row) for row in self._read(sql + " ORDER BY key", params)]
 
@@ -99,7 +111,7 @@ class FleetRecords(SqliteBase):
     def upsert_model(self, model: ModelDeployment) -> bool:
         params = _MODELS.params(model, self._clock())
         with self._write() as conn:
-            return conn.execute(_UPSERT_MODEL, params).rowcount > 0
+            return conn.execute(_UPSERT_MODEL[self.dialect], params).rowcount > 0
 
     def models(self) -> list[ModelDeployment]:
         return [_MODELS.load(row) for row in self._read("SELECT * FROM models ORDER BY name")]
@@ -122,7 +134,7 @@ class FleetRecords(SqliteBase):
         sql = "SELECT * FROM events WHERE time >= ?"
         params: list[Any] = [ALL if since is None else since]
         if kinds is not None:
-            sql += f" AND kind IN ({marks(len(kinds))})"
+            sql += f" AND {one_of('kind', len(kinds))}"
             params += [EventKind(k) for k in kinds]
         if subject is not None:
             sql += " AND subject = ?"
@@ -140,7 +152,7 @@ class FleetRecords(SqliteBase):
                 "DELETE FROM accounting WHERE period_start = ? AND gpu_uuid = ?", scopes
             )
             # The DELETE made room; OR REPLACE lets a duplicate key within the batch win last.
-            conn.executemany(_REPLACE_ACCOUNTING, params)
+            conn.executemany(_REPLACE_ACCOUNTING[self.dialect], params)
         return len(rows)
 
     def accounting_rows(self, *, since: float, until: float) -> list[AccountingRow]:
@@ -158,10 +170,12 @@ class FleetRecords(SqliteBase):
             raise ValueError(f"by must name distinct dimensions of {ROLLUP_DIMENSIONS}: {by!r}")
         # Only whitelisted column expressions are spliced in; the values are bound.
         groups = ", ".join(_ROLLUP_GROUP[d] for d in by)
-        sql = f"SELECT {groups}{', ' if by else ''}{_ROLLUP_SUMS} FROM accounting"  # noqa: S608
+        sums = _ROLLUP_SUMS[self.dialect]
+        sql = f"SELECT {groups}{', ' if by else ''}{sums} FROM accounting"  # noqa: S608
         sql += " WHERE period_start >= ? AND period_start < ?"
         if by:
-            sql += f" GROUP BY {groups} ORDER BY {groups}"
+            order = ", ".join(self.dialect.nulls_first(_ROLLUP_GROUP[d]) for d in by)
+            sql += f" GROUP BY {groups} ORDER BY {order}"
         n = len(by)
         return [
             # The sums are selected in the order of RollupTotal's fields.

@@ -1,4 +1,4 @@
-"""Delivery's records in SQLite: notifications, pages, the dispatcher's cursors, and the agent
+"""Delivery's records in SQL: notifications, pages, the dispatcher's cursors, and the agent
 rounds already stored (the receiving side of delivery)."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from gpuwarden.collector.storage.base import (
     RoundsRecord,
     StorageError,
 )
+from gpuwarden.collector.storage.dialect import DIALECTS
 from gpuwarden.collector.storage.records import (
     dump_json,
     load_json,
 )
-from gpuwarden.collector.storage.sqlite_base import SqliteBase
-from gpuwarden.collector.storage.sqlite_codec import Codec, field_names
+from gpuwarden.collector.storage.sql_base import SqlBase
+from gpuwarden.collector.storage.sql_codec import Codec, field_names
 
 _NOTIFICATIONS = Codec(
     "notifications",
@@ -23,7 +24,9 @@ _NOTIFICATIONS = Codec(
     to_sql={"delivered": int},
     from_sql={"delivered": bool},
 )
-_SAVE_NOTIFICATION = _NOTIFICATIONS.insert_sql(verb="INSERT OR REPLACE")
+_SAVE_NOTIFICATION = {
+    d: _NOTIFICATIONS.replace_sql((), ("incident_id", "route"), d) for d in DIALECTS
+}
 _PAGES = Codec(
     "pages",
     PageRecord,
@@ -41,14 +44,14 @@ _SAVE_ROUNDS = _ROUNDS.insert_sql(
 _PAGE_MUTABLE = ("status", "attempts", "next_attempt_at", "sent_at", "last_error", "alert")
 
 
-class DeliveryRecords(SqliteBase):
+class DeliveryRecords(SqlBase):
     """The ``Storage`` methods of notifications, pages and cursors."""
 
     # Notifications ---------------------------------------------------------------------------
 
     def save_notification(self, record: NotificationRecord) -> None:
         with self._write() as conn:
-            conn.execute(_SAVE_NOTIFICATION, _NOTIFICATIONS.params(record))
+            conn.execute(_SAVE_NOTIFICATION[self.dialect], _NOTIFICATIONS.params(record))
 
     def notifications(
         self,
@@ -70,7 +73,7 @@ class DeliveryRecords(SqliteBase):
         if record.page_id is not None:
             raise ValueError("add_page takes a new page (page_id=None)")
         with self._write() as conn:
-            page_id = conn.execute(_PAGES.insert_sql(), _PAGES.params(record)).lastrowid
+            page_id = self._insert(conn, _PAGES.insert_sql(), _PAGES.params(record), "page_id")
         if page_id is None:  # pragma: no cover - a successful INSERT always sets it
             raise StorageError("pages insert returned no id")
         return page_id

@@ -1,0 +1,61 @@
+"""What the record families (:mod:`.sql_fleet`, :mod:`.sql_remediation`, :mod:`.sql_delivery`)
+need from a SQL backend: one write transaction, one read, the id of an inserted row, and its
+dialect. :class:`~.sqlite_base.SqliteBase` and :class:`~.postgres_base.PostgresBase` provide
+them; the families' SQL is written once, with ``?`` parameters, for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from gpuwarden.collector.storage.dialect import Dialect
+from gpuwarden.collector.storage.sql_codec import Codec, R, Row
+
+
+class Cursor(Protocol):
+    """The part of a DB-API cursor the families use."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+
+class Connection(Protocol):
+    """The part of a DB-API connection the families use (``?`` parameters on both)."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Cursor: ...
+
+    def executemany(self, sql: str, params: Sequence[Sequence[Any]], /) -> Cursor: ...
+
+
+class SqlBase:
+    """The backend's connection, seen by the record families."""
+
+    dialect: Dialect
+    location: str
+    _clock: Callable[[], float]
+
+    def _write(self) -> AbstractContextManager[Connection]:
+        """One write transaction: committed when the block ends, rolled back if it raises."""
+        raise NotImplementedError
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """The rows of one read-only statement."""
+        raise NotImplementedError
+
+    def _insert(self, conn: Connection, sql: str, params: Sequence[Any], row_id: str) -> int | None:
+        """Run an ``INSERT`` of one row; the ``row_id`` the database gave it, or ``None`` when
+        the statement inserted nothing (``ON CONFLICT DO NOTHING``)."""
+        raise NotImplementedError
+
+    def _before_audit(self, conn: Connection) -> None:
+        """Called in a write transaction before it appends to the audit log: a backend where
+        writers run concurrently serialises the appends here, so that entry ids rise in commit
+        order and a reader following ``after_id`` never skips a late-committing entry."""
+
+    def _one(self, codec: Codec[R], sql: str, key: object) -> R | None:
+        rows = self._read(sql, (key,))
+        return codec.load(rows[0]) if rows else None
