@@ -7,8 +7,8 @@ number of readers (each Prometheus scrape).
 
 The OTLP push does not go through the SDK: :class:`Telemetry` encodes it straight from the
 catalog (``agent.otlp``), with the SDK ``Resource``'s attributes, so the request is what the SDK
-would send at a fraction of the CPU. The SDK's meter provider exists only when a pull reader
-(Prometheus) asks for it.
+would send at a fraction of the CPU. The SDK's meter provider exists (and its module is imported)
+only when a pull reader (Prometheus) asks for it.
 
 This is the one module of the agent that talks to the OpenTelemetry SDK.
 """
@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
-from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 
 from gpuwarden.agent.catalog import CATALOG, Instrument, MetricDef, rows_by_name
 from gpuwarden.agent.otlp import OtlpEncoder
 from gpuwarden.agent.points import Prepared, SampleCache, points, prepared_points
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
 
 METER_NAME = "gpuwarden.agent"
 
@@ -112,6 +115,9 @@ class Telemetry:
         readers = list(extra_readers)
         self._provider: MeterProvider | None = None
         if readers:
+            # imported here: an agent that only pushes never loads the SDK's metrics machinery
+            from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+
             self._provider = MeterProvider(
                 metric_readers=readers,
                 resource=resource,
