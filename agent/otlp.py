@@ -86,10 +86,21 @@ def encode_attributes(number: int, attributes: Mapping[str, object]) -> bytes:
     )
 
 
-class _MetricEncoder:
-    """One metric name: its header bytes, and the series it had in the last round."""
+# A point's fixed-size fields after its attributes' head: time (9 bytes) and value (9 bytes).
+_TIME_AND_VALUE_BYTES = 18
+_START_BYTES = 9
 
-    __slots__ = ("attributes", "header", "is_sum", "rows", "starts", "tail")
+
+class _MetricEncoder:
+    """One metric name: its header bytes, and the series it had in the last round.
+
+    A live series keeps two byte strings: its point's head (the ``data_points`` tag, the
+    point's length, which never changes for a series, and a sum's start time) and its encoded
+    attributes. A point of a known series is then its head, the round's time, its value and its
+    attributes, joined.
+    """
+
+    __slots__ = ("header", "is_sum", "rows", "series", "tail")
 
     def __init__(self, rows: tuple[MetricDef, ...]) -> None:
         first = rows[0]
@@ -103,8 +114,15 @@ class _MetricEncoder:
             self.tail = b"\x10" + _varint(AGGREGATION_TEMPORALITY_CUMULATIVE) + monotonic
         else:
             self.tail = b""
-        self.attributes: dict[AttrKey, bytes] = {}  # encoded attributes of live series
-        self.starts: dict[AttrKey, bytes] = {}  # start time (encoded) of live sums
+        self.series: dict[AttrKey, tuple[bytes, bytes]] = {}  # live series: (head, attributes)
+
+    def _new_series(self, key: AttrKey, time_nano: int) -> tuple[bytes, bytes]:
+        attributes = encode_attributes(_POINT_ATTRIBUTE, dict(key))
+        length = _TIME_AND_VALUE_BYTES + len(attributes)
+        if self.is_sum:  # the start time: this round's, kept while the series lasts
+            start = _POINT_START + _FIXED64.pack(time_nano)
+            return _DATA_POINTS + _varint(length + _START_BYTES) + start, attributes
+        return _DATA_POINTS + _varint(length), attributes
 
     def encode(self, prepared: Prepared, time_field: bytes, time_nano: int) -> bytes:
         """The whole ``Metric`` field of this round, or b"" when it has no point."""
@@ -116,30 +134,21 @@ class _MetricEncoder:
                     values[key] += value  # as the SDK's sum aggregation does
                 else:
                     values[key] = value  # a gauge keeps the last, as the SDK does
-        if not values:
-            self.attributes, self.starts = {}, {}
-            return b""
-        known, starts = self.attributes, self.starts
-        live: dict[AttrKey, bytes] = {}
-        live_starts: dict[AttrKey, bytes] = {}
-        points = []
+        known = self.series
+        live: dict[AttrKey, tuple[bytes, bytes]] = {}
+        parts: list[bytes] = []
+        pack = _DOUBLE.pack
         for key, value in values.items():
-            encoded = known.get(key)
-            if encoded is None:
-                encoded = encode_attributes(_POINT_ATTRIBUTE, dict(key))
-            live[key] = encoded
-            number = _POINT_DOUBLE + _DOUBLE.pack(value)  # points are floats: as_double
-            if self.is_sum:
-                start = starts.get(key)
-                if start is None:
-                    start = _POINT_START + _FIXED64.pack(time_nano)
-                live_starts[key] = start
-                body = start + time_field + number + encoded
-            else:
-                body = time_field + number + encoded
-            points.append(_DATA_POINTS + _varint(len(body)) + body)
-        self.attributes, self.starts = live, live_starts
-        data = b"".join(points) + self.tail
+            series = known.get(key)
+            if series is None:
+                series = self._new_series(key, time_nano)
+            live[key] = series
+            # points are floats (as_double), as the SDK encodes the agent's observations
+            parts += (series[0], time_field, _POINT_DOUBLE, pack(value), series[1])
+        self.series = live
+        if not parts:
+            return b""
+        data = b"".join(parts) + self.tail
         return _field(2, self.header + _field(7 if self.is_sum else 5, data))
 
 
