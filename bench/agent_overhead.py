@@ -82,6 +82,50 @@ def load_fake(tmp: Path) -> FakeNvml:
     return fake
 
 
+AGENT_DRIVER = """
+import ctypes, os, sys
+from pathlib import Path
+from tests.fakenvml.control import FakeNvml, FakeProcess
+fake = FakeNvml(ctypes.CDLL(sys.argv[1]), Path(sys.argv[1]))
+fake.reset(8)
+mine, init = FakeProcess(os.getpid(), 4 << 30, 40, 20), FakeProcess(1, 1 << 30, 5, 1)
+for gpu in range(8):
+    fake.set_processes(gpu, [mine, init])
+from gpuwarden.cli import main
+sys.exit(main(["agent", "--config", sys.argv[2]]))
+"""
+
+
+def agent_process_rss(tmp: Path, library: Path, port: int, token: str) -> tuple[float, float]:
+    """RSS and peak RSS (MiB) of a real ``gpuwarden agent`` process after 8 one-second rounds.
+
+    The fake NVML's state lives in the process that loads it, so a short driver sets it up
+    (8 GPUs, two processes each) and then runs the agent's own command line in that process.
+    """
+    config = tmp / "agent-rss.yaml"
+    config.write_text(
+        f"node_name: bench\nsource: nvml\nnvml_library_path: {library}\ninterval_seconds: 1\n"
+        f"collector: {{endpoint: 'http://127.0.0.1:{port}/v1/metrics', token: {token}}}\n"
+        f"spool: {{directory: {tmp / 'spool-rss'}}}\nhttp: {{port: 0}}\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", AGENT_DRIVER, str(library), str(config)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        time.sleep(8.0)  # a benchmark, not a test: let it run eight rounds
+        if proc.poll() is not None:
+            raise SystemExit(f"agent exited: {proc.communicate()[1].decode()[-2000:]}")
+        status = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+        kib = {line.split(":")[0]: int(line.split()[1]) for line in status if "kB" in line}
+        return kib["VmRSS"] / 1024, kib["VmHWM"] / 1024
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -274,7 +318,14 @@ def main() -> int:
                     f"agent CPU at a {interval:g} s interval: {mcpu:.2f} mCPU "
                     f"(measured over {window:g} s)"
                 )
-            print(f"agent RSS: {rss_mib():.1f} MiB (whole process, pynvml + OTel SDK loaded)")
+            print(
+                f"bench RSS: {rss_mib():.1f} MiB (this whole process: agent, benchmark, profiler)"
+            )
+            rss, peak = agent_process_rss(tmp, fake.directory / "libnvidia-ml.so.1", port, token)
+            print(
+                f"agent RSS: {rss:.1f} MiB, peak {peak:.1f} MiB (a `gpuwarden agent` process, "
+                "8 GPUs, Prometheus pull on)"
+            )
         finally:
             collector.terminate()
             collector.wait(10)
