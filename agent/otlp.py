@@ -14,19 +14,24 @@ by field number, as upb does: the collector's fast path reads such requests with
 ``tests/test_otlp_encode.py`` checks it point for point. Points carry the round's sample time;
 a sum's start time is the sample time of the round its series first appeared in, kept while the
 series lasts. Two points of one metric with equal attributes merge as the SDK merges them (sums
-add, gauges keep the last).
+add, gauges keep the last), and a non-finite value (NaN, ±inf) is dropped, as the SDK drops it
+(logged once per metric here, not every round).
 
 The SDK stays for the optional Prometheus pull reader (``agent.telemetry``).
 """
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Mapping
+from math import isfinite
 
 from gpuwarden.agent.catalog import Instrument, MetricDef, rows_by_name
 from gpuwarden.agent.model import Snapshot
 from gpuwarden.agent.points import Prepared, prepared_points
+
+log = logging.getLogger(__name__)
 
 AttrKey = tuple[tuple[str, str | int], ...]
 
@@ -100,7 +105,7 @@ class _MetricEncoder:
     attributes, joined.
     """
 
-    __slots__ = ("header", "is_sum", "rows", "series", "tail")
+    __slots__ = ("header", "is_sum", "logged", "rows", "series", "tail")
 
     def __init__(self, rows: tuple[MetricDef, ...]) -> None:
         first = rows[0]
@@ -115,6 +120,14 @@ class _MetricEncoder:
         else:
             self.tail = b""
         self.series: dict[AttrKey, tuple[bytes, bytes]] = {}  # live series: (head, attributes)
+        self.logged = False
+
+    def _log_non_finite(self, value: float) -> None:
+        if not self.logged:  # once per metric: a broken sensor must not flood the log
+            self.logged = True
+            log.warning(
+                "dropping the non-finite value %s of %s (logged once)", value, self.rows[0].name
+            )
 
     def _new_series(self, key: AttrKey, time_nano: int) -> tuple[bytes, bytes]:
         attributes = encode_attributes(_POINT_ATTRIBUTE, dict(key))
@@ -129,9 +142,12 @@ class _MetricEncoder:
         values: dict[AttrKey, float] = {}
         for row in self.rows:
             for value, attrs in prepared_points(row, prepared):
+                if not isfinite(value):  # NaN, ±inf: dropped, as the SDK drops them
+                    self._log_non_finite(value)
+                    continue
                 key = tuple(attrs.items())
-                if self.is_sum and key in values:
-                    values[key] += value  # as the SDK's sum aggregation does
+                if self.is_sum:  # as the SDK's sum aggregation: from 0, adding (0 + -0.0 is 0.0)
+                    values[key] = values.get(key, 0) + value
                 else:
                     values[key] = value  # a gauge keeps the last, as the SDK does
         known = self.series

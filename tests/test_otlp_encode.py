@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -309,3 +311,73 @@ def test_attribute_values_encode_as_protobuf_does(value: bool | int | float | st
         reference.SerializeToString()
     )
     assert isinstance(reference, KeyValue)
+
+
+_maybe_float = st.none() | st.floats(width=64)  # NaN and ±inf too: both paths drop them
+_maybe_count = st.none() | st.integers(0, 2**53)
+_jobs = st.none() | st.builds(
+    JobRef,
+    scheduler=st.sampled_from(["slurm", "kubernetes"]),
+    job_id=st.none() | st.text(max_size=8),
+    pod_uid=st.none() | st.text(max_size=8),
+    container_id=st.none() | st.text(max_size=8),
+)
+_processes = st.lists(
+    st.builds(
+        ProcessSample,
+        pid=st.sampled_from([1, 2, 2**22]),  # few pids: the same series twice in one round
+        gpu_memory_bytes=_maybe_count,
+        sm_utilization_ratio=_maybe_float,
+        memory_utilization_ratio=_maybe_float,
+        job=_jobs,
+    ),
+    max_size=3,
+)
+_gpus = st.lists(
+    st.builds(
+        GpuSample,
+        uuid=st.sampled_from(["GPU-a", "GPU-b", "MIG-ü"]),  # repeats: merged as the SDK merges
+        index=st.integers(0, 16),
+        name=st.text(max_size=6),
+        status=st.sampled_from(list(GpuStatus)),
+        parent_uuid=st.none() | st.just("GPU-a"),
+        utilization_ratio=_maybe_float,
+        power_watts=_maybe_float,
+        energy_joules=_maybe_float,
+        clock_event_reasons=st.none() | st.integers(0, 0x1FF),
+        nvlink_tx_bytes=_maybe_count,
+        ecc_corrected_errors=_maybe_count,
+        xid_counts=st.dictionaries(st.integers(1, 200), st.integers(0, 9), max_size=2),
+        last_xid=st.none() | st.integers(1, 200),
+        processes=_processes.map(tuple),
+    ),
+    max_size=4,
+).map(tuple)
+_hosts = st.none() | st.builds(
+    HostSample,
+    cpu_time_seconds=st.dictionaries(st.sampled_from(["user", "idle"]), st.floats(0, 1e9)),
+    cpu_count=st.none() | st.integers(1, 512),
+    network_io_bytes=st.dictionaries(
+        st.tuples(st.text(min_size=1, max_size=4), st.sampled_from(["receive", "transmit"])),
+        st.integers(0, 2**53),
+        max_size=3,
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gpus=_gpus, host=_hosts)
+@example(  # the SDK sums from 0: a counter's -0.0 goes out as 0.0
+    gpus=(GpuSample(uuid="GPU-a", index=0, name="", energy_joules=-0.0),), host=None
+)
+def test_any_snapshot_encodes_as_the_sdk_encodes_it(
+    gpus: tuple[GpuSample, ...], host: HostSample | None
+) -> None:
+    snapshot = Snapshot(T0, gpus, host, (), AgentStats(sample_rounds=1))
+    cache = SampleCache()
+    cache.put(snapshot)
+    sdk = SdkPath(cache)
+    encoder = OtlpEncoder(sdk_resource(RESOURCE).attributes, METER_NAME, VERSION)
+    expected = masked(sdk.request(), None)
+    assert masked(ours(encoder, snapshot), T0).SerializeToString() == expected.SerializeToString()
+    sdk.provider.shutdown()
