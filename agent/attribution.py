@@ -195,16 +195,22 @@ class Attributor:
         """Return copies of ``processes`` with ``job`` filled where the owner is known.
 
         A job a sample already carries is kept when ``/proc`` names none. Cached answers for pids
-        absent from this call are dropped, so the cache holds at most one round's processes.
+        absent from this call are dropped, so the cache holds at most one round's processes:
+        pass a whole round (every GPU's processes) in one call. A pid listed several times (one
+        process on several GPUs) is looked up once; a sample whose job is already right is
+        returned as it is.
         """
-        attributed = tuple(
-            replace(process, job=self.job_for_pid(process.pid) or process.job)
-            for process in processes
-        )
-        seen = {process.pid for process in processes}
-        for pid in [pid for pid in self._cache if pid not in seen]:
+        jobs: dict[int, JobRef | None] = {}
+        attributed = []
+        for process in processes:
+            pid = process.pid
+            if pid not in jobs:
+                jobs[pid] = self.job_for_pid(pid)
+            job = jobs[pid] or process.job
+            attributed.append(process if job == process.job else replace(process, job=job))
+        for pid in [pid for pid in self._cache if pid not in jobs]:
             del self._cache[pid]
-        return attributed
+        return tuple(attributed)
 
     def _read_job(self, pid: int) -> JobRef | None:
         cgroup = _read_bounded(self._proc_root / str(pid) / "cgroup", CGROUP_LIMIT_BYTES, b"\n")

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from itertools import islice
 
 from gpuwarden.agent.model import (
     AgentStats,
@@ -79,10 +80,20 @@ class Agent:
         self._sender_stop = threading.Event()
 
     def _attributed(self, gpus: list[GpuSample]) -> tuple[GpuSample, ...]:
-        if self._attribution is None:
+        """The GPUs with their processes' jobs, attributed in one call for the whole round.
+
+        One call, not one per GPU: the attribution keeps its per-process cache for the pids of
+        the call, so per-GPU calls would evict the other GPUs' processes and re-read their
+        ``/proc`` files every round; and a process on several GPUs is looked up once.
+        """
+        flat = [process for gpu in gpus for process in gpu.processes]
+        if self._attribution is None or not flat:
             return tuple(gpus)
+        attributed = iter(self._attribution(flat))
         return tuple(
-            replace(gpu, processes=self._attribution(gpu.processes)) if gpu.processes else gpu
+            replace(gpu, processes=tuple(islice(attributed, len(gpu.processes))))
+            if gpu.processes
+            else gpu
             for gpu in gpus
         )
 

@@ -16,7 +16,9 @@ from gpuwarden.agent.attribution import (
     parse_environ,
     read_start_time,
 )
-from gpuwarden.agent.model import JobRef, ProcessSample
+from gpuwarden.agent.daemon import Agent
+from gpuwarden.agent.model import GpuSample, JobRef, ProcessSample
+from gpuwarden.agent.telemetry import SampleCache, Telemetry
 
 RECORDED_PROC = Path(__file__).parent / "data" / "proc"
 CID = "3f9c1e2d8a7b6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d"
@@ -270,3 +272,45 @@ def test_cgroup_is_read_only_up_to_its_limit(proc: Path) -> None:
     assert Attributor(proc).job_for_pid(4107) == slurm("33")
     cgroup.write_text("1:x:/" + "y" * CGROUP_LIMIT_BYTES + "\n" + line)
     assert Attributor(proc).job_for_pid(4107) is None
+
+
+class _TwoGpus:
+    """A GPU source with one recorded process on each of two GPUs and one on both."""
+
+    def sample(self) -> list[GpuSample]:
+        return [
+            GpuSample(uuid="GPU-0", index=0, name="g", processes=(ProcessSample(4101),)),
+            GpuSample(
+                uuid="GPU-1",
+                index=1,
+                name="g",
+                processes=(ProcessSample(4102, gpu_memory_bytes=1), ProcessSample(4101)),
+            ),
+            GpuSample(uuid="GPU-2", index=2, name="g"),
+        ]
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_round_keeps_every_gpus_processes_cached(proc: Path) -> None:
+    """The agent attributes the whole round at once, so no GPU's pids evict another's."""
+    cache = SampleCache()
+    agent = Agent(
+        source=_TwoGpus(),
+        telemetry=Telemetry(cache, {"host.name": "n"}, version="0"),
+        cache=cache,
+        interval_seconds=10,
+        attribution=Attributor(proc).attribute,
+    )
+    first = agent.sample_once().snapshot.gpus
+    for pid in (4101, 4102):  # a re-read would now find job 8
+        (proc / str(pid) / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_8/x\n")
+    second = agent.sample_once().snapshot.gpus
+    assert second == first
+    assert [[p.job for p in gpu.processes] for gpu in second] == [
+        [slurm("123")],
+        [slurm("4242"), slurm("123")],
+        [],
+    ]
+    assert second[1].processes[0].gpu_memory_bytes == 1
