@@ -21,6 +21,12 @@ changed, never by a detector's rule:
   40-120 min, which averaged about 1-1.5x the budget: a real slow burn, which ``slo-burn-slow``
   rightly reported on held-out seed 101; they were made smaller after that run.
 - ``busy-slo-blips`` (7 h): the base errors and the blips only. No episode.
+- ``slo-burn-slow`` (44 h, detection every 5 min): the base errors and blips, then from 6-10 h
+  on a steady 0.35-0.45 % of requests fail until the end (a flaky dependency): 3.5-4.5x the
+  budget of a 99.9 % SLO, 12-15 % of a 30-day budget a day. Episode ``slo-burn-slow`` from the
+  onset to the end. It stays under ``slo-burn-fast``'s 6x (by construction: 4.5x plus a blip
+  of at most 1 min x 10 % per 30 min is under 6x). Written after the issue-14 run that left this
+  rule with no episode; constants set by construction, not from the rule's output.
 - ``demand-growth`` (2.5 days; detection runs in the last 12 h, once two days of history
   exist): a daily curve peaking at 40-55 % of capacity, then from 2-6 h into day 3 demand grows
   by 12-20 % of capacity per hour until the end. Episode ``demand-forecast`` from the growth's
@@ -30,6 +36,13 @@ changed, never by a detector's rule:
   (median 0.3 s x (1 + 0.6 x load)); at 2-9 h into day 3 latency becomes 1.5-2x slower and
   stays so, with no deploy: episodes ``model-latency-drift`` and ``latency-distribution-drift``
   from then to the end.
+- ``latency-drift-week`` and ``busy-model-diurnal-week`` (9 days, detection every hour from
+  the first hour): as ``latency-drift`` (the slowdown at 2-9 h into day 9) and
+  ``busy-model-diurnal`` (its deploy in day 9), for ``latency-distribution-drift``, whose 7-day
+  same-phase reference is built from the windows its cycles saw (the store keeps histograms 6 h),
+  so it needs a week of cycles before it judges; an hourly cycle sees every 1 h window. Written
+  after the issue-14 run that left the rule unevaluated; constants copied from the 2.5-day
+  fleets, not chosen from the rule's output.
 - ``busy-model-diurnal`` (2.5 days, last 12 h judged): the daily curve of demand and latency,
   benign error blips and a harmless deploy. No episode: every model rule's false incidents.
 
@@ -108,7 +121,7 @@ def _daily(rng: np.random.Generator, hours: float) -> Shape:
 
 def _fleet(
     name: str, family: str, seed: int, shape: Shape, *, warmup: float,
-    episodes: Sequence[Episode] = (), events: Sequence[Event] = (),
+    episodes: Sequence[Episode] = (), events: Sequence[Event] = (), cycle_seconds: float = 60.0,
 ) -> Fleet:  # fmt: skip
     traffic = ModelTraffic(
         model=MODEL, node=NODE, gpus=GPUS, start=float(shape.times[0]), cadence=CADENCE,
@@ -121,7 +134,7 @@ def _fleet(
         name=f"{family}/s{seed}", family=family, seed=seed, gpus=GPUS, start=start, end=end,
         points=traffic.points, histograms=traffic.histograms, jobs=(job,),
         events=tuple(events), deployments=(_deployment(),), episodes=tuple(episodes),
-        cadence_seconds=CADENCE, warmup_seconds=warmup,
+        cadence_seconds=CADENCE, warmup_seconds=warmup, cycle_seconds=cycle_seconds,
     )  # fmt: skip
 
 
@@ -164,6 +177,20 @@ def slo_burn_fleet(seed: int) -> Fleet:
     shape.errors[(shape.times >= start) & (shape.times < end)] = rng.uniform(0.03, 0.06)
     episode = Episode("slo-burn-fast", "3-6 % errors for 40-60 min", start, end, model=MODEL)
     return _fleet("slo-burn", "slo-burn", seed, shape, warmup=HOUR, episodes=[episode])
+
+
+def slo_burn_slow_fleet(seed: int) -> Fleet:
+    """Benign blips, then a steady slow burn of the error budget to the end."""
+    rng = np.random.default_rng(seed)
+    shape = _flat(rng, 44)
+    _blips(rng, shape)
+    start = T0 + rng.uniform(6, 10) * HOUR
+    burning = shape.times >= start
+    shape.errors[burning] = np.maximum(shape.errors[burning], rng.uniform(0.0035, 0.0045))
+    end = float(shape.times[-1])
+    episode = Episode("slo-burn-slow", "0.35-0.45 % errors from then on", start, end, model=MODEL)
+    return _fleet("slo-burn-slow", "slo-burn-slow", seed, shape, warmup=HOUR, episodes=[episode],
+                  cycle_seconds=300)  # fmt: skip
 
 
 def busy_slo_blips_fleet(seed: int) -> Fleet:
@@ -218,6 +245,32 @@ def busy_model_diurnal_fleet(seed: int) -> Fleet:
     event = Event(time=deploy, kind=EventKind.DEPLOY, subject=MODEL, attributes={"version": "v2"})
     return _fleet("busy-model-diurnal", "busy-model-diurnal", seed, shape, warmup=2 * DAY,
                   events=[event])  # fmt: skip
+
+
+def latency_drift_week_fleet(seed: int) -> Fleet:
+    """Eight days of the daily curve, then latency 1.5-2x slower with no deploy."""
+    rng = np.random.default_rng(seed)
+    shape = _daily(rng, 9 * 24)
+    start = T0 + 8 * DAY + rng.uniform(2, 9) * HOUR
+    shape.median[shape.times >= start] *= rng.uniform(1.5, 2.0)
+    end = float(shape.times[-1])
+    episodes = [
+        Episode("latency-distribution-drift", "latency 1.5-2x, no deploy", start, end,
+                model=MODEL),
+    ]  # fmt: skip
+    return _fleet("latency-drift-week", "latency-drift-week", seed, shape, warmup=HOUR,
+                  episodes=episodes, cycle_seconds=HOUR)  # fmt: skip
+
+
+def busy_model_diurnal_week_fleet(seed: int) -> Fleet:
+    """Nine days of daily demand and latency, benign blips, a harmless deploy; no episode."""
+    rng = np.random.default_rng(seed)
+    shape = _daily(rng, 9 * 24)
+    _blips(rng, shape)
+    deploy = T0 + 8 * DAY + rng.uniform(1, 8) * HOUR
+    event = Event(time=deploy, kind=EventKind.DEPLOY, subject=MODEL, attributes={"version": "v2"})
+    return _fleet("busy-model-diurnal-week", "busy-model-diurnal-week", seed, shape,
+                  warmup=HOUR, events=[event], cycle_seconds=HOUR)  # fmt: skip
 
 
 def rollback_resolutions(
