@@ -87,7 +87,11 @@ _STREAK_LOG = {  # logged once when a streak of failures of this kind starts
         logging.WARNING,
         "collector %s did not answer in time (%s); smaller batches follow; " + _KEPT,
     ),
-    "auth": (logging.ERROR, "collector %s: the token is rejected (%s); " + _KEPT),
+    "auth": (
+        logging.ERROR,
+        "collector %s refused this agent (%s): a 401 is a token it does not know, a 403 a "
+        "role or node the token may not write; " + _KEPT,
+    ),
     "unexpected": (logging.ERROR, "collector %s answered %s (check the endpoint); " + _KEPT),
     "tls": (
         logging.ERROR,

@@ -332,7 +332,7 @@ def test_401_keeps_everything_and_logs_once_per_streak(
     assert len(spool) == 3
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1
-    assert "the token is rejected" in errors[0].getMessage()
+    assert "refused this agent" in errors[0].getMessage()
     assert sender.send_once().records_sent == 3
     assert collector.accepted == [1, 2, 3]
     assert TOKEN not in caplog.text

@@ -47,7 +47,7 @@ _SIGN_IN = Admits(open_because="the sign-in form: its POST checks the token itse
 _FORM = SandboxedEnvironment(autoescape=True).from_string(
     """<!doctype html><html lang="en"><head><meta charset="utf-8">
 <title>Sign in: gpuwarden</title></head>
-<body style="font-family:sans-serif;max-width:30em;margin:2em auto">
+<body class="doc narrow">
 <h1>Sign in</h1>{% if message %}<p id="message">{{ message }}</p>{% endif %}
 <form method="post" action="/login">
 <input type="hidden" name="next" value="{{ next }}">
