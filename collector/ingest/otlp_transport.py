@@ -32,7 +32,8 @@ def media_type(content_type: str | None) -> str:
     """The bare media type of a Content-Type header, or raise 415."""
     bare = (content_type or "").split(";", 1)[0].strip().lower()
     if bare not in (PROTOBUF, JSON):
-        raise OtlpError(415, f"unsupported content type {bare or '(none)'!r}; use {PROTOBUF}")
+        shown = bare or "(none)"
+        raise OtlpError(415, f"unsupported content type {shown!r}; use {PROTOBUF} or {JSON}")
     return bare
 
 
