@@ -151,6 +151,7 @@ def _server_config(port: int, db: Path, model_port: int, speed: float) -> Server
         # a token, and the agents need none (the collector would warn beyond loopback)
         allow_unauthenticated=True,
         database=db,
+        snapshot_seconds=0,  # every run tells the same story from nothing, even with --db kept
         step_seconds=STEP_SECONDS,
         recent_hours=1,
         accounting_period_seconds=10,
