@@ -26,8 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import psycopg
 
@@ -147,24 +146,6 @@ class PostgresBase(SqlBase):
             conn.close()
             raise
         self._conn: psycopg.Connection[PgRow] | None = conn
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close the connection; later calls raise :class:`StorageError`. Idempotent."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
 
     def _connection(self) -> psycopg.Connection[PgRow]:
         if self._conn is None:

@@ -6,9 +6,11 @@ them; the families' SQL is written once, with ``?`` parameters, for both.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from types import TracebackType
+from typing import Any, Protocol, Self
 
 from gpuwarden.collector.storage.dialect import Dialect
 from gpuwarden.collector.storage.sql_codec import Codec, R, Row
@@ -31,12 +33,39 @@ class Connection(Protocol):
     def executemany(self, sql: str, params: Sequence[Sequence[Any]], /) -> Cursor: ...
 
 
+class Closable(Protocol):
+    """A DB-API connection, as far as closing it goes."""
+
+    def close(self) -> None: ...
+
+
 class SqlBase:
-    """The backend's connection, seen by the record families."""
+    """The backend's connection, seen by the record families; closing it is the same on both
+    backends (one connection behind ``_lock``, ``None`` once closed)."""
 
     dialect: Dialect
     location: str
     _clock: Callable[[], float]
+    _lock: threading.Lock
+    _conn: Closable | None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection; later calls raise :class:`StorageError`. Idempotent."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def _write(self) -> AbstractContextManager[Connection]:
         """One write transaction: committed when the block ends, rolled back if it raises."""

@@ -12,8 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from gpuwarden.collector.storage.base import (
     StorageError,
@@ -84,24 +83,6 @@ class SqliteBase(SqlBase):
             )
         conn.execute(_SYNCHRONOUS_PRAGMA[synchronous])
         conn.execute("PRAGMA foreign_keys = ON")
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close the connection; later calls raise :class:`StorageError`. Idempotent."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
