@@ -98,6 +98,8 @@ class JobRegistry:
         known Slurm job with that id that runs on ``node``, then any with that id.
         """
         if scheduler == "kubernetes":
+            if "/" in ident:  # ``namespace/name`` (dcgm-exporter's labels), never a pod UID
+                return self._pod_by_name(ident, node) or f"k8s:{ident}"
             return f"k8s:{ident}"
         candidates = [
             job for job in self.known() if job.scheduler == "slurm" and job.job_id == ident
@@ -108,3 +110,13 @@ class JobRegistry:
         if candidates:
             return candidates[0].key
         return f"{scheduler}:{ident}"
+
+    def _pod_by_name(self, name: str, node: str) -> str | None:
+        """The key of the Kubernetes job whose id is ``namespace/name``: the one on ``node``
+        first, then the latest started (a pod name is reused by the pod that replaces it)."""
+        pods = [j for j in self.known() if j.scheduler == "kubernetes" and j.job_id == name]
+        pods.sort(
+            key=lambda j: (any(a.node == node for a in j.allocations), j.start_time or 0.0),
+            reverse=True,
+        )
+        return pods[0].key if pods else None
