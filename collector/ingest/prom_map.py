@@ -105,6 +105,14 @@ _HISTOGRAM_SERIES = frozenset(
     if m.source_type == "histogram"
     for suffix in ("_bucket", "_sum", "_count")
 )
+#: dcgm-exporter's series, counters also with the ``_total`` an OpenTelemetry Collector's
+#: ``prometheusremotewrite`` exporter (or prometheus_client's parser) appends to them.
+_DCGM_BY_SERIES: Mapping[str, PromRow] = {
+    name: row
+    for row in BY_SOURCE.values()
+    for name in (row.source, row.source + "_total")
+    if name == row.source or row.source_type == "counter"
+}
 _DROPPED_MODEL_LABELS = frozenset({"__name__", "instance", "job"})
 
 
@@ -213,7 +221,7 @@ class _Translator:
     def run(self) -> Translated:
         for one in self.series:
             name = one.name
-            row = BY_SOURCE.get(name)
+            row = _DCGM_BY_SERIES.get(name)
             if row is not None:
                 self._gather(one, row)
             elif name in _MODEL_BY_SERIES:
