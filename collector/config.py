@@ -48,7 +48,7 @@ class ModelServer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A model server to scrape (checked further by ``ingest.scrape.ScrapeTarget``)."""
 
     url: str
-    server: Literal["vllm", "triton", "prometheus"] = "prometheus"  # ingest.scrape.Server
+    server: Literal["vllm", "triton", "tgi", "prometheus"] = "prometheus"  # ingest.scrape.Server
     model: str | None = None
     node: str | None = None
 

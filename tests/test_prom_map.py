@@ -26,6 +26,7 @@ from gpuwarden.collector.ingest.prom_catalog import (
     spliced,
 )
 from gpuwarden.collector.ingest.prom_map import translate
+from gpuwarden.collector.ingest.scrape import ScrapeTarget, convert
 from gpuwarden.collector.remote_write.wire import Series, decode, encode
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
@@ -322,6 +323,14 @@ def test_non_finite_samples_and_stale_markers_are_dropped():
     assert len(named(out.points, "gpuwarden.gpu.info")) == 1  # no GPU seen at the dropped times
 
 
+def test_counters_renamed_with_total_by_an_otel_collector_still_map():
+    # the OpenTelemetry Collector's prometheusremotewrite exporter appends _total to counters
+    out = translate([series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total", 7000.0),
+                     series("DCGM_FI_DEV_GPU_UTIL_total", 1.0)])  # fmt: skip
+    assert only(out.points, "hw.energy").value == pytest.approx(7.0)
+    assert out.skipped_by_reason == {"unmapped": 1}  # a gauge never gets _total
+
+
 def test_the_wire_round_trip_keeps_everything():
     batch = [series("DCGM_FI_DEV_GPU_UTIL", 33.0, pod="a", namespace="b")]
     assert translate(decode(encode(batch))) == translate(batch)
@@ -382,3 +391,62 @@ def test_docs_and_table_name_the_same_series_both_ways():
     documented = re.findall(r"^\| `(DCGM_FI_[A-Z0-9_]+)` \| (\w+) \| [^|]+ \| \**`([a-z0-9_.]+)`",
                             section, flags=re.M)  # fmt: skip
     assert sorted(documented) == sorted((r.source, r.source_type, r.name) for r in DCGM_ROWS)
+
+
+# --- TGI, scraped and remote-written ------------------------------------------------------------
+
+# as metrics-exporter-prometheus 0.15 (TGI's) prints a page: TYPE lines, counters without
+# ``_total``, latency as a summary (no buckets configured for it)
+TGI_PAGE = """\
+# TYPE tgi_request_success counter
+tgi_request_success 42
+# TYPE tgi_request_failure counter
+tgi_request_failure{err="validation"} 3
+tgi_request_failure{err="overloaded"} 1
+# TYPE tgi_queue_size gauge
+tgi_queue_size 5
+# TYPE tgi_batch_current_size gauge
+tgi_batch_current_size 8
+# TYPE tgi_request_duration summary
+tgi_request_duration{quantile="0.5"} 1.25
+tgi_request_duration_sum 40.5
+tgi_request_duration_count 42
+"""
+
+
+def _tgi_rows(points: list[NumberPoint]) -> set[tuple[str, bool, float, str, str]]:
+    out = set()
+    for p in points:
+        kind = p.attributes.get("outcome", p.attributes.get("state"))
+        out.add((p.metric, p.monotonic, p.value, str(kind), str(p.attributes.get("reason", ""))))
+    return out
+
+
+TGI_EXPECTED = {
+    ("gpuwarden.model.requests", True, 42.0, "success", ""),
+    ("gpuwarden.model.requests", True, 3.0, "failure", "validation"),
+    ("gpuwarden.model.requests", True, 1.0, "failure", "overloaded"),
+    ("gpuwarden.model.queue.size", False, 5.0, "waiting", ""),
+    ("gpuwarden.model.queue.size", False, 8.0, "running", ""),
+}
+
+
+def test_a_tgi_page_scrapes_into_model_metrics():
+    target = ScrapeTarget("http://10.0.0.3:3000/metrics", model="mistral-7b", server="tgi")
+    numbers, histograms, result = convert(target, TGI_PAGE, 1)
+    assert _tgi_rows(numbers) == TGI_EXPECTED
+    assert all(p.attributes["model"] == "mistral-7b" for p in numbers)
+    assert histograms == []
+    assert result.unmapped_families == 1  # the duration summary
+
+
+def test_tgi_series_remote_written_map_the_same():
+    lines = [line for line in TGI_PAGE.splitlines() if not line.startswith("#")]
+    series = []
+    for line in lines[:5]:
+        name = line.split("{")[0].split(" ")[0]
+        labels = {"__name__": name, "instance": "10.0.0.3:3000"}
+        if "err=" in line:
+            labels["err"] = line.split('"')[1]
+        series.append(Series(tuple(sorted(labels.items())), (T_MS,), (float(line.split()[-1]),)))
+    assert _tgi_rows(translate(series).points) == TGI_EXPECTED

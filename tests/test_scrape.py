@@ -411,7 +411,7 @@ def test_targets_know_their_instance_and_server_type():
     assert ScrapeTarget("https://vllm.example/metrics").instance == "vllm.example:443"
     assert ScrapeTarget("http://[::1]:8000/metrics").instance == "[::1]:8000"
     with pytest.raises(ValueError, match="server must be one of"):
-        ScrapeTarget("http://127.0.0.1:8000/metrics", server="tgi")  # type: ignore[arg-type]
+        ScrapeTarget("http://127.0.0.1:8000/metrics", server="sglang")  # type: ignore[arg-type]
     labels = {"team": "a"}
     target = ScrapeTarget("http://127.0.0.1:8000/metrics", labels=labels)
     labels["team"] = "b"
@@ -424,7 +424,7 @@ def test_targets_know_their_instance_and_server_type():
 def test_the_docs_table_lists_exactly_the_mapped_metrics():
     rows = set()
     for line in DOC.read_text().splitlines():
-        if not re.match(r"\| (vLLM|Triton) \|", line):
+        if not re.match(r"\| (vLLM|Triton|TGI) \|", line):
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         ticked = [re.findall(r"`([^`]+)`", c) for c in cells]

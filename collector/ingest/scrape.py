@@ -41,8 +41,8 @@ from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
 
 log = logging.getLogger(__name__)
 
-Server = Literal["vllm", "triton", "prometheus"]
-SERVERS: tuple[Server, ...] = ("vllm", "triton", "prometheus")
+Server = Literal["vllm", "triton", "tgi", "prometheus"]
+SERVERS: tuple[Server, ...] = ("vllm", "triton", "tgi", "prometheus")
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 ACCEPT = "text/plain; version=0.0.4"  # servers answer OpenMetrics only when asked for it
 MAX_REDIRECTS = 10
@@ -59,7 +59,7 @@ OUTCOME, REASON = "outcome", "reason"
 class ModelMetric:
     """One source family and what it becomes (a row of ``docs/model-metrics.md``)."""
 
-    server: Literal["vllm", "triton"]
+    server: Literal["vllm", "triton", "tgi"]
     source: str
     """Family name as the text parser reports it: counters without ``_total``."""
     source_type: Literal["counter", "gauge", "histogram"]
@@ -122,6 +122,16 @@ MODEL_METRICS: tuple[ModelMetric, ...] = (
                 "s", divisor=1e6),
     ModelMetric("triton", "nv_inference_first_response_histogram_ms", "histogram",
                 NS + "time_to_first_token", "s", divisor=1e3),
+    # TGI (metrics-exporter-prometheus: counters without ``_total``; its latency "histograms"
+    # are summaries unless buckets are configured, so they are not mapped)
+    ModelMetric("tgi", "tgi_request_success", "counter", NS + "requests", "{request}",
+                outcome="success"),
+    ModelMetric("tgi", "tgi_request_failure", "counter", NS + "requests", "{request}",
+                reason_label="err", outcome="failure"),
+    ModelMetric("tgi", "tgi_queue_size", "gauge", NS + "queue.size", "{request}",
+                attributes=(("state", "waiting"),)),
+    ModelMetric("tgi", "tgi_batch_current_size", "gauge", NS + "queue.size", "{request}",
+                attributes=(("state", "running"),)),
 )
 # fmt: on
 
@@ -129,6 +139,7 @@ MODEL_METRICS: tuple[ModelMetric, ...] = (
 LABEL_RENAMES: Mapping[str, Mapping[str, str]] = {
     "vllm": {"model_name": MODEL},
     "triton": {"model": MODEL, "version": MODEL_VERSION, "gpu_uuid": "hw.id"},
+    "tgi": {},
 }
 #: The rows each server type reads, by source family; a plain Prometheus endpoint gets them all.
 TABLES: Mapping[Server, Mapping[str, ModelMetric]] = {
