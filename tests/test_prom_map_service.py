@@ -20,8 +20,10 @@ from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.ingest.prom_map import translate
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
+from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.remote_write.wire import Series, decode, encode
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.sqlite import MEMORY, SqliteStorage
 from tests.dcgm_exposition import DcgmFleet, Pod
 from tests.detectors import make_rule, run_rule
 
@@ -152,3 +154,22 @@ def test_the_idle_pod_fires_idle_gpu_by_name(service):
     assert sorted(str(evidence["gpu_ids"]).split(",")) == [
         f"node-a/{scripted_fleet().gpu('node-a', i).uuid}" for i in (2, 3)
     ]
+
+
+def test_a_pod_named_by_namespace_and_name_resolves_to_the_kubernetes_sources_key():
+    def pod(uid: str, node: str, start: float) -> Job:
+        return Job(key=f"k8s:{uid}", scheduler="kubernetes", job_id="ml/worker-0",
+                   state=JobState.RUNNING, start_time=start,
+                   allocations=(GpuAllocation(node),))  # fmt: skip
+
+    with SqliteStorage(MEMORY) as storage:
+        registry = JobRegistry(storage)
+        unknown = registry.resolve("kubernetes", "ml/worker-0", "node-a")
+        registry.put([pod("old", "node-a", T0), pod("new", "node-b", T0 + 60)])
+        on_node = registry.resolve("kubernetes", "ml/worker-0", "node-a")
+        elsewhere = registry.resolve("kubernetes", "ml/worker-0", "node-c")
+        by_uid = registry.resolve("kubernetes", "a-pod-uid", "node-a")
+    assert unknown == "k8s:ml/worker-0"  # no source knows it: the pod's own name
+    assert on_node == "k8s:old"  # the pod of that name on the node first
+    assert elsewhere == "k8s:new"  # then the latest started
+    assert by_uid == "k8s:a-pod-uid"  # the agent's form is untouched

@@ -279,8 +279,12 @@ def render_markdown() -> str:
         "`gpuwarden.gpu.process.memory.usage` point on it (the pod's own memory where "
         "dcgm-exporter gives per-pod `DCGM_FI_DEV_FB_USED`, else the GPU's used memory split "
         "evenly), which is how accounting and detection see jobs on GPUs. Without "
-        "`DCGM_FI_DEV_FB_TOTAL`, `hw.gpu.memory.limit` is used + free + reserved. Vendor-specific "
-        "series of model servers (vLLM, Triton) map as in [model-metrics.md](model-metrics.md).",
+        "`DCGM_FI_DEV_FB_TOTAL`, `hw.gpu.memory.limit` is used + free + reserved. A counter also "
+        "maps under its name with `_total` (an OpenTelemetry Collector's "
+        "`prometheusremotewrite` exporter appends it). Set the collector's `step_seconds` to "
+        "the Prometheus scrape interval (or a multiple of it): accounting reads a pod's hold on "
+        "a GPU per store slot, and a slot that no scrape lands in is charged to no job. "
+        "Model-server series (vLLM, Triton, TGI) map as in [model-metrics.md](model-metrics.md).",
         "",
     ]
     return "\n".join(lines)

@@ -17,9 +17,8 @@ the pods' per-process points. The translation is per request: a sender that spli
 series over several requests (Prometheus' remote-write shards) may let a pod's copy stand for
 the device value, which is the same number except in that per-process mode.
 
-Model servers: the vLLM and Triton counters and gauges of ``scrape.MODEL_METRICS`` map as the
-scraper maps them (counters arrive with vLLM's ``_total`` suffix); their histograms arrive as
-separate ``_bucket``/``_sum``/``_count`` series and are skipped (``histogram``) for now.
+Model servers: the vLLM, Triton and TGI counters and gauges of ``scrape.MODEL_METRICS`` map as
+the scraper maps them (:mod:`.prom_models`).
 """
 
 from __future__ import annotations
@@ -46,14 +45,13 @@ from gpuwarden.collector.ingest.prom_catalog import (
     UUID_LABELS,
     PromRow,
 )
-from gpuwarden.collector.ingest.scrape import (
-    INSTANCE,
-    LABEL_RENAMES,
-    MODEL_METRICS,
-    OUTCOME,
-    REASON,
-    ModelMetric,
+from gpuwarden.collector.ingest.prom_models import (
+    HISTOGRAM_SERIES,
+    MODEL_BY_SERIES,
+    model_points,
+    superseded,
 )
+from gpuwarden.collector.ingest.scrape import INSTANCE, ModelMetric
 
 
 class Series(Protocol):
@@ -91,20 +89,6 @@ LIMIT = "hw.gpu.memory.limit"
 #: Reasons a series is skipped (``Translated.skipped_by_reason`` keys).
 UNMAPPED, NO_HOST, NO_UUID, HISTOGRAM = "unmapped", "no_hostname", "no_gpu_uuid", "histogram"
 
-#: Remote-write series names of the model servers' counters and gauges: the text family name,
-#: plus ``_total`` for vLLM counters (prometheus_client); Triton's (prometheus-cpp) have none.
-_MODEL_BY_SERIES: Mapping[str, ModelMetric] = {
-    name: m
-    for m in MODEL_METRICS
-    if m.source_type != "histogram"
-    for name in (m.source, m.source + "_total")
-}
-_HISTOGRAM_SERIES = frozenset(
-    m.source + suffix
-    for m in MODEL_METRICS
-    if m.source_type == "histogram"
-    for suffix in ("_bucket", "_sum", "_count")
-)
 #: dcgm-exporter's series, counters also with the ``_total`` an OpenTelemetry Collector's
 #: ``prometheusremotewrite`` exporter (or prometheus_client's parser) appends to them.
 _DCGM_BY_SERIES: Mapping[str, PromRow] = {
@@ -113,7 +97,6 @@ _DCGM_BY_SERIES: Mapping[str, PromRow] = {
     for name in (row.source, row.source + "_total")
     if name == row.source or row.source_type == "counter"
 }
-_DROPPED_MODEL_LABELS = frozenset({"__name__", "instance", "job"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,10 +207,10 @@ class _Translator:
             row = _DCGM_BY_SERIES.get(name)
             if row is not None:
                 self._gather(one, row)
-            elif name in _MODEL_BY_SERIES:
-                self._model(one, _MODEL_BY_SERIES[name])
+            elif name in MODEL_BY_SERIES:
+                self._model(one, MODEL_BY_SERIES[name])
             else:
-                self.skipped[HISTOGRAM if name in _HISTOGRAM_SERIES else UNMAPPED] += 1
+                self.skipped[HISTOGRAM if name in HISTOGRAM_SERIES else UNMAPPED] += 1
         self._emit_gpus()
         return Translated(self.points, sum(self.skipped.values()), dict(self.skipped), self.dropped)
 
@@ -356,41 +339,13 @@ class _Translator:
     # --- model servers -------------------------------------------------------------------------
 
     def _model(self, one: Series, spec: ModelMetric) -> None:
-        if spec.superseded_by is not None and (
-            spec.superseded_by in self.names or spec.superseded_by + "_total" in self.names
-        ):
+        if superseded(spec, self.names):
             self.skipped[UNMAPPED] += 1
             return
         labels = dict(one.labels)
-        attrs = _model_attributes(spec, labels)
         instance = labels.get("instance", "")
         resource = self.instances.setdefault(instance, {INSTANCE: instance})
-        counter = spec.source_type == "counter"
-        for t, v in self._finite(one):
-            self.points.append(
-                NumberPoint(resource, spec.name, spec.unit, "sum" if counter else "gauge",
-                            counter, dict(attrs), t, v / spec.divisor)
-            )  # fmt: skip
-
-
-def _model_attributes(spec: ModelMetric, labels: Mapping[str, str]) -> Attrs:
-    """The scraper's attributes (``scrape._attributes``) from a remote-written series' labels."""
-    renames = LABEL_RENAMES[spec.server]
-    attrs: Attrs = {
-        renames.get(k, k): v
-        for k, v in labels.items()
-        if k not in _DROPPED_MODEL_LABELS and k != spec.reason_label
-    }
-    outcome = spec.outcome
-    reason = labels.get(spec.reason_label) if spec.reason_label is not None else None
-    if reason is not None:
-        attrs[REASON] = reason
-        outcome = dict(spec.outcomes).get(reason, outcome)
-    if outcome is not None:
-        attrs[OUTCOME] = outcome
-    attrs.update(spec.attributes)
-    attrs[INSTANCE] = labels.get("instance", "")
-    return attrs
+        self.points.extend(model_points(spec, labels, self._finite(one), resource))
 
 
 def translate(series: Sequence[Series]) -> Translated:
