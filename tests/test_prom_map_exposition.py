@@ -3,6 +3,9 @@ dcgm-exporter's families and labels, follow the values a test sets, and translat
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -116,3 +119,24 @@ def test_the_pages_translate_to_the_fleet():
 def test_the_fleet_refuses_fields_dcgm_exporter_does_not_print_by_default():
     with pytest.raises(KeyError, match="DCGM_FI_PROF_SM_ACTIVE"):
         DcgmFleet().set("node-a", 0, {"DCGM_FI_PROF_SM_ACTIVE": 0.5})
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
+def test_promtool_parses_the_page_and_finds_only_dcgm_exporters_own_lint():
+    page = fleet_with_pods().render("node-b")
+    assert PROMTOOL is not None
+    checked = subprocess.run([PROMTOOL, "check", "metrics"], input=page, capture_output=True,
+                             text=True, timeout=60, check=False)  # fmt: skip
+    output = checked.stdout + checked.stderr
+    assert "parsing error" not in output
+    # what promtool says of dcgm-exporter's real page too: camelCase labels (UUID, modelName,
+    # Hostname), counters without _total, a counter named ..._COUNTER
+    complaints = {line.split(" ", 1)[1] for line in output.splitlines() if line}
+    assert complaints == {
+        "label names should be written in 'snake_case' not 'camelCase'",
+        'counter metrics should have "_total" suffix',
+        "metric name should not include type 'counter'",
+    }
