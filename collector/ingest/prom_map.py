@@ -192,7 +192,8 @@ class _Translator:
 
     def __init__(self, series: Sequence[Series]) -> None:
         self.series = series
-        self.names = {s.name for s in series}
+        self.labels = [dict(s.labels) for s in series]  # once: every step below reads them
+        self.names = {labels.get("__name__", "") for labels in self.labels}
         self.points: list[NumberPoint] = []
         self.skipped: Counter[str] = Counter()
         self.dropped = 0
@@ -202,13 +203,13 @@ class _Translator:
         self.infos: set[tuple[str, str, int]] = set()
 
     def run(self) -> Translated:
-        for one in self.series:
-            name = one.name
+        for one, labels in zip(self.series, self.labels, strict=True):
+            name = labels.get("__name__", "")
             row = _DCGM_BY_SERIES.get(name)
             if row is not None:
-                self._gather(one, row)
+                self._gather(one, labels, row)
             elif name in MODEL_BY_SERIES:
-                self._model(one, MODEL_BY_SERIES[name])
+                self._model(one, labels, MODEL_BY_SERIES[name])
             else:
                 self.skipped[HISTOGRAM if name in HISTOGRAM_SERIES else UNMAPPED] += 1
         self._emit_gpus()
@@ -216,11 +217,17 @@ class _Translator:
 
     def _resource(self, host: str) -> Attrs:
         """One resource dict per node, shared by its points (as one agent request's are)."""
-        return self.resources.setdefault(host, {"host.name": host})
+        resource = self.resources.get(host)
+        if resource is None:
+            resource = self.resources[host] = {"host.name": host}
+        return resource
 
     def _finite(self, one: Series) -> list[tuple[int, float]]:
+        values = one.values
+        if len(values) == 1 and math.isfinite(values[0]):  # the common case: one sample
+            return [(one.timestamps_ms[0] * 1_000_000, values[0])]
         out = []
-        for t, v in zip(one.timestamps_ms, one.values, strict=True):
+        for t, v in zip(one.timestamps_ms, values, strict=True):
             if math.isfinite(v):
                 out.append((t * 1_000_000, v))
             else:
@@ -229,8 +236,7 @@ class _Translator:
 
     # --- dcgm-exporter -------------------------------------------------------------------------
 
-    def _gather(self, one: Series, row: PromRow) -> None:
-        labels = dict(one.labels)
+    def _gather(self, one: Series, labels: Mapping[str, str], row: PromRow) -> None:
         host, uuid = _first(labels, HOST_LABELS), _first(labels, UUID_LABELS)
         if host is None or uuid is None:
             self.skipped[NO_HOST if host is None else NO_UUID] += 1
@@ -338,11 +344,10 @@ class _Translator:
 
     # --- model servers -------------------------------------------------------------------------
 
-    def _model(self, one: Series, spec: ModelMetric) -> None:
+    def _model(self, one: Series, labels: Mapping[str, str], spec: ModelMetric) -> None:
         if superseded(spec, self.names):
             self.skipped[UNMAPPED] += 1
             return
-        labels = dict(one.labels)
         instance = labels.get("instance", "")
         resource = self.instances.setdefault(instance, {INSTANCE: instance})
         self.points.extend(model_points(spec, labels, self._finite(one), resource))
