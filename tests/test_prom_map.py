@@ -28,6 +28,7 @@ from gpuwarden.collector.ingest.prom_catalog import (
 from gpuwarden.collector.ingest.prom_map import translate
 from gpuwarden.collector.ingest.scrape import ScrapeTarget, convert
 from gpuwarden.collector.remote_write.wire import Series, decode, encode
+from tests.dcgm_exposition import FIELDS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 UUID = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"
@@ -450,3 +451,44 @@ def test_tgi_series_remote_written_map_the_same():
             labels["err"] = line.split('"')[1]
         series.append(Series(tuple(sorted(labels.items())), (T_MS,), (float(line.split()[-1]),)))
     assert _tgi_rows(translate(series).points) == TGI_EXPECTED
+
+
+# --- dcgm-exporter's own counters file ----------------------------------------------------------
+
+COUNTERS_CSV = Path(__file__).parent / "data" / "dcgm-exporter-default-counters.csv"
+
+
+def dcgm_counters() -> dict[str, tuple[str, str, bool]]:
+    """Field -> (Prometheus type, help, enabled) from dcgm-exporter's default counters file,
+    commented-out (not enabled) rows included."""
+    out = {}
+    for line in COUNTERS_CSV.read_text(encoding="utf-8").splitlines():
+        enabled = not line.startswith("#")
+        text = line.lstrip("# ").strip()
+        parts = [p.strip() for p in text.split(",", 2)]
+        if len(parts) == 3 and re.fullmatch(r"DCGM_(FI|EXP)_[A-Z0-9_]+", parts[0]):
+            out[parts[0]] = (parts[1], parts[2], enabled)
+    return out
+
+
+def test_rows_agree_with_dcgm_exporters_counters_file():
+    counters = dcgm_counters()
+    assert len(counters) > 40  # the file was read
+    for row in DCGM_ROWS:
+        if row.source in counters:
+            kind, _, enabled = counters[row.source]
+            assert row.source_type == kind, row.source
+            assert row.default == enabled, row.source
+        else:  # fields the file does not list at all are never "default"
+            assert not row.default, row.source
+    enabled = {name for name, (kind, _, on) in counters.items() if on and kind != "label"}
+    unmapped = enabled - {row.source for row in DCGM_ROWS}
+    assert unmapped == {"DCGM_FI_DEV_VGPU_LICENSE_STATUS"}  # the one default we do not keep
+
+
+def test_the_fixture_serves_exactly_the_default_fields():
+    counters = dcgm_counters()
+    served = {name: (kind, help_text) for name, kind, help_text, _ in FIELDS}
+    enabled = {name: (kind, help_text) for name, (kind, help_text, on) in counters.items()
+               if on and kind != "label"}  # fmt: skip
+    assert served == enabled

@@ -15,7 +15,8 @@ Sources, checked for every name, type and unit below:
 
 - dcgm-exporter ``etc/default-counters.csv`` and ``etc/dcp-metrics-included.csv``
   (github.com/NVIDIA/dcgm-exporter at d5e5f51, 2026-05-12): names, Prometheus types, help text
-  with units; ``default`` marks the rows enabled (not commented out) in ``default-counters.csv``;
+  with units; ``default`` marks the rows enabled (not commented out) in ``default-counters.csv``
+  (a copy is ``tests/data/dcgm-exporter-default-counters.csv``; a test checks types and flags);
 - DCGM ``dcgmlib/dcgm_fields.h`` (github.com/NVIDIA/DCGM): units the help text omits
   (``DCGM_FI_DEV_FB_*`` "in MB", computed by DCGM as MiB; ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``
   "in mJ"; ``DCGM_FI_PROF_*_BYTES`` bytes per second); ``dcgmlib/src/DcgmCacheManager.cpp``
