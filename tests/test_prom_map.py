@@ -476,9 +476,9 @@ def test_rows_agree_with_dcgm_exporters_counters_file():
     assert len(counters) > 40  # the file was read
     for row in DCGM_ROWS:
         if row.source in counters:
-            kind, _, enabled = counters[row.source]
+            kind, _, on = counters[row.source]
             assert row.source_type == kind, row.source
-            assert row.default == enabled, row.source
+            assert row.default == on, row.source
         else:  # fields the file does not list at all are never "default"
             assert not row.default, row.source
     enabled = {name for name, (kind, _, on) in counters.items() if on and kind != "label"}
