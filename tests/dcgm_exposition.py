@@ -254,7 +254,7 @@ async def serve_fleet(fleet: DcgmFleet) -> AsyncIterator[Exporters]:
             runners.append(runner)
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            port = runner.addresses[0][1]  # bound by the OS: no race for a free port
             urls[node] = f"http://127.0.0.1:{port}/metrics"
         yield Exporters(urls)
     finally:
