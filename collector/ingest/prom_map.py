@@ -187,6 +187,16 @@ def _gpu(labels: Mapping[str, str], host: str, uuid: str) -> _Gpu:
     return _Gpu(host, f"{uuid}/gi-{instance}", tuple(mig), parent)
 
 
+def _identity(labels: Mapping[str, str]) -> tuple[_Gpu, _JobAttrs] | str:
+    """The GPU and job a dcgm-exporter series names, or why it cannot be placed."""
+    host, uuid = _first(labels, HOST_LABELS), _first(labels, UUID_LABELS)
+    if host is None:
+        return NO_HOST
+    if uuid is None:
+        return NO_UUID
+    return _gpu(labels, host, uuid), _job_attributes(labels)
+
+
 class _Translator:
     """One request's translation (see :func:`translate`)."""
 
@@ -201,6 +211,7 @@ class _Translator:
         self.resources: dict[str, Attrs] = {}
         self.instances: dict[str, Attrs] = {}
         self.infos: set[tuple[str, str, int]] = set()
+        self.identities: dict[tuple[tuple[str, str], ...], tuple[_Gpu, _JobAttrs] | str] = {}
 
     def run(self) -> Translated:
         for one, labels in zip(self.series, self.labels, strict=True):
@@ -237,16 +248,20 @@ class _Translator:
     # --- dcgm-exporter -------------------------------------------------------------------------
 
     def _gather(self, one: Series, labels: Mapping[str, str], row: PromRow) -> None:
-        host, uuid = _first(labels, HOST_LABELS), _first(labels, UUID_LABELS)
-        if host is None or uuid is None:
-            self.skipped[NO_HOST if host is None else NO_UUID] += 1
+        # every field of one GPU (and pod) carries the same labels but the name: read them once
+        same = tuple(item for item in one.labels if item[0] != "__name__")
+        found = self.identities.get(same)
+        if found is None:
+            found = self.identities[same] = _identity(labels)
+        if isinstance(found, str):
+            self.skipped[found] += 1
             return
-        gpu = _gpu(labels, host, uuid)
-        key = (host, gpu.hw_id)
-        self.batch.gpus.setdefault(key, gpu)
-        if gpu.parent is not None:
-            self.batch.gpus.setdefault((host, uuid), gpu.parent)
-        job = _job_attributes(labels)
+        gpu, job = found
+        key = (gpu.host, gpu.hw_id)
+        if key not in self.batch.gpus:
+            self.batch.gpus[key] = gpu
+            if gpu.parent is not None:
+                self.batch.gpus.setdefault((gpu.host, gpu.parent.hw_id), gpu.parent)
         times = self.batch.times.setdefault(key, set())
         for t, v in self._finite(one):
             times.add(t)
