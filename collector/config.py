@@ -27,6 +27,7 @@ from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.remediate.actuators.settings import ActuatorSettings, traffic_targets
 from gpuwarden.collector.remediate.policy import RemediationSection, RemediationSettings
 from gpuwarden.collector.remote_write.settings import RemoteWriteSettings
+from gpuwarden.collector.storage.clusters import DEFAULT_CLUSTER, cluster_problem
 from gpuwarden.collector.storage.urls import has_password, is_postgresql_url, redact_url
 
 __all__ = [
@@ -169,6 +170,10 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     max_decompressed_bytes: PositiveInt = 64 * 1024 * 1024
     #: HTTPS and mTLS (default: plain HTTP; put a TLS proxy in front, or set this)
     tls: TlsSettings = msgspec.field(default_factory=TlsSettings)
+    #: this collector's cluster (or region): the rows it writes in a database that several
+    #: collectors share carry it, its loops read only its rows, and every remote-written
+    #: series has it as its ``cluster`` label (``storage.clusters``: letters, digits, . _ -)
+    cluster: str = DEFAULT_CLUSTER
     #: the state: a SQLite file (the embedded default), or, written as a postgresql:// URL
     #: in the file's ``database`` key, a PostgreSQL server, held in ``database_url``
     database: Path = Path("/var/lib/gpuwarden/collector.db")
@@ -244,6 +249,9 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
 
     def __post_init__(self) -> None:
         """The checks across keys, in one place (the actuators' in ``actuator_problem``)."""
+        problem = cluster_problem(self.cluster)
+        if problem is not None:
+            raise ConfigError(f"cluster: {problem}")
         if self.max_body_bytes <= 0 or self.max_decompressed_bytes < self.max_body_bytes:
             raise ConfigError("need 0 < max_body_bytes <= max_decompressed_bytes")
         if self.database_url is not None:
