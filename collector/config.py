@@ -196,7 +196,8 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     #: the WindowStore is written to ``snapshot_file`` this often and at shutdown, and read
     #: back at start, so a restart does not start blind (0: never; ``store.snapshot``)
     snapshot_seconds: Annotated[float, msgspec.Meta(ge=0)] = 300.0
-    #: default: ``<database>.window.npz`` next to the database (none for ``:memory:``)
+    #: default: ``<database>.window.npz`` next to the database (``<database>.<cluster>.window.npz``
+    #: for a cluster other than ``default``; none for ``:memory:``)
     snapshot_file: Path | None = None
     idle_threshold_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
     grid_intensity_grams_per_kwh: Annotated[float, msgspec.Meta(ge=0)] = 400.0
@@ -299,7 +300,9 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
             return self.snapshot_file
         if str(self.database) == ":memory:":
             return None
-        return self.database.with_name(self.database.name + ".window.npz")
+        # Collectors of several clusters may share one SQLite file; each keeps its own window.
+        cluster = "" if self.cluster == DEFAULT_CLUSTER else f".{self.cluster}"
+        return self.database.with_name(f"{self.database.name}{cluster}.window.npz")
 
     @property
     def actuators(self) -> ActuatorSettings:
