@@ -265,10 +265,6 @@ class Storage(Protocol):
         of ``cluster`` (``None``: this store's; ``ALL_CLUSTERS``: every one)."""
         ...
 
-    def clusters(self) -> list[str]:
-        """The clusters with accounting, incidents or jobs on this database, by name."""
-        ...
-
     # Incidents -------------------------------------------------------------------------------
 
     def open_incident(self, incident: Incident) -> int | None:
@@ -298,8 +294,8 @@ class Storage(Protocol):
         ``ALL_CLUSTERS``: every one), ordered by id."""
         ...
 
-    def incident_counts(self, *, state: IncidentState) -> dict[str, int]:
-        """How many incidents are in ``state``, per cluster (every cluster on the database)."""
+    def incident_counts(self, *, state: IncidentState | None = None) -> dict[str, int]:
+        """How many incidents (in ``state``, or in any) each cluster on the database has."""
         ...
 
     # Audit -----------------------------------------------------------------------------------

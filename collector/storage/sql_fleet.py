@@ -199,15 +199,6 @@ class FleetRecords(SqlBase):
             if row[n] > 0  # without GROUP BY, an empty range still gives one all-NULL row
         ]
 
-    def clusters(self) -> list[str]:
-        return [
-            str(row[0])
-            for row in self._read(
-                "SELECT cluster FROM accounting UNION SELECT cluster FROM incidents"
-                " UNION SELECT cluster FROM jobs ORDER BY 1"
-            )
-        ]
-
 
 def _one_currency(total: RollupTotal) -> RollupTotal:
     """Costs in several currencies have no sum: ``cost`` None, ``currency`` lists them."""

@@ -128,10 +128,11 @@ class RemediationRecords(SqlBase):
         rows = self._read(sql + " ORDER BY incident_id", (*scoped, value, value))
         return [_INCIDENTS.load(row) for row in rows]
 
-    def incident_counts(self, *, state: IncidentState) -> dict[str, int]:
+    def incident_counts(self, *, state: IncidentState | None = None) -> dict[str, int]:
+        value = None if state is None else IncidentState(state)
         rows = self._read(
-            "SELECT cluster, COUNT(*) FROM incidents WHERE state = ? GROUP BY cluster",
-            (IncidentState(state),),
+            "SELECT cluster, COUNT(*) FROM incidents WHERE ? IS NULL OR state = ? GROUP BY cluster",
+            (value, value),
         )
         return {str(row[0]): int(row[1]) for row in rows}
 

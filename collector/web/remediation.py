@@ -306,7 +306,8 @@ async def list_incidents(request: web.Request) -> web.Response:
     value = IncidentState(state) if state else None
 
     def read() -> list[dict[str, object]]:
-        names = r.storage.clusters() if scope == ALL_CLUSTERS else [scope]
+        every = scope == ALL_CLUSTERS
+        names = sorted(r.storage.incident_counts(state=value)) if every else [scope]
         found = [
             (incident, name)
             for name in names

@@ -18,7 +18,8 @@ WINDOW_SECONDS = 24 * 3600.0
 
 
 def clusters_context(storage: Storage, now: float) -> list[dict[str, object]]:
-    """One row per cluster on the database (empty when there is only one), by name."""
+    """One row per cluster with accounting in the window or open incidents (empty when there
+    is only one), by name."""
     since = now - WINDOW_SECONDS
     totals = storage.rollups(since=since, until=now, by=("cluster",), cluster=ALL_CLUSTERS)
     gpus: dict[str, int] = {}
@@ -29,7 +30,7 @@ def clusters_context(storage: Storage, now: float) -> list[dict[str, object]]:
         gpus[name] = gpus.get(name, 0) + 1
     open_incidents = storage.incident_counts(state=IncidentState.OPEN)
     by_name = {str(t.group["cluster"]): t for t in totals}
-    names = sorted(set(by_name) | set(open_incidents) | set(storage.clusters()))
+    names = sorted(set(by_name) | set(open_incidents))
     if len(names) <= 1:
         return []
     rows: list[dict[str, object]] = []
