@@ -192,7 +192,12 @@ def test_a_database_from_before_clusters_keeps_its_rows_as_the_default_clusters(
         "INSERT INTO jobs VALUES ('slurm:c:1', 'slurm', '1', 'running', NULL, NULL, 'ml', 1,"
         " '[]', NULL, NULL, NULL, NULL, NULL, NULL, 0, '{}', 1, 1);"
         "INSERT INTO incidents (fingerprint, rule_id, state, severity, first_seen, last_seen,"
-        " evidence, updated_at) VALUES ('fp', 'r', 'open', 'warning', 1, 1, '{}', 1)"
+        " evidence, updated_at) VALUES ('fp', 'r', 'open', 'warning', 1, 1, '{}', 1);"
+        "INSERT INTO events (time, kind, subject, attributes, recorded_at)"
+        " VALUES (5, 'deploy', 'llama', '{}', 5);"
+        "INSERT INTO models VALUES ('llama', 'v1', 1, NULL, NULL, NULL, '{}', 1);"
+        "INSERT INTO breaker_state VALUES ('global', 'open', 'tripped', 1, 1);"
+        "INSERT INTO cursors VALUES ('pagerduty-audit', 4, 1)"
     )
     with backend.open(lambda: NOW) as store:
         assert store.applied_migrations == [8, 9]
@@ -200,7 +205,14 @@ def test_a_database_from_before_clusters_keeps_its_rows_as_the_default_clusters(
         assert [r.gpu_uuid for r in store.accounting_rows(since=0, until=NOW)] == ["GPU-a"]
         assert [j.team for j in store.jobs()] == ["ml"]
         assert store.open_incident_for("fp") is not None
+        assert [e.subject for e in store.events()] == ["llama"]
+        assert store.model("llama") == ModelDeployment("llama", "v1", 1)
+        assert store.breaker("global").state == "open"
+        assert store.cursor("pagerduty-audit") == 4
+        assert store.record_event(Event(6, EventKind.DEPLOY, "llama"))  # ids go on rising
     with open_as(backend, "east") as east:
+        assert east.events() == []
+        assert east.breaker("global") is None
         assert east.accounting_rows(since=0, until=NOW) == []
         assert east.jobs() == []
         assert east.open_incident(incident(fingerprint="fp")) is not None  # its own
