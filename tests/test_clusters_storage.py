@@ -9,6 +9,7 @@ clusters existed keeps its rows, as the ``default`` cluster's.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.agent.schema import ConfigError
+from gpuwarden.collector.accounting.report import report_costs
 from gpuwarden.collector.config import CollectorConfig, load_collector_config
 from gpuwarden.collector.remote_write.naming import labels, with_cluster
 from gpuwarden.collector.storage.base import (
@@ -36,6 +38,8 @@ from gpuwarden.collector.storage.records import (
 )
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from tests.storage_backends import Backend, SqlStorage, backend  # noqa: F401 - a fixture
+from tests.test_collector_api import NOW as REPORT_NOW
+from tests.test_collector_api import ROWS
 from tests.test_storage import an_action, audit_entry, incident, make_job, migrate_to, row
 
 NOW = 10_000.0
@@ -245,3 +249,35 @@ def test_remote_written_series_carry_the_writers_cluster():
     assert mine == (("__name__", "hw_power_watts"), ("cluster", "east"), ("host_name", "node-1"))
     assert dict(with_cluster(series, "west"))["cluster"] == "west"  # the writer's wins
     assert with_cluster(series, None) == series
+
+
+ORG_TABLE = """\
+cluster  team           GPU-h  busy GPU-h  idle GPU-h  no-data GPU-h    kWh  cost EUR  kg CO2e
+east     (unallocated)   0.50        0.00        0.50           0.00  0.20      0.00     0.08
+east     nlp             0.50        0.50        0.00           0.00  0.50      2.00     0.20
+east     vision          1.50        1.00        0.25           0.25  1.00*     5.00*    0.40*
+west     vision          0.50        0.50        0.00           0.00  0.50      2.00     0.20
+-------  -------------  -----  ----------  ----------  -------------  -----  --------  -------
+         TOTAL           3.00        2.00        0.75           0.25  2.20*     9.00*    0.88*
+* partial: energy, cost or carbon missing for some accounting rows
+"""
+
+
+def test_the_cost_report_names_each_lines_cluster_when_there_are_several(pair):
+    east, west = pair
+    east.write_rollups(ROWS)
+    # West's team "vision" is another team than east's: its line stays apart.
+    west.write_rollups([replace(ROWS[1], team="vision", gpu_uuid="GPU-west")])
+    out = io.StringIO()
+    assert report_costs(west, since_seconds=86400, until=REPORT_NOW, by="team", fmt="table",
+                        out=out) == 0  # fmt: skip
+    assert out.getvalue() == ORG_TABLE
+    out = io.StringIO()
+    report_costs(east, since_seconds=86400, until=REPORT_NOW, by="team", fmt="csv", out=out,
+                 cluster="west")  # fmt: skip
+    assert out.getvalue().splitlines() == [
+        "team,gpu_hours_allocated,gpu_hours_busy,gpu_hours_idle,gpu_hours_unknown,"
+        "energy_kwh,cost,currency,carbon_kg,rows,incomplete_rows",
+        "vision,0.5,0.5,0.0,0.0,0.5,2.0,EUR,0.2,1,0",
+        "TOTAL,0.5,0.5,0.0,0.0,0.5,2.0,EUR,0.2,1,0",
+    ]

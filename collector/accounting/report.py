@@ -219,11 +219,15 @@ def _table(lines: Sequence[CostLine], by: str, out: TextIO) -> None:
             ["cluster", *(line.cluster or "" for line in lines)], rows, strict=True
         )]  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    names = 2 if several else 1  # the text columns, left-aligned; the numbers right-aligned
     for n, row in enumerate(rows):
         if n == len(rows) - 1:
             out.write("  ".join("-" * w for w in widths) + "\n")
-        right = [c.rjust(w) for c, w in zip(row, widths, strict=True)]
-        out.write("  ".join([row[0].ljust(widths[0]), *right[1:]]).rstrip() + "\n")
+        cells = [
+            c.ljust(w) if i < names else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        out.write("  ".join(cells).rstrip() + "\n")
     if partial:
         out.write("* partial: energy, cost or carbon missing for some accounting rows\n")
     if "," in currency:
