@@ -211,7 +211,9 @@ def test_a_database_from_before_clusters_keeps_its_rows_as_the_default_clusters(
         assert store.open_incident_for("fp") is not None
         assert [e.subject for e in store.events()] == ["llama"]
         assert store.model("llama") == ModelDeployment("llama", "v1", 1)
-        assert store.breaker("global").state == "open"
+        breaker = store.breaker("global")
+        assert breaker is not None
+        assert breaker.state == "open"
         assert store.cursor("pagerduty-audit") == 4
         assert store.record_event(Event(6, EventKind.DEPLOY, "llama"))  # ids go on rising
     with open_as(backend, "east") as east:
