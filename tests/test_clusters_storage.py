@@ -37,6 +37,7 @@ from gpuwarden.collector.storage.records import (
     ModelDeployment,
 )
 from gpuwarden.collector.storage.sqlite import SqliteStorage
+from gpuwarden.collector.web.status_clusters import clusters_context
 from tests.storage_backends import Backend, SqlStorage, backend  # noqa: F401 - a fixture
 from tests.test_collector_api import NOW as REPORT_NOW
 from tests.test_collector_api import ROWS
@@ -283,3 +284,18 @@ def test_the_cost_report_names_each_lines_cluster_when_there_are_several(pair):
         "vision,0.5,0.5,0.0,0.0,0.5,2.0,EUR,0.2,1,0",
         "TOTAL,0.5,0.5,0.0,0.0,0.5,2.0,EUR,0.2,1,0",
     ]
+
+
+def test_the_status_pages_cluster_table_appears_with_a_second_cluster(pair):
+    east, west = pair
+    east.write_rollups(ROWS)
+    assert clusters_context(east, REPORT_NOW) == []  # one cluster: the page is its own
+    west.write_rollups([replace(ROWS[1], gpu_uuid="GPU-west")])
+    assert west.open_incident(incident()) is not None
+    assert clusters_context(west, REPORT_NOW) == [
+        # GPUs with accounting in the last 24 h: GPU-A0, GPU-A1, GPU-B0
+        {"name": "east", "own": False, "gpus": 3, "gpu_hours": "2.50", "idle_hours": "0.75",
+         "cost": "7.00 EUR", "open_incidents": 0},
+        {"name": "west", "own": True, "gpus": 1, "gpu_hours": "0.50", "idle_hours": "0.00",
+         "cost": "2.00 EUR", "open_incidents": 1},
+    ]  # fmt: skip
