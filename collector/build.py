@@ -151,8 +151,10 @@ def build_history(
     *,
     http: HttpClient | None = None,
     limits: IngestLimits | None = None,
+    cluster: str | None = None,
 ) -> HistoryWriter | None:
-    """The remote-write history writer ``remote_write:`` describes (None: not configured).
+    """The remote-write history writer ``remote_write:`` describes (None: not configured),
+    labelling every series with ``cluster``.
 
     Its queue folder is created now; the bearer token is read from its file now (fail at start).
     """
@@ -192,6 +194,7 @@ def build_history(
         flush_seconds=settings.flush_seconds,
         log=log,
         limits=limits if limits is not None else IngestLimits(),
+        cluster=cluster,
     )
 
 
@@ -206,7 +209,7 @@ def open_storage(config: CollectorConfig, *, clock: Callable[[], float] = time.t
     if config.database_url is None:
         if config.database.parent and str(config.database) != ":memory:":
             config.database.parent.mkdir(parents=True, exist_ok=True)
-        return SqliteStorage(config.database, clock=clock)
+        return SqliteStorage(config.database, clock=clock, cluster=config.cluster)
     with needs_extra("collector", "database"):
         from gpuwarden.collector.storage.postgres import PostgresStorage
     password = None
@@ -218,7 +221,9 @@ def open_storage(config: CollectorConfig, *, clock: Callable[[], float] = time.t
                 f"database_password_file {config.database_password_file}: {exc.strerror}"
             ) from None
         password = text.strip("\r\n")  # the file's line ending is not part of the password
-    return PostgresStorage(config.database_url, clock=clock, password=password)
+    return PostgresStorage(
+        config.database_url, clock=clock, password=password, cluster=config.cluster
+    )
 
 
 def build_service(
@@ -295,7 +300,12 @@ def build_service(
         max_new_series_per_source_hour=config.max_new_series_per_source_hour,
         limits=config.ingest_limits,
         snapshot_path=config.snapshot_path,
-        history=build_history(config.remote_write, http=http, limits=config.ingest_limits),
+        history=build_history(
+            config.remote_write,
+            http=http,
+            limits=config.ingest_limits,
+            cluster=config.cluster,
+        ),
     )
     service.restore_snapshot()  # warm start: the window as the last snapshot left it
     return service

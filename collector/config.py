@@ -27,6 +27,7 @@ from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.remediate.actuators.settings import ActuatorSettings, traffic_targets
 from gpuwarden.collector.remediate.policy import RemediationSection, RemediationSettings
 from gpuwarden.collector.remote_write.settings import RemoteWriteSettings
+from gpuwarden.collector.storage.clusters import DEFAULT_CLUSTER, cluster_problem
 from gpuwarden.collector.storage.urls import has_password, is_postgresql_url, redact_url
 
 __all__ = [
@@ -169,6 +170,10 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     max_decompressed_bytes: PositiveInt = 64 * 1024 * 1024
     #: HTTPS and mTLS (default: plain HTTP; put a TLS proxy in front, or set this)
     tls: TlsSettings = msgspec.field(default_factory=TlsSettings)
+    #: this collector's cluster (or region): the rows it writes in a database that several
+    #: collectors share carry it, its loops read only its rows, and every remote-written
+    #: series has it as its ``cluster`` label (``storage.clusters``: letters, digits, . _ -)
+    cluster: str = DEFAULT_CLUSTER
     #: the state: a SQLite file (the embedded default), or, written as a postgresql:// URL
     #: in the file's ``database`` key, a PostgreSQL server, held in ``database_url``
     database: Path = Path("/var/lib/gpuwarden/collector.db")
@@ -191,7 +196,8 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     #: the WindowStore is written to ``snapshot_file`` this often and at shutdown, and read
     #: back at start, so a restart does not start blind (0: never; ``store.snapshot``)
     snapshot_seconds: Annotated[float, msgspec.Meta(ge=0)] = 300.0
-    #: default: ``<database>.window.npz`` next to the database (none for ``:memory:``)
+    #: default: ``<database>.window.npz`` next to the database (``<database>.<cluster>.window.npz``
+    #: for a cluster other than ``default``; none for ``:memory:``)
     snapshot_file: Path | None = None
     idle_threshold_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
     grid_intensity_grams_per_kwh: Annotated[float, msgspec.Meta(ge=0)] = 400.0
@@ -244,6 +250,9 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
 
     def __post_init__(self) -> None:
         """The checks across keys, in one place (the actuators' in ``actuator_problem``)."""
+        problem = cluster_problem(self.cluster)
+        if problem is not None:
+            raise ConfigError(f"cluster: {problem}")
         if self.max_body_bytes <= 0 or self.max_decompressed_bytes < self.max_body_bytes:
             raise ConfigError("need 0 < max_body_bytes <= max_decompressed_bytes")
         if self.database_url is not None:
@@ -291,7 +300,9 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
             return self.snapshot_file
         if str(self.database) == ":memory:":
             return None
-        return self.database.with_name(self.database.name + ".window.npz")
+        # Collectors of several clusters may share one SQLite file; each keeps its own window.
+        cluster = "" if self.cluster == DEFAULT_CLUSTER else f".{self.cluster}"
+        return self.database.with_name(f"{self.database.name}{cluster}.window.npz")
 
     @property
     def actuators(self) -> ActuatorSettings:

@@ -349,8 +349,8 @@ async def test_bad_query_parameters_are_400(client):
         ("/v1/jobs?current=yes", "current: unknown value(s) yes (use true, false)"),
         ("/v1/events?since=yesterday", "since: invalid time 'yesterday': use 'now', Unix "
          "seconds, or a duration ago such as 24h"),
-        ("/v1/accounting?by=colour", "by: unknown value(s) colour (use job_key, team, model, "
-         "node, gpu_uuid, price_tier, job)"),
+        ("/v1/accounting?by=colour", "by: unknown value(s) colour (use cluster, job_key, team, "
+         "model, node, gpu_uuid, price_tier, job)"),
         ("/v1/accounting?by=team,team", "by: a dimension is repeated in 'team,team'"),
         ("/v1/accounting?since=1h&until=2h",
          "since: 1699999200.0 is not before until (1699995600.0)"),
@@ -450,6 +450,7 @@ async def test_accounting_by_team_and_job(client):
     assert await resp.json() == {
         "since": NOW - 86400,
         "until": NOW,
+        "cluster": "default",
         "by": ["team", "job_key"],
         "groups": [
             {"group": {"team": None, "job_key": None},
@@ -469,6 +470,7 @@ async def test_accounting_window_in_unix_seconds(client):
     assert await resp.json() == {
         "since": since,
         "until": until,
+        "cluster": "default",
         "by": [],
         "groups": [{"group": {}, **_totals((1.0, 0.0, 1.0, 0.0), 0.277778, 4.0, 0.1, 1)}],
         "total": _totals((1.0, 0.0, 1.0, 0.0), 0.277778, 4.0, 0.1, 1),

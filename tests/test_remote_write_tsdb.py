@@ -129,13 +129,18 @@ def expected(t0_ns: int, steps: range) -> dict[str, dict[tuple[str, str], list[t
     return {POWER: power, ENERGY: energy}
 
 
-def read_back(tsdb: _Server, name: str) -> dict[tuple[str, str], list[tuple[int, float]]]:
+def read_back(
+    tsdb: _Server, name: str, cluster: str | None = None
+) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """The TSDB's series of ``name`` by (node, GPU); each labelled with the writer's ``cluster``
+    (a collector built from its config always names its cluster)."""
     out = {}
     for labels, samples in tsdb.samples(name).items():
         label = dict(labels)
         out[(label["host_name"], label["hw_id"])] = samples
         wanted = {"__name__", "host_name", "hw_id"} | ({"hw_type"} if name == POWER else set())
-        assert set(label) == wanted
+        assert set(label) == wanted | ({"cluster"} if cluster else set())
+        assert label.get("cluster") == cluster
     return out
 
 
@@ -356,7 +361,7 @@ def test_a_collector_killed_before_its_flush_loses_nothing(tsdb, tmp_path):
     assert service.history.stats.sent_samples == 6 * len(NODES) * len(GPUS) * 2
     want = expected(t0, range(6))
     for name in (POWER, ENERGY):
-        assert read_back(tsdb, name) == want[name], tsdb.log_tail()
+        assert read_back(tsdb, name, cluster="default") == want[name], tsdb.log_tail()
     service.history.tick()  # the recovered log is gone: nothing is sent twice
     assert service.history.stats.sent_samples == 6 * len(NODES) * len(GPUS) * 2
     again = build_service(load_collector_config(config))

@@ -14,6 +14,12 @@ in several currencies are not added: such a total's cost is empty and its curren
 Energy, cost and carbon sum the rows that have them: a total with rows missing them is marked
 partial (``*`` in the table, ``incomplete_rows`` elsewhere).
 
+Several clusters (one collector each, sharing one database; ``storage.clusters``): the report
+covers every cluster on the database unless ``--cluster`` names one, and when the lines come
+from more than one cluster each line names its cluster (a ``cluster`` column first, a
+``cluster`` key in JSON), so no two clusters' ``node-1`` or team ``nlp`` are added together;
+the total is the organisation's. ``--db`` takes the SQLite file or a ``postgresql://`` URL.
+
 Light on purpose: the CLI imports this module to build its parser, so the storage backend is
 imported only when a report runs.
 """
@@ -27,11 +33,15 @@ import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from gpuwarden.collector.storage.clusters import ALL_CLUSTERS, check_scope
+
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from gpuwarden.collector.accounting.prices import PriceRow, PriceTable
     from gpuwarden.collector.storage.base import Storage
     from gpuwarden.collector.storage.records import RollupDimension, RollupTotal
@@ -92,6 +102,8 @@ class CostLine:
     carbon_kg: float | None
     rows: int
     incomplete_rows: int
+    cluster: str | None = None
+    """The line's cluster when the report spans several (``None``: one cluster, or a total)."""
 
 
 def _add(a: float | None, b: float | None) -> float | None:
@@ -150,23 +162,33 @@ def sum_lines(group: str, lines: Iterable[CostLine]) -> CostLine:
     return out
 
 
-def cost_lines(storage: Storage, *, since: float, until: float, by: str) -> list[CostLine]:
-    """Totals per group of ``by`` (team, job, model or node), unallocated time apart."""
+def cost_lines(
+    storage: Storage, *, since: float, until: float, by: str, cluster: str = ALL_CLUSTERS
+) -> list[CostLine]:
+    """Totals per group of ``by`` (team, job, model or node), unallocated time apart, over
+    ``cluster`` (default: every cluster on the database). Lines of several clusters are kept
+    apart and name their cluster; lines of one cluster name none."""
     if by not in _DIMENSION:
         raise ValueError(f"by must be one of {', '.join(BY_CHOICES)}, not {by!r}")
     dimension = _DIMENSION[by]
     # Grouping by job too tells "no team" from "no job at all" (unallocated time).
     keys: tuple[RollupDimension, ...] = (
-        (dimension,) if dimension in ("job_key", "node") else (dimension, "job_key")
-    )
-    groups: dict[str, list[CostLine]] = {}
-    for total in storage.rollups(since=since, until=until, by=keys):
+        ("cluster", dimension) if dimension in ("job_key", "node") else
+        ("cluster", dimension, "job_key")
+    )  # fmt: skip
+    groups: dict[tuple[str, str], list[CostLine]] = {}
+    for total in storage.rollups(since=since, until=until, by=keys, cluster=cluster):
         if dimension != "node" and total.group["job_key"] is None:
             label = UNALLOCATED_LABEL
         else:
             label = total.group[dimension] or NONE_LABEL
-        groups.setdefault(label, []).append(cost_line(label, total))
-    return [sum_lines(label, parts) for label, parts in sorted(groups.items())]
+        name = str(total.group["cluster"])
+        groups.setdefault((name, label), []).append(cost_line(label, total))
+    several = len({name for name, _ in groups}) > 1
+    return [
+        replace(sum_lines(label, parts), cluster=name if several else None)
+        for (name, label), parts in sorted(groups.items())
+    ]
 
 
 _COLUMNS = (  # CostLine field, table heading ({currency}: the costs' currency)
@@ -182,6 +204,7 @@ _COLUMNS = (  # CostLine field, table heading ({currency}: the costs' currency)
 
 def _table(lines: Sequence[CostLine], by: str, out: TextIO) -> None:
     partial = any(line.incomplete_rows for line in lines)
+    several = any(line.cluster is not None for line in lines)
     currency = lines[-1].currency or ""  # "": no cost, or rows from before it was recorded
     rows = [[by, *(heading.format(currency=f" {currency}".rstrip()) for _, heading in _COLUMNS)]]
     for line in lines:
@@ -191,12 +214,20 @@ def _table(lines: Sequence[CostLine], by: str, out: TextIO) -> None:
         rows.append([line.group, *("-" if v is None else f"{v:.2f}" for v in values[:4])])
         pad = " " if partial else ""
         rows[-1] += [f"-{pad}" if v is None else f"{v:.2f}{mark}" for v in values[4:]]
+    if several:  # the cluster column first; the total's is empty
+        rows = [[heading, *row] for heading, row in zip(
+            ["cluster", *(line.cluster or "" for line in lines)], rows, strict=True
+        )]  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    names = 2 if several else 1  # the text columns, left-aligned; the numbers right-aligned
     for n, row in enumerate(rows):
         if n == len(rows) - 1:
             out.write("  ".join("-" * w for w in widths) + "\n")
-        right = [c.rjust(w) for c, w in zip(row, widths, strict=True)]
-        out.write("  ".join([row[0].ljust(widths[0]), *right[1:]]).rstrip() + "\n")
+        cells = [
+            c.ljust(w) if i < names else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        out.write("  ".join(cells).rstrip() + "\n")
     if partial:
         out.write("* partial: energy, cost or carbon missing for some accounting rows\n")
     if "," in currency:
@@ -204,8 +235,13 @@ def _table(lines: Sequence[CostLine], by: str, out: TextIO) -> None:
 
 
 def line_record(line: CostLine) -> dict[str, object]:
-    """A line as a JSON-ready dict, floats rounded to 6 decimals (no float noise in reports)."""
-    return {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(line).items()}
+    """A line as a JSON-ready dict, floats rounded to 6 decimals (no float noise in reports);
+    ``cluster`` only when the line names one."""
+    return {
+        k: round(v, 6) if isinstance(v, float) else v
+        for k, v in asdict(line).items()
+        if k != "cluster" or v is not None
+    }
 
 
 PRICE_MATCHING = (
@@ -262,8 +298,10 @@ def report_costs(
     fmt: str,
     out: TextIO,
     prices: PriceTable | None = None,
+    cluster: str = ALL_CLUSTERS,
 ) -> int:
-    """Print the cost report of ``[until - since_seconds, until)`` per group; return 0.
+    """Print the cost report of ``[until - since_seconds, until)`` per group of ``cluster``
+    (default: every cluster on the database); return 0.
 
     With ``prices``, the price table comes first (``--explain``): a text block before the table,
     a ``prices`` key in JSON (CSV has no room for it).
@@ -273,24 +311,27 @@ def report_costs(
     if prices is not None and fmt == "csv":
         raise ValueError("the price table (--explain) goes with --format table or json")
     since = until - since_seconds
-    lines = cost_lines(storage, since=since, until=until, by=by)
+    lines = cost_lines(storage, since=since, until=until, by=by, cluster=cluster)
     total = sum_lines("TOTAL", lines)
+    several = any(line.cluster is not None for line in lines)
     if fmt == "table":
         if prices is not None:
             explain_prices(prices, out)
         _table([*lines, total], by, out)
     elif fmt == "csv":
         writer = csv.writer(out, lineterminator="\n")
-        header = ["group", *(f for f in CostLine.__dataclass_fields__ if f != "group")]
+        fields = [f for f in CostLine.__dataclass_fields__ if f not in ("group", "cluster")]
+        header = ["cluster", "group", *fields] if several else ["group", *fields]
         writer.writerow([by if h == "group" else h for h in header])
         for line in [*lines, total]:
             record = line_record(line)
-            writer.writerow(["" if record[h] is None else record[h] for h in header])
+            writer.writerow(["" if record.get(h) is None else record[h] for h in header])
     else:
         doc = {
             "since": since,
             "until": until,
             "by": by,
+            **({} if cluster == ALL_CLUSTERS else {"cluster": cluster}),
             "currency": total.currency,
             "groups": [line_record(line) for line in lines],
             "total": line_record(total),
@@ -299,6 +340,13 @@ def report_costs(
             doc["prices"] = prices_record(prices)
         out.write(json.dumps(doc, indent=2) + "\n")
     return EXIT_OK
+
+
+def _cluster_arg(text: str) -> str:
+    try:
+        return check_scope(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _duration_arg(text: str) -> float:
@@ -318,7 +366,19 @@ def add_report_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "or node",
         description="Sum the collector's accounting over a window ending now (or --until).",
     )
-    costs.add_argument("--db", type=Path, required=True, help="the collector's SQLite database")
+    costs.add_argument(
+        "--db",
+        required=True,
+        help="the collectors' database: the SQLite file, or a postgresql:// URL (password from "
+        "PGPASSWORD or ~/.pgpass)",
+    )
+    costs.add_argument(
+        "--cluster",
+        type=_cluster_arg,
+        default=ALL_CLUSTERS,
+        help="only this cluster's accounting (default: every cluster on the database, each "
+        "line naming its cluster when there are several)",
+    )
     costs.add_argument(
         "--since", type=_duration_arg, default=86400.0, help="window length, e.g. 24h, 7d"
     )
@@ -341,10 +401,10 @@ def add_report_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 def run_report(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     """Run ``gpuwarden report costs`` from parsed arguments; return the exit code."""
     from gpuwarden.collector.storage.base import StorageError
-    from gpuwarden.collector.storage.sqlite import SqliteStorage
+    from gpuwarden.collector.storage.urls import is_postgresql_url
 
-    path: Path = args.db
-    if not path.is_file():
+    path = Path(args.db)
+    if not is_postgresql_url(args.db) and not path.is_file():
         print(
             f"gpuwarden report: {path}: no such database; point --db at the collector's "
             "database file (the 'database' key of its config)",
@@ -370,7 +430,7 @@ def run_report(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
             print(f"gpuwarden report: {exc}", file=sys.stderr)
             return EXIT_ERROR
     try:
-        with SqliteStorage(path) as storage:
+        with _open(args.db) as storage:
             return report_costs(
                 storage,
                 since_seconds=args.since,
@@ -379,7 +439,21 @@ def run_report(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
                 fmt=args.fmt,
                 out=out if out is not None else sys.stdout,
                 prices=prices,
+                cluster=args.cluster,
             )
     except StorageError as exc:
         print(f"gpuwarden report: {exc}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _open(db: str) -> AbstractContextManager[Storage]:
+    """The store of ``--db``: PostgreSQL for a ``postgresql://`` URL, else the SQLite file."""
+    from gpuwarden.collector.storage.urls import is_postgresql_url
+
+    if is_postgresql_url(db):
+        from gpuwarden.collector.storage.postgres import PostgresStorage
+
+        return PostgresStorage(db)
+    from gpuwarden.collector.storage.sqlite import SqliteStorage
+
+    return SqliteStorage(db)

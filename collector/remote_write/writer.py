@@ -26,7 +26,7 @@ from gpuwarden.collector.ingest.otlp_columns import NumberColumns, number_column
 from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
 from gpuwarden.collector.ingest.otlp_transport import OtlpError, parse_request
 from gpuwarden.collector.remote_write.intake_log import IntakeLog
-from gpuwarden.collector.remote_write.naming import labels, metric_name
+from gpuwarden.collector.remote_write.naming import labels, metric_name, with_cluster
 from gpuwarden.collector.remote_write.queue import DiskQueue
 from gpuwarden.collector.remote_write.sender import RemoteWriteSender, SendStats
 from gpuwarden.collector.remote_write.wire import Labels, Series, encode
@@ -52,6 +52,8 @@ class HistoryWriter:
         flush_seconds: how often the web layer runs ``tick``.
         log: where bodies wait for the flush on disk (``intake_log``); what a stopped
             collector left there is taken back now.
+        cluster: the collector's cluster, the ``cluster`` label of every series it writes
+            (``naming``); ``None`` writes none.
     """
 
     def __init__(
@@ -63,8 +65,10 @@ class HistoryWriter:
         limits: IngestLimits = DEFAULT_LIMITS,
         flush_seconds: float = 1.0,
         log: IntakeLog | None = None,
+        cluster: str | None = None,
     ) -> None:
         self.queue = queue
+        self.cluster = cluster
         self.intake_log = log
         self.flush_seconds = flush_seconds
         self.sender = sender
@@ -120,7 +124,7 @@ class HistoryWriter:
                     sid = ids.get(key)
                     if sid is None:
                         attrs = [*items] if host is None else [(HOST_NAME, host), *items]
-                        sid = self._number(key, labels(name, attrs))
+                        sid = self._number(key, labels(name, attrs, cluster=self.cluster))
                     t_ms = t // _NS_PER_MS
                     if t_ms <= newest[sid]:
                         late += 1
@@ -155,7 +159,7 @@ class HistoryWriter:
                 attrs = [*p.attributes.items()]
                 if host is not None and HOST_NAME not in p.attributes:
                     attrs.insert(0, (HOST_NAME, host))
-                series = labels(name, attrs)
+                series = labels(name, attrs, cluster=self.cluster)
                 sid = self._id_of_labels.get(series)
                 if sid is None:
                     sid = self._number(series, series)
@@ -177,7 +181,8 @@ class HistoryWriter:
     def _derived(self, samples: Sequence[tuple[Labels, int, float]]) -> None:
         late = taken = 0
         with self._lock:
-            for series, t_ms, value in samples:
+            for derived, t_ms, value in samples:
+                series = with_cluster(derived, self.cluster)
                 sid = self._id_of_labels.get(series)
                 if sid is None:
                     sid = self._number(series, series)

@@ -182,7 +182,14 @@ class SchemaVersionError(StorageError):
 
 
 class Storage(Protocol):
-    """Persistent state of one collector (or of several sharing a PostgreSQL database)."""
+    """Persistent state of one collector (or of several sharing a PostgreSQL database).
+
+    Every row belongs to a cluster (:mod:`~gpuwarden.collector.storage.clusters`): a store
+    writes its own ``cluster``'s rows and reads only them, except the reads that take a
+    ``cluster`` argument (another cluster's name, or ``ALL_CLUSTERS`` for every one).
+    """
+
+    cluster: str
 
     # Jobs ------------------------------------------------------------------------------------
 
@@ -239,14 +246,23 @@ class Storage(Protocol):
         """
         ...
 
-    def accounting_rows(self, *, since: float, until: float) -> list[AccountingRow]:
-        """Rows with ``since <= period_start < until``, by period, GPU, then job."""
+    def accounting_rows(
+        self, *, since: float, until: float, cluster: str | None = None
+    ) -> list[AccountingRow]:
+        """Rows with ``since <= period_start < until``, by period, GPU, then job (of
+        ``cluster``; ``None``: this store's)."""
         ...
 
     def rollups(
-        self, *, since: float, until: float, by: Sequence[RollupDimension] = ()
+        self,
+        *,
+        since: float,
+        until: float,
+        by: Sequence[RollupDimension] = (),
+        cluster: str | None = None,
     ) -> list[RollupTotal]:
-        """Rows with ``since <= period_start < until`` summed per group of ``by`` (in order)."""
+        """Rows with ``since <= period_start < until`` summed per group of ``by`` (in order),
+        of ``cluster`` (``None``: this store's; ``ALL_CLUSTERS``: every one)."""
         ...
 
     # Incidents -------------------------------------------------------------------------------
@@ -271,8 +287,15 @@ class Storage(Protocol):
         """The open incident with this fingerprint, if any."""
         ...
 
-    def incidents(self, *, state: IncidentState | None = None) -> list[Incident]:
-        """Incidents (optionally in one state), ordered by id."""
+    def incidents(
+        self, *, state: IncidentState | None = None, cluster: str | None = None
+    ) -> list[Incident]:
+        """Incidents (optionally in one state) of ``cluster`` (``None``: this store's;
+        ``ALL_CLUSTERS``: every one), ordered by id."""
+        ...
+
+    def incident_counts(self, *, state: IncidentState | None = None) -> dict[str, int]:
+        """How many incidents (in ``state``, or in any) each cluster on the database has."""
         ...
 
     # Audit -----------------------------------------------------------------------------------

@@ -342,6 +342,184 @@ CREATE TABLE agent_rounds (
 );
 """
 
+
+_SCOPED_TABLES = (
+    "jobs",
+    "models",
+    "events",
+    "accounting",
+    "incidents",
+    "audit_log",
+    "remediation_actions",
+    "breaker_state",
+    "notifications",
+    "cursors",
+    "pages",
+    "silences",
+)
+
+# Every cluster-scoped table gets the column (rows written before are the 'default' cluster's);
+# keys that two clusters could both use (node names, job ids, fingerprints, breaker scopes,
+# cursor names) include it. Approvals and agent rounds need none: an approval is scoped by its
+# action, an agent instance is a random 128-bit id.
+_CLUSTERS = (
+    "\n".join(
+        f"ALTER TABLE {table} ADD COLUMN cluster TEXT NOT NULL DEFAULT 'default';"
+        for table in _SCOPED_TABLES
+    )
+    + """
+DROP INDEX incidents_one_open;
+CREATE UNIQUE INDEX incidents_one_open ON incidents (cluster, fingerprint) WHERE state = 'open';
+DROP INDEX incidents_state;
+CREATE INDEX incidents_state ON incidents (cluster, state, last_seen);
+CREATE INDEX audit_log_cluster_time ON audit_log (cluster, time);
+DROP INDEX remediation_actions_target;
+CREATE INDEX remediation_actions_target
+    ON remediation_actions (cluster, target, action, cooldown_until);
+DROP INDEX notifications_pending;
+CREATE INDEX notifications_pending ON notifications (cluster, delivered, status);
+DROP INDEX pages_status;
+CREATE INDEX pages_status ON pages (cluster, status);
+"""
+)
+
+# SQLite cannot change a primary key or a table's UNIQUE constraint: the keyed tables are
+# rebuilt (same columns in the same order, the cluster last as ALTER TABLE put it; nothing
+# references them by foreign key).
+_CLUSTER_KEYS_SQLITE = """
+CREATE TABLE jobs_new (
+    key           TEXT NOT NULL,
+    scheduler     TEXT NOT NULL,
+    job_id        TEXT NOT NULL,
+    state         TEXT NOT NULL,
+    name          TEXT,
+    owner         TEXT,
+    team          TEXT,
+    gpus          INTEGER NOT NULL,
+    allocations   TEXT NOT NULL,
+    submit_time   REAL,
+    start_time    REAL,
+    end_time      REAL,
+    priority      INTEGER,
+    model         TEXT,
+    price_tier    TEXT,
+    restarts      INTEGER NOT NULL,
+    labels        TEXT NOT NULL,
+    first_seen    REAL NOT NULL,
+    updated_at    REAL NOT NULL,
+    cluster       TEXT NOT NULL DEFAULT 'default',
+    PRIMARY KEY (cluster, key)
+);
+INSERT INTO jobs_new SELECT * FROM jobs;
+DROP TABLE jobs;
+ALTER TABLE jobs_new RENAME TO jobs;
+CREATE INDEX jobs_end_time ON jobs (cluster, end_time);
+CREATE INDEX jobs_state ON jobs (cluster, state);
+
+CREATE TABLE models_new (
+    name                     TEXT NOT NULL,
+    version                  TEXT NOT NULL,
+    replicas                 INTEGER NOT NULL,
+    slo_latency_p99_seconds  REAL,
+    slo_error_ratio          REAL,
+    fallback_model           TEXT,
+    labels                   TEXT NOT NULL,
+    updated_at               REAL NOT NULL,
+    cluster                  TEXT NOT NULL DEFAULT 'default',
+    PRIMARY KEY (cluster, name)
+);
+INSERT INTO models_new SELECT * FROM models;
+DROP TABLE models;
+ALTER TABLE models_new RENAME TO models;
+
+CREATE TABLE events_new (
+    event_id     INTEGER PRIMARY KEY,
+    time         REAL NOT NULL,
+    kind         TEXT NOT NULL,
+    subject      TEXT NOT NULL,
+    attributes   TEXT NOT NULL,
+    recorded_at  REAL NOT NULL,
+    cluster      TEXT NOT NULL DEFAULT 'default',
+    UNIQUE (cluster, time, kind, subject)
+);
+INSERT INTO events_new SELECT * FROM events;
+DROP TABLE events;
+ALTER TABLE events_new RENAME TO events;
+CREATE INDEX events_time ON events (cluster, time);
+
+CREATE TABLE accounting_new (
+    period_start           REAL NOT NULL,
+    period_seconds         REAL NOT NULL CHECK (period_seconds > 0),
+    job_key                TEXT NOT NULL,
+    gpu_uuid               TEXT NOT NULL,
+    team                   TEXT,
+    model                  TEXT,
+    node                   TEXT NOT NULL,
+    price_tier             TEXT,
+    gpu_seconds_allocated  REAL NOT NULL,
+    gpu_seconds_busy       REAL NOT NULL,
+    gpu_seconds_idle       REAL NOT NULL,
+    gpu_seconds_unknown    REAL NOT NULL,
+    energy_joules          REAL,
+    cost                   REAL,
+    carbon_grams           REAL,
+    written_at             REAL NOT NULL,
+    currency               TEXT,
+    cluster                TEXT NOT NULL DEFAULT 'default',
+    PRIMARY KEY (cluster, period_start, job_key, gpu_uuid)
+);
+INSERT INTO accounting_new SELECT * FROM accounting;
+DROP TABLE accounting;
+ALTER TABLE accounting_new RENAME TO accounting;
+CREATE INDEX accounting_period_gpu ON accounting (cluster, period_start, gpu_uuid);
+CREATE INDEX accounting_period ON accounting (period_start);
+
+CREATE TABLE breaker_state_new (
+    scope       TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    reason      TEXT,
+    tripped_at  REAL,
+    updated_at  REAL NOT NULL,
+    cluster     TEXT NOT NULL DEFAULT 'default',
+    PRIMARY KEY (cluster, scope)
+);
+INSERT INTO breaker_state_new SELECT * FROM breaker_state;
+DROP TABLE breaker_state;
+ALTER TABLE breaker_state_new RENAME TO breaker_state;
+
+CREATE TABLE cursors_new (
+    name        TEXT NOT NULL,
+    position    INTEGER NOT NULL,
+    updated_at  REAL NOT NULL,
+    cluster     TEXT NOT NULL DEFAULT 'default',
+    PRIMARY KEY (cluster, name)
+);
+INSERT INTO cursors_new SELECT * FROM cursors;
+DROP TABLE cursors;
+ALTER TABLE cursors_new RENAME TO cursors;
+"""
+
+# PostgreSQL changes the keys in place (constraint names are PostgreSQL's defaults).
+_CLUSTER_KEYS_POSTGRESQL = """
+ALTER TABLE jobs DROP CONSTRAINT jobs_pkey, ADD PRIMARY KEY (cluster, key);
+DROP INDEX jobs_end_time;
+CREATE INDEX jobs_end_time ON jobs (cluster, end_time);
+DROP INDEX jobs_state;
+CREATE INDEX jobs_state ON jobs (cluster, state);
+ALTER TABLE models DROP CONSTRAINT models_pkey, ADD PRIMARY KEY (cluster, name);
+ALTER TABLE events DROP CONSTRAINT events_time_kind_subject_key,
+    ADD UNIQUE (cluster, time, kind, subject);
+DROP INDEX events_time;
+CREATE INDEX events_time ON events (cluster, time);
+ALTER TABLE accounting DROP CONSTRAINT accounting_pkey,
+    ADD PRIMARY KEY (cluster, period_start, job_key, gpu_uuid);
+DROP INDEX accounting_period_gpu;
+CREATE INDEX accounting_period_gpu ON accounting (cluster, period_start, gpu_uuid);
+CREATE INDEX accounting_period ON accounting (period_start);
+ALTER TABLE breaker_state DROP CONSTRAINT breaker_state_pkey, ADD PRIMARY KEY (cluster, scope);
+ALTER TABLE cursors DROP CONSTRAINT cursors_pkey, ADD PRIMARY KEY (cluster, name);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, models, events, accounting", _CORE),
     Migration(
@@ -356,6 +534,16 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "accounting: cost in the price table's currency", _ACCOUNTING_CURRENCY),
     Migration(6, "silences: operators hold an incident's notifications", _SILENCES),
     Migration(7, "agent rounds stored per agent instance: each request once", _AGENT_ROUNDS),
+    # 8 is the active/standby leader's (issue 16, point 5; another branch): a placeholder here,
+    # replaced by that migration when the branches meet.
+    Migration(8, "reserved: the active/standby leader (issue 16)", ""),
+    Migration(
+        9,
+        "clusters: every scoped row names its collector's cluster; keys include it",
+        _CLUSTERS,
+        sqlite=_CLUSTER_KEYS_SQLITE,
+        postgresql=_CLUSTER_KEYS_POSTGRESQL,
+    ),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -29,6 +29,8 @@ class PostgresStorage(
         url: ``postgresql://user@host:port/dbname`` (libpq also reads ``PGPASSWORD``,
             ``~/.pgpass`` and the other ``PG*`` variables itself).
         clock: wall clock for bookkeeping columns (``updated_at``, ``applied_at``...).
+        cluster: the collector's cluster (:mod:`.clusters`): the rows it writes carry it, and
+            reads see only its rows unless they name another cluster or every one.
         password: the password, when read from a file (never part of ``url``).
         connect_timeout_seconds: how long to wait for the server at connect.
 

@@ -31,6 +31,7 @@ from typing import Any
 import psycopg
 
 from gpuwarden.collector.storage.base import SchemaVersionError, StorageError
+from gpuwarden.collector.storage.clusters import DEFAULT_CLUSTER, check_cluster
 from gpuwarden.collector.storage.dialect import POSTGRESQL
 from gpuwarden.collector.storage.migrations import (
     CREATE_VERSIONS,
@@ -125,6 +126,7 @@ class PostgresBase(SqlBase):
         url: str,
         *,
         clock: Callable[[], float] = time.time,
+        cluster: str = DEFAULT_CLUSTER,
         password: str | None = None,
         connect_timeout_seconds: int = 10,
     ) -> None:
@@ -135,6 +137,7 @@ class PostgresBase(SqlBase):
         self._password = password
         self._timeout = connect_timeout_seconds
         self._clock = clock
+        self.cluster = check_cluster(cluster)
         self._lock = threading.Lock()
         conn = connect(url, password=password, connect_timeout_seconds=connect_timeout_seconds)
         try:

@@ -131,8 +131,9 @@ _MEASURES = (
     "carbon_grams",
 )
 
-RollupDimension = Literal["job_key", "team", "model", "node", "gpu_uuid", "price_tier"]
+RollupDimension = Literal["cluster", "job_key", "team", "model", "node", "gpu_uuid", "price_tier"]
 ROLLUP_DIMENSIONS: tuple[RollupDimension, ...] = (
+    "cluster",  # the collector that wrote the row (organisation-wide reads)
     "job_key",
     "team",
     "model",

@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Protocol, Self
 
+from gpuwarden.collector.storage.clusters import scope_sql
 from gpuwarden.collector.storage.dialect import Dialect
 from gpuwarden.collector.storage.sql_codec import Codec, R, Row
 
@@ -45,6 +46,9 @@ class SqlBase:
 
     dialect: Dialect
     location: str
+    cluster: str
+    """The collector's cluster: every row it writes carries it, every read is scoped to it
+    unless the read names another cluster or :data:`~.clusters.ALL_CLUSTERS`."""
     _clock: Callable[[], float]
     _lock: threading.Lock
     _conn: Closable | None
@@ -85,6 +89,11 @@ class SqlBase:
         writers run concurrently serialises the appends here, so that entry ids rise in commit
         order and a reader following ``after_id`` never skips a late-committing entry."""
 
+    def _scope(self, cluster: str | None = None) -> tuple[str, tuple[str, ...]]:
+        """The ``WHERE`` condition of a read of ``cluster`` (``None``: this store's own)."""
+        return scope_sql(self.cluster if cluster is None else cluster)
+
     def _one(self, codec: Codec[R], sql: str, key: object) -> R | None:
-        rows = self._read(sql, (key,))
+        """The record of ``sql`` (``... WHERE <key column> = ?``) in this store's cluster."""
+        rows = self._read(f"{sql} AND cluster = ?", (key, self.cluster))
         return codec.load(rows[0]) if rows else None

@@ -75,7 +75,8 @@ class Codec(Generic[R]):
         return f"{verb} INTO {self.table} ({columns}) VALUES ({marks(len(names))}) {suffix}"
 
     def upsert_sql(self, stamps: Sequence[str], dialect: Dialect) -> str:
-        """Upsert by the first column, writing (and counting in ``rowcount``) only changes.
+        """Upsert by the first column within the row's cluster (a stamp), writing (and
+        counting in ``rowcount``) only changes.
 
         Of the ``stamps`` only ``updated_at`` is rewritten (``first_seen`` keeps its value).
         """
@@ -84,7 +85,7 @@ class Codec(Generic[R]):
         changed = dialect.changed(self.table, self.columns[1:])
         return self.insert_sql(
             stamps,
-            f"ON CONFLICT ({self.columns[0]}) DO UPDATE SET ({old}, updated_at)"
+            f"ON CONFLICT (cluster, {self.columns[0]}) DO UPDATE SET ({old}, updated_at)"
             f" = ({new}, excluded.updated_at) WHERE {changed}",
         )
 

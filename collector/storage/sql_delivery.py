@@ -24,8 +24,9 @@ _NOTIFICATIONS = Codec(
     to_sql={"delivered": int},
     from_sql={"delivered": bool},
 )
+# The cluster is the last stamp of every insert: this store's own (``SqlBase.cluster``).
 _SAVE_NOTIFICATION = {
-    d: _NOTIFICATIONS.replace_sql((), ("incident_id", "route"), d) for d in DIALECTS
+    d: _NOTIFICATIONS.replace_sql(("cluster",), ("incident_id", "route"), d) for d in DIALECTS
 }
 _PAGES = Codec(
     "pages",
@@ -51,7 +52,8 @@ class DeliveryRecords(SqlBase):
 
     def save_notification(self, record: NotificationRecord) -> None:
         with self._write() as conn:
-            conn.execute(_SAVE_NOTIFICATION[self.dialect], _NOTIFICATIONS.params(record))
+            params = _NOTIFICATIONS.params(record, self.cluster)
+            conn.execute(_SAVE_NOTIFICATION[self.dialect], params)
 
     def notifications(
         self,
@@ -61,19 +63,21 @@ class DeliveryRecords(SqlBase):
         delivered: bool | None = None,
     ) -> list[NotificationRecord]:
         sql = (
-            "SELECT * FROM notifications WHERE (? IS NULL OR incident_id = ?)"
+            "SELECT * FROM notifications WHERE cluster = ? AND (? IS NULL OR incident_id = ?)"
             " AND (? IS NULL OR status = ?) AND (? IS NULL OR delivered = ?)"
             " ORDER BY incident_id, route"
         )
         flag = None if delivered is None else int(delivered)
-        rows = self._read(sql, (incident_id, incident_id, status, status, flag, flag))
+        params = (self.cluster, incident_id, incident_id, status, status, flag, flag)
+        rows = self._read(sql, params)
         return [_NOTIFICATIONS.load(row) for row in rows]
 
     def add_page(self, record: PageRecord) -> int:
         if record.page_id is not None:
             raise ValueError("add_page takes a new page (page_id=None)")
         with self._write() as conn:
-            page_id = self._insert(conn, _PAGES.insert_sql(), _PAGES.params(record), "page_id")
+            params = _PAGES.params(record, self.cluster)
+            page_id = self._insert(conn, _PAGES.insert_sql(("cluster",)), params, "page_id")
         if page_id is None:  # pragma: no cover - a successful INSERT always sets it
             raise StorageError("pages insert returned no id")
         return page_id
@@ -86,25 +90,31 @@ class DeliveryRecords(SqlBase):
             dump_json(record.alert) if c == "alert" else getattr(record, c) for c in _PAGE_MUTABLE
         ]
         with self._write() as conn:
-            conn.execute(f"UPDATE pages SET {sets} WHERE page_id = ?", (*values, record.page_id))  # noqa: S608 - column names are constants
+            conn.execute(
+                f"UPDATE pages SET {sets} WHERE page_id = ? AND cluster = ?",  # noqa: S608 - column names are constants
+                (*values, record.page_id, self.cluster),
+            )
 
     def pages(self, *, status: str | None = None) -> list[PageRecord]:
         rows = self._read(
-            "SELECT * FROM pages WHERE (? IS NULL OR status = ?) ORDER BY page_id", (status, status)
+            "SELECT * FROM pages WHERE cluster = ? AND (? IS NULL OR status = ?) ORDER BY page_id",
+            (self.cluster, status, status),
         )
         return [_PAGES.load(row) for row in rows]
 
     def cursor(self, name: str) -> int:
-        rows = self._read("SELECT position FROM cursors WHERE name = ?", (name,))
+        rows = self._read(
+            "SELECT position FROM cursors WHERE name = ? AND cluster = ?", (name, self.cluster)
+        )
         return int(rows[0][0]) if rows else 0
 
     def set_cursor(self, name: str, position: int) -> None:
         with self._write() as conn:
             conn.execute(
-                "INSERT INTO cursors (name, position, updated_at) VALUES (?, ?, ?)"
-                " ON CONFLICT (name) DO UPDATE SET (position, updated_at)"
+                "INSERT INTO cursors (name, position, updated_at, cluster) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (cluster, name) DO UPDATE SET (position, updated_at)"
                 " = (excluded.position, excluded.updated_at)",
-                (name, position, self._clock()),
+                (name, position, self._clock(), self.cluster),
             )
 
     # Agent rounds ----------------------------------------------------------------------------

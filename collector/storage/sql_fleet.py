@@ -54,12 +54,13 @@ _ACCOUNTING = Codec(
     to_sql={"job_key": lambda key: key or ""},  # '' in the key column: no job
     from_sql={"job_key": lambda key: key or None},
 )
-_UPSERT_JOB = {d: _JOBS.upsert_sql(("first_seen", "updated_at"), d) for d in DIALECTS}
-_UPSERT_MODEL = {d: _MODELS.upsert_sql(("updated_at",), d) for d in DIALECTS}
-_INSERT_EVENT = _EVENTS.insert_sql(("recorded_at",), "ON CONFLICT DO NOTHING")
-_ACCOUNTING_KEY = ("period_start", "job_key", "gpu_uuid")
+# The cluster is the last stamp of every insert: this store's own (``SqlBase.cluster``).
+_UPSERT_JOB = {d: _JOBS.upsert_sql(("first_seen", "updated_at", "cluster"), d) for d in DIALECTS}
+_UPSERT_MODEL = {d: _MODELS.upsert_sql(("updated_at", "cluster"), d) for d in DIALECTS}
+_INSERT_EVENT = _EVENTS.insert_sql(("recorded_at", "cluster"), "ON CONFLICT DO NOTHING")
+_ACCOUNTING_KEY = ("cluster", "period_start", "job_key", "gpu_uuid")
 _REPLACE_ACCOUNTING = {
-    d: _ACCOUNTING.replace_sql(("written_at",), _ACCOUNTING_KEY, d) for d in DIALECTS
+    d: _ACCOUNTING.replace_sql(("written_at", "cluster"), _ACCOUNTING_KEY, d) for d in DIALECTS
 }
 _ROLLUP_GROUP: dict[str, str] = {d: d for d in ROLLUP_DIMENSIONS} | {
     "job_key": "NULLIF(job_key, '')"
@@ -89,15 +90,16 @@ class FleetRecords(SqlBase):
 
     def upsert_jobs(self, jobs: Sequence[Job]) -> int:
         now = self._clock()
-        params = [_JOBS.params(job, now, now) for job in jobs]
+        params = [_JOBS.params(job, now, now, self.cluster) for job in jobs]
         with self._write() as conn:
             return conn.executemany(_UPSERT_JOB[self.dialect], params).rowcount
 
     def jobs(
         self, *, since: float | None = None, states: Collection[JobState] | None = None
     ) -> list[Job]:
-        sql = "SELECT * FROM jobs WHERE (end_time IS NULL OR end_time >= ?)"
-        params: list[Any] = [ALL if since is None else since]
+        scope, scoped = self._scope()
+        sql = f"SELECT * FROM jobs WHERE {scope} AND (end_time IS NULL OR end_time >= ?)"  # noqa: S608 - a constant condition
+        params: list[Any] = [*scoped, ALL if since is None else since]
         if states is not None:
             sql += f" AND {one_of('state', len(states))}"
             params += [JobState(s) for s in states]
@@ -109,18 +111,19 @@ class FleetRecords(SqlBase):
     # Models and events -----------------------------------------------------------------------
 
     def upsert_model(self, model: ModelDeployment) -> bool:
-        params = _MODELS.params(model, self._clock())
+        params = _MODELS.params(model, self._clock(), self.cluster)
         with self._write() as conn:
             return conn.execute(_UPSERT_MODEL[self.dialect], params).rowcount > 0
 
     def models(self) -> list[ModelDeployment]:
-        return [_MODELS.load(row) for row in self._read("SELECT * FROM models ORDER BY name")]
+        rows = self._read("SELECT * FROM models WHERE cluster = ? ORDER BY name", (self.cluster,))
+        return [_MODELS.load(row) for row in rows]
 
     def model(self, name: str) -> ModelDeployment | None:
         return self._one(_MODELS, "SELECT * FROM models WHERE name = ?", name)
 
     def record_event(self, event: Event) -> bool:
-        params = _EVENTS.params(event, self._clock())
+        params = _EVENTS.params(event, self._clock(), self.cluster)
         with self._write() as conn:
             return conn.execute(_INSERT_EVENT, params).rowcount > 0
 
@@ -131,8 +134,8 @@ class FleetRecords(SqlBase):
         kinds: Collection[EventKind] | None = None,
         subject: str | None = None,
     ) -> list[Event]:
-        sql = "SELECT * FROM events WHERE time >= ?"
-        params: list[Any] = [ALL if since is None else since]
+        sql = "SELECT * FROM events WHERE cluster = ? AND time >= ?"
+        params: list[Any] = [self.cluster, ALL if since is None else since]
         if kinds is not None:
             sql += f" AND {one_of('kind', len(kinds))}"
             params += [EventKind(k) for k in kinds]
@@ -145,26 +148,35 @@ class FleetRecords(SqlBase):
 
     def write_rollups(self, rows: Sequence[AccountingRow]) -> int:
         now = self._clock()
-        scopes = sorted({(row.period_start, row.gpu_uuid) for row in rows})
-        params = [_ACCOUNTING.params(row, now) for row in rows]
+        scopes = sorted({(self.cluster, row.period_start, row.gpu_uuid) for row in rows})
+        params = [_ACCOUNTING.params(row, now, self.cluster) for row in rows]
         with self._write() as conn:
             conn.executemany(
-                "DELETE FROM accounting WHERE period_start = ? AND gpu_uuid = ?", scopes
+                "DELETE FROM accounting WHERE cluster = ? AND period_start = ? AND gpu_uuid = ?",
+                scopes,
             )
             # The DELETE made room; OR REPLACE lets a duplicate key within the batch win last.
             conn.executemany(_REPLACE_ACCOUNTING[self.dialect], params)
         return len(rows)
 
-    def accounting_rows(self, *, since: float, until: float) -> list[AccountingRow]:
+    def accounting_rows(
+        self, *, since: float, until: float, cluster: str | None = None
+    ) -> list[AccountingRow]:
+        scope, scoped = self._scope(cluster)
         rows = self._read(
-            "SELECT * FROM accounting WHERE period_start >= ? AND period_start < ?"
+            f"SELECT * FROM accounting WHERE {scope} AND period_start >= ? AND period_start < ?"  # noqa: S608 - a constant condition
             " ORDER BY period_start, gpu_uuid, job_key",
-            (since, until),
+            (*scoped, since, until),
         )
         return [_ACCOUNTING.load(row) for row in rows]
 
     def rollups(
-        self, *, since: float, until: float, by: Sequence[RollupDimension] = ()
+        self,
+        *,
+        since: float,
+        until: float,
+        by: Sequence[RollupDimension] = (),
+        cluster: str | None = None,
     ) -> list[RollupTotal]:
         if any(d not in _ROLLUP_GROUP for d in by) or len(set(by)) != len(by):
             raise ValueError(f"by must name distinct dimensions of {ROLLUP_DIMENSIONS}: {by!r}")
@@ -172,7 +184,8 @@ class FleetRecords(SqlBase):
         groups = ", ".join(_ROLLUP_GROUP[d] for d in by)
         sums = _ROLLUP_SUMS[self.dialect]
         sql = f"SELECT {groups}{', ' if by else ''}{sums} FROM accounting"  # noqa: S608
-        sql += " WHERE period_start >= ? AND period_start < ?"
+        scope, scoped = self._scope(cluster)
+        sql += f" WHERE {scope} AND period_start >= ? AND period_start < ?"
         if by:
             order = ", ".join(self.dialect.nulls_first(_ROLLUP_GROUP[d]) for d in by)
             sql += f" GROUP BY {groups} ORDER BY {order}"
@@ -182,7 +195,7 @@ class FleetRecords(SqlBase):
             _one_currency(
                 RollupTotal(MappingProxyType(dict(zip(by, row[:n], strict=True))), *row[n:])
             )
-            for row in self._read(sql, (since, until))
+            for row in self._read(sql, (*scoped, since, until))
             if row[n] > 0  # without GROUP BY, an empty range still gives one all-NULL row
         ]
 

@@ -68,18 +68,19 @@ _ACTION_MUTABLE = (
 )
 _UPDATE_ACTION = (
     f"UPDATE remediation_actions SET ({', '.join(_ACTION_MUTABLE)})"  # noqa: S608
-    f" = ({marks(len(_ACTION_MUTABLE))}) WHERE action_id = ? AND state = ?"
+    f" = ({marks(len(_ACTION_MUTABLE))}) WHERE action_id = ? AND state = ? AND cluster = ?"
 )
-_INSERT_ACTION = _ACTIONS.insert_sql((), "ON CONFLICT DO NOTHING")
+# The cluster is the last stamp of every insert: this store's own (``SqlBase.cluster``).
+_INSERT_ACTION = _ACTIONS.insert_sql(("cluster",), "ON CONFLICT DO NOTHING")
 _INSERT_APPROVAL = _APPROVALS.insert_sql()
 _SET_BREAKER = _BREAKERS.insert_sql(
-    (),
-    "ON CONFLICT (scope) DO UPDATE SET (state, updated_at, reason, tripped_at)"
+    ("cluster",),
+    "ON CONFLICT (cluster, scope) DO UPDATE SET (state, updated_at, reason, tripped_at)"
     " = (excluded.state, excluded.updated_at, excluded.reason, excluded.tripped_at)"
     " WHERE breaker_state.state = ?",
 )
-_INSERT_INCIDENT = _INCIDENTS.insert_sql(("updated_at",), "ON CONFLICT DO NOTHING")
-_INSERT_AUDIT = _AUDIT.insert_sql()
+_INSERT_INCIDENT = _INCIDENTS.insert_sql(("updated_at", "cluster"), "ON CONFLICT DO NOTHING")
+_INSERT_AUDIT = _AUDIT.insert_sql(("cluster",))
 
 
 class RemediationRecords(SqlBase):
@@ -90,7 +91,7 @@ class RemediationRecords(SqlBase):
     def open_incident(self, incident: Incident) -> int | None:
         if incident.incident_id is not None or incident.state is not IncidentState.OPEN:
             raise ValueError("open_incident takes a new incident (no id) in state 'open'")
-        params = _INCIDENTS.params(incident, self._clock())
+        params = _INCIDENTS.params(incident, self._clock(), self.cluster)
         with self._write() as conn:
             return self._insert(conn, _INSERT_INCIDENT, params, "incident_id")
 
@@ -102,11 +103,11 @@ class RemediationRecords(SqlBase):
             cursor = conn.execute(
                 "UPDATE incidents SET state = ?, severity = ?, last_seen = ?, resolved_time = ?,"
                 " evidence = ?, consecutive_breaches = ?, consecutive_clears = ?, updated_at = ?"
-                " WHERE incident_id = ?",
+                " WHERE incident_id = ? AND cluster = ?",
                 (
                     *(IncidentState(i.state), i.severity, i.last_seen, i.resolved_time),
                     *(dump_json(i.evidence), i.consecutive_breaches, i.consecutive_clears),
-                    *(self._clock(), i.incident_id),
+                    *(self._clock(), i.incident_id, self.cluster),
                 ),
             )
             return cursor.rowcount > 0
@@ -118,10 +119,22 @@ class RemediationRecords(SqlBase):
         sql = "SELECT * FROM incidents WHERE fingerprint = ? AND state = 'open'"
         return self._one(_INCIDENTS, sql, fingerprint)
 
-    def incidents(self, *, state: IncidentState | None = None) -> list[Incident]:
-        sql = "SELECT * FROM incidents WHERE ? IS NULL OR state = ? ORDER BY incident_id"
+    def incidents(
+        self, *, state: IncidentState | None = None, cluster: str | None = None
+    ) -> list[Incident]:
+        scope, scoped = self._scope(cluster)
+        sql = f"SELECT * FROM incidents WHERE {scope} AND (? IS NULL OR state = ?)"  # noqa: S608 - a constant condition
         value = None if state is None else IncidentState(state)
-        return [_INCIDENTS.load(row) for row in self._read(sql, (value, value))]
+        rows = self._read(sql + " ORDER BY incident_id", (*scoped, value, value))
+        return [_INCIDENTS.load(row) for row in rows]
+
+    def incident_counts(self, *, state: IncidentState | None = None) -> dict[str, int]:
+        value = None if state is None else IncidentState(state)
+        rows = self._read(
+            "SELECT cluster, COUNT(*) FROM incidents WHERE ? IS NULL OR state = ? GROUP BY cluster",
+            (value, value),
+        )
+        return {str(row[0]): int(row[1]) for row in rows}
 
     # Audit -----------------------------------------------------------------------------------
 
@@ -140,8 +153,10 @@ class RemediationRecords(SqlBase):
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         rows = self._read(
-            "SELECT * FROM audit_log WHERE time >= ? AND entry_id > ? ORDER BY entry_id LIMIT ?",
+            "SELECT * FROM audit_log WHERE cluster = ? AND time >= ? AND entry_id > ?"
+            " ORDER BY entry_id LIMIT ?",
             (
+                self.cluster,
                 ALL if since is None else since,
                 after_id,
                 self.dialect.no_limit if limit is None else limit,
@@ -156,8 +171,9 @@ class RemediationRecords(SqlBase):
         self, *, since: float, result: str, dry_run: bool
     ) -> tuple[int, frozenset[str]]:
         rows = self._read(
-            "SELECT target FROM audit_log WHERE time >= ? AND result = ? AND dry_run = ?",
-            (since, result, int(dry_run)),
+            "SELECT target FROM audit_log"
+            " WHERE cluster = ? AND time >= ? AND result = ? AND dry_run = ?",
+            (self.cluster, since, result, int(dry_run)),
         )
         return len(rows), frozenset(str(row[0]) for row in rows)
 
@@ -167,7 +183,8 @@ class RemediationRecords(SqlBase):
         if record.action_id is not None:
             raise ValueError("insert_action takes a new action (action_id=None)")
         with self._write() as conn:
-            action_id = self._insert(conn, _INSERT_ACTION, _ACTIONS.params(record), "action_id")
+            params = _ACTIONS.params(record, self.cluster)
+            action_id = self._insert(conn, _INSERT_ACTION, params, "action_id")
             if action_id is None:
                 return None
             if audit is not None:
@@ -182,7 +199,9 @@ class RemediationRecords(SqlBase):
         encode = _ACTIONS.to_sql or {}
         values = [encode.get(c, same)(getattr(record, c)) for c in _ACTION_MUTABLE]
         with self._write() as conn:
-            cursor = conn.execute(_UPDATE_ACTION, (*values, record.action_id, expect_state))
+            cursor = conn.execute(
+                _UPDATE_ACTION, (*values, record.action_id, expect_state, self.cluster)
+            )
             if cursor.rowcount <= 0:
                 return False
             if audit is not None:
@@ -195,8 +214,9 @@ class RemediationRecords(SqlBase):
 
     def action_for(self, incident_id: int, idempotency_key: str) -> ActionRecord | None:
         rows = self._read(
-            "SELECT * FROM remediation_actions WHERE incident_id = ? AND idempotency_key = ?",
-            (incident_id, idempotency_key),
+            "SELECT * FROM remediation_actions"
+            " WHERE incident_id = ? AND idempotency_key = ? AND cluster = ?",
+            (incident_id, idempotency_key, self.cluster),
         )
         return _ACTIONS.load(rows[0]) if rows else None
 
@@ -209,8 +229,10 @@ class RemediationRecords(SqlBase):
     ) -> list[ActionRecord]:
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        sql = "SELECT * FROM remediation_actions WHERE (? IS NULL OR incident_id = ?)"
-        params: list[Any] = [incident_id, incident_id]
+        sql = (
+            "SELECT * FROM remediation_actions WHERE cluster = ? AND (? IS NULL OR incident_id = ?)"
+        )
+        params: list[Any] = [self.cluster, incident_id, incident_id]
         if states is not None:
             sql += f" AND {one_of('state', len(states))}"
             params += [str(state) for state in states]
@@ -221,8 +243,8 @@ class RemediationRecords(SqlBase):
     def cooldown_until(self, action: str, target: str, *, dry_run: bool) -> float | None:
         rows = self._read(
             "SELECT MAX(cooldown_until) FROM remediation_actions"
-            " WHERE action = ? AND target = ? AND dry_run = ?",
-            (action, target, int(dry_run)),
+            " WHERE cluster = ? AND action = ? AND target = ? AND dry_run = ?",
+            (self.cluster, action, target, int(dry_run)),
         )
         value = rows[0][0] if rows else None
         return None if value is None else float(value)
@@ -238,15 +260,20 @@ class RemediationRecords(SqlBase):
         return approval_id
 
     def approval(self, token_sha256: str) -> ApprovalRecord | None:
-        sql = "SELECT * FROM approvals WHERE token_sha256 = ?"
+        sql = (
+            "SELECT approvals.* FROM approvals JOIN remediation_actions"
+            " ON remediation_actions.action_id = approvals.action_id WHERE token_sha256 = ?"
+        )
         return self._one(_APPROVALS, sql, token_sha256)
 
     def use_approval(self, token_sha256: str, *, now: float, used_by: str) -> bool:
+        # An approval has no cluster of its own: it is its action's.
         with self._write() as conn:
             cursor = conn.execute(
                 "UPDATE approvals SET used_at = ?, used_by = ? WHERE token_sha256 = ?"
-                " AND used_at IS NULL AND expires_at > ?",
-                (now, used_by, token_sha256, now),
+                " AND used_at IS NULL AND expires_at > ? AND action_id IN"
+                " (SELECT action_id FROM remediation_actions WHERE cluster = ?)",
+                (now, used_by, token_sha256, now, self.cluster),
             )
             return cursor.rowcount > 0
 
@@ -254,8 +281,9 @@ class RemediationRecords(SqlBase):
         with self._write() as conn:
             cursor = conn.execute(
                 "UPDATE approvals SET expires_at = ? WHERE action_id = ?"
-                " AND used_at IS NULL AND expires_at > ?",
-                (now, action_id, now),
+                " AND used_at IS NULL AND expires_at > ? AND action_id IN"
+                " (SELECT action_id FROM remediation_actions WHERE cluster = ?)",
+                (now, action_id, now, self.cluster),
             )
             return cursor.rowcount
 
@@ -269,13 +297,15 @@ class RemediationRecords(SqlBase):
     ) -> bool:
         with self._write() as conn:
             current = conn.execute(
-                "SELECT state FROM breaker_state WHERE scope = ?", (record.scope,)
+                "SELECT state FROM breaker_state WHERE scope = ? AND cluster = ?",
+                (record.scope, self.cluster),
             ).fetchone()
             if (current[0] if current is not None else "closed") != expect_state:
                 return False
             # The upsert re-checks the state: on a backend with concurrent writers another
             # transaction may have moved the breaker between the SELECT and here.
-            cursor = conn.execute(_SET_BREAKER, (*_BREAKERS.params(record), expect_state))
+            params = (*_BREAKERS.params(record, self.cluster), expect_state)
+            cursor = conn.execute(_SET_BREAKER, params)
             if cursor.rowcount <= 0:
                 return False
             if audit is not None:
@@ -285,4 +315,4 @@ class RemediationRecords(SqlBase):
     def _append(self, conn: Connection, entry: AuditEntry) -> int | None:
         """Append ``entry`` to the audit log inside the transaction of ``conn``."""
         self._before_audit(conn)
-        return self._insert(conn, _INSERT_AUDIT, _AUDIT.params(entry), "entry_id")
+        return self._insert(conn, _INSERT_AUDIT, _AUDIT.params(entry, self.cluster), "entry_id")

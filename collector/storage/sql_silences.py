@@ -15,7 +15,7 @@ _SILENCES = Codec(
     to_sql={"matchers": dump_json, "actions": int},
     from_sql={"matchers": load_json, "actions": bool},
 )
-_INSERT_SILENCE = _SILENCES.insert_sql()
+_INSERT_SILENCE = _SILENCES.insert_sql(("cluster",))  # this store's own cluster
 
 
 class SilenceRecords(SqlBase):
@@ -25,7 +25,8 @@ class SilenceRecords(SqlBase):
         if record.silence_id is not None:
             raise ValueError("add_silence takes a new silence (silence_id=None)")
         with self._write() as conn:
-            silence_id = self._insert(conn, _INSERT_SILENCE, _SILENCES.params(record), "silence_id")
+            params = _SILENCES.params(record, self.cluster)
+            silence_id = self._insert(conn, _INSERT_SILENCE, params, "silence_id")
         if silence_id is None:  # pragma: no cover - a successful INSERT always sets it
             raise StorageError("silences insert returned no id")
         return silence_id
@@ -35,8 +36,9 @@ class SilenceRecords(SqlBase):
 
     def silences(self, *, ending_after: float | None = None) -> list[SilenceRecord]:
         rows = self._read(
-            "SELECT * FROM silences WHERE ? IS NULL OR ends_at > ? ORDER BY silence_id",
-            (ending_after, ending_after),
+            "SELECT * FROM silences WHERE cluster = ? AND (? IS NULL OR ends_at > ?)"
+            " ORDER BY silence_id",
+            (self.cluster, ending_after, ending_after),
         )
         return [_SILENCES.load(row) for row in rows]
 
@@ -45,7 +47,8 @@ class SilenceRecords(SqlBase):
         with self._write() as conn:
             cursor = conn.execute(
                 "UPDATE silences SET ends_at = CASE WHEN ? > starts_at + 0.001 THEN ?"
-                " ELSE starts_at + 0.001 END, expired_by = ? WHERE silence_id = ? AND ends_at > ?",
-                (now, now, actor, silence_id, now),
+                " ELSE starts_at + 0.001 END, expired_by = ? WHERE silence_id = ? AND ends_at > ?"
+                " AND cluster = ?",
+                (now, now, actor, silence_id, now, self.cluster),
             )
             return cursor.rowcount > 0

@@ -48,6 +48,8 @@ class SqliteStorage(FleetRecords, RemediationRecords, DeliveryRecords, SilenceRe
     Args:
         path: the database file (created, with its schema, if missing), or ``":memory:"``.
         clock: wall clock for bookkeeping columns (``updated_at``, ``applied_at``...).
+        cluster: the collector's cluster (:mod:`.clusters`): the rows it writes carry it, and
+            reads see only its rows unless they name another cluster or every one.
         synchronous: ``"NORMAL"`` (default: survives process kill, not OS crash) or ``"FULL"``.
         busy_timeout_seconds: how long a write waits for another process's write lock.
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from gpuwarden.collector.storage.base import (
     StorageError,
 )
+from gpuwarden.collector.storage.clusters import DEFAULT_CLUSTER, check_cluster
 from gpuwarden.collector.storage.dialect import SQLITE
 from gpuwarden.collector.storage.migrations import migrate
 from gpuwarden.collector.storage.sql_base import Connection, SqlBase
@@ -41,6 +42,7 @@ class SqliteBase(SqlBase):
         path: Path | str,
         *,
         clock: Callable[[], float] = time.time,
+        cluster: str = DEFAULT_CLUSTER,
         synchronous: Synchronous = "NORMAL",
         busy_timeout_seconds: float = 5.0,
     ) -> None:
@@ -52,6 +54,7 @@ class SqliteBase(SqlBase):
             raise ValueError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
         self.location = str(path)
         self._clock = clock
+        self.cluster = check_cluster(cluster)
         self._lock = threading.Lock()
         try:
             conn = sqlite3.connect(

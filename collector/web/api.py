@@ -37,6 +37,7 @@ from gpuwarden.collector.accounting.report import (
 from gpuwarden.collector.detect.readiness import summary
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.storage.base import StorageError
+from gpuwarden.collector.storage.clusters import check_scope
 from gpuwarden.collector.storage.records import (
     ROLLUP_DIMENSIONS,
     Event,
@@ -411,21 +412,33 @@ def _dimensions(text: str) -> tuple[RollupDimension, ...]:
 
 
 async def get_accounting(request: web.Request) -> web.Response:
-    """``GET /v1/accounting?since=24h&until=now&by=team,job_key``: totals per group."""
+    """``GET /v1/accounting?since=24h&until=now&by=team,job_key[&cluster=NAME|*]``: totals per
+    group, of this collector's cluster unless ``cluster`` names another or ``*`` (every
+    cluster on the database; ``by=cluster`` keeps them apart)."""
     service = request.app[SERVICE]
     now = service.clock()
     since = _query(request, "since", lambda t: parse_time(t, now), "24h")
     until = _query(request, "until", lambda t: parse_time(t, now), "now")
     by = _query(request, "by", _dimensions, "")
+    cluster = _query(request, "cluster", check_scope, service.storage.cluster)
     if since >= until:
         raise ApiError(400, f"since: {since!r} is not before until ({until!r})")
-    totals = await asyncio.to_thread(service.storage.rollups, since=since, until=until, by=by)
+    totals = await asyncio.to_thread(
+        service.storage.rollups, since=since, until=until, by=by, cluster=cluster
+    )
     lines = [cost_line("", total) for total in totals]
     groups = [
         {"group": dict(t.group), **_measures(line)} for t, line in zip(totals, lines, strict=True)
     ]
     total = _measures(sum_lines("", lines))
-    body = {"since": since, "until": until, "by": list(by), "groups": groups, "total": total}
+    body = {
+        "since": since,
+        "until": until,
+        "cluster": cluster,
+        "by": list(by),
+        "groups": groups,
+        "total": total,
+    }
     return web.json_response(body)
 
 

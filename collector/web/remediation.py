@@ -36,6 +36,7 @@ from gpuwarden.collector.ingest.alertmanager import AlertReceiver, PayloadError,
 from gpuwarden.collector.remediate.approvals import ApprovalError, Approvals, TokenProblem
 from gpuwarden.collector.remediate.states import ActionStateError
 from gpuwarden.collector.storage.base import ActionRecord, StorageError
+from gpuwarden.collector.storage.clusters import ALL_CLUSTERS, check_scope
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.keys import (
     ALERT_RECEIVER,
@@ -291,14 +292,31 @@ async def approve_post(request: web.Request) -> web.Response:
 
 @_storage_answers
 async def list_incidents(request: web.Request) -> web.Response:
-    """``GET /v1/incidents?state=open|resolved``."""
+    """``GET /v1/incidents?state=open|resolved[&cluster=NAME|*]``: this collector's cluster's
+    incidents, another cluster's, or every cluster's on the database (``*``), each naming its
+    cluster."""
     r = request.app[REMEDIATION]
     state = request.query.get("state")
     if state is not None and state not in tuple(IncidentState):
         return _error(400, "state: expected open or resolved")
+    try:
+        scope = check_scope(request.query.get("cluster", r.storage.cluster))
+    except ValueError as exc:
+        return _error(400, f"cluster: {exc}")
     value = IncidentState(state) if state else None
-    incidents = await asyncio.to_thread(r.storage.incidents, state=value)
-    return web.json_response({"incidents": [incident_json(i) for i in incidents[-MAX_LIST:]]})
+
+    def read() -> list[dict[str, object]]:
+        every = scope == ALL_CLUSTERS
+        names = sorted(r.storage.incident_counts(state=value)) if every else [scope]
+        found = [
+            (incident, name)
+            for name in names
+            for incident in r.storage.incidents(state=value, cluster=name)[-MAX_LIST:]
+        ]
+        found.sort(key=lambda pair: pair[0].incident_id or 0)  # ids rise across clusters
+        return [{**incident_json(i), "cluster": name} for i, name in found[-MAX_LIST:]]
+
+    return web.json_response({"incidents": await asyncio.to_thread(read)})
 
 
 @_storage_answers

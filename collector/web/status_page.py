@@ -39,6 +39,7 @@ from gpuwarden.collector.web.keys import (
 )
 from gpuwarden.collector.web.session import CSRF_FIELD, DECIDING_ROLES, page_csrf_token
 from gpuwarden.collector.web.status_charts import fleet_chart, incident_chart
+from gpuwarden.collector.web.status_clusters import clusters_context
 from gpuwarden.collector.web.status_nodes import node_freshness
 from gpuwarden.collector.web.status_prices import prices_context
 from gpuwarden.collector.web.status_svg import Series
@@ -248,6 +249,7 @@ def status_context(service: CollectorService, now: float) -> dict[str, object]:
     audit = storage.audit(since=now - 86400)[-MAX_AUDIT:][::-1]
     return {
         "fleet": _fleet(service, now),
+        "clusters": clusters_context(storage, now),
         "incidents": [incident_view(i) for i in incidents],
         "waste": _waste(service, now),
         "prices": prices_context(service.accounting.prices),
