@@ -37,6 +37,11 @@ class WireError(ValueError):
     """A body that is not a snappy-compressed ``WriteRequest``."""
 
 
+class WireTooLargeError(WireError):
+    """A body whose snappy header announces more than the caller's limit (a decompression
+    bomb): refused before a byte is inflated."""
+
+
 @dataclass(frozen=True, slots=True)
 class Series:
     """One series of a request: its labels and its samples (milliseconds, value) in order."""
@@ -67,9 +72,15 @@ def encode(series: Sequence[Series]) -> bytes:
     return bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
 
 
-def decode(body: bytes) -> list[Series]:
-    """The series of a request body (raises :class:`WireError` for anything else)."""
+def decode(body: bytes, max_bytes: int | None = None) -> list[Series]:
+    """The series of a request body (raises :class:`WireError` for anything else).
+
+    With ``max_bytes``, a body that inflates to more (its snappy header says how much) raises
+    :class:`WireTooLargeError` before anything is inflated.
+    """
     try:
+        if max_bytes is not None and cramjam.snappy.decompress_raw_len(body) > max_bytes:
+            raise WireTooLargeError(f"body inflates past {max_bytes} bytes")
         raw = bytes(cramjam.snappy.decompress_raw(body))
     except cramjam.DecompressionError as exc:
         raise WireError(f"not snappy block data: {exc}") from None

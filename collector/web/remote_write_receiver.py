@@ -1,0 +1,216 @@
+"""The Prometheus remote-write receiver: ``POST /api/v1/write`` (remote-write 1.0).
+
+Any Prometheus, vmagent, Grafana Agent/Alloy or OpenTelemetry Collector (``prometheusremotewrite``
+exporter) can feed the collector this way. A request is a snappy-compressed (block format)
+protobuf ``WriteRequest`` (``remote_write.wire``). It is screened under the per-request limits
+(``ingest.prom_write``), its series are turned into our metrics by the *translator* this module
+is given (the mapping table of dcgm-exporter and model-server names; a series it has no mapping
+for is skipped and counted), and the points are stored under the sender's series budget like the
+OTLP receiver's, but never handed to the remote-write history writer (unless
+``remote_write.forward_received``): they came from a TSDB's feed and would be written back.
+
+Answers (``docs/limits.md``): 204 when the request was read, whatever became of single samples
+(NaN/Inf, series over the label limits or the series budget, series without a mapping: dropped
+and counted, as VictoriaMetrics does; a resend would not change them); 400 for a body that is
+not a snappy ``WriteRequest``, or holds a series that is no Prometheus series (no ``__name__``,
+a bad label name: ``ingest.prom_write``), nothing stored (never worth a retry); 401/403 from the
+authentication middleware; 403
+for a node the agent's token is not bound to (nothing stored); 413 for a body, an inflated body
+(the snappy header is read first: a decompression bomb never inflates), series or samples over
+the limits; 415 for another content type or encoding (remote-write 2.0's ``proto=`` included);
+503 with ``Retry-After`` when too many requests, or too many of one caller, are being stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from aiohttp import web
+
+from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.ingest.prom_write import (
+    MalformedRequestError,
+    RequestTooLargeError,
+    screen,
+)
+from gpuwarden.collector.ingest.sink import MetricsSink
+from gpuwarden.collector.remote_write.wire import Series, WireError, WireTooLargeError, decode
+from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.web.guard import busy, inflight_slot
+from gpuwarden.collector.web.keys import AGENTS, CALLER, CONFIG, SINK, STATS, Caller, add_route
+
+log = logging.getLogger(__name__)
+
+PROTOBUF = "application/x-protobuf"
+WRITE_V1 = "prometheus.WriteRequest"
+"""The ``proto=`` parameter remote-write 2.0 senders put on a 1.0 request (the only one taken)."""
+RETRY_AFTER_SECONDS = 2
+
+
+class Translated(Protocol):
+    """What a translator gives back: our points, and how many series it had no mapping for."""
+
+    @property
+    def points(self) -> Sequence[NumberPoint]: ...
+    @property
+    def skipped(self) -> int: ...
+
+
+class Translator(Protocol):
+    """Turns remote-written series (Prometheus names and labels) into our metrics' points."""
+
+    def __call__(self, series: Sequence[Series], /) -> Translated: ...
+
+
+@dataclass
+class RemoteWriteStats:
+    """The receiver's own counters (samples by outcome); its answers are counted with the OTLP
+    receiver's in ``IngestStats.responses``."""
+
+    samples: dict[str, int] = field(default_factory=dict)
+
+    def add(self, outcome: str, n: int) -> None:
+        """Count ``n`` samples under ``outcome`` (``stored``, ``nonfinite``, ...)."""
+        if n:
+            self.samples[outcome] = self.samples.get(outcome, 0) + n
+
+
+TRANSLATOR: web.AppKey[Translator] = web.AppKey("prom_translator")
+RW_STATS = web.AppKey("remote_write_stats", RemoteWriteStats)
+
+
+class _RefusedError(Exception):
+    """An answer other than 204: its status and one line."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _check_headers(request: web.Request) -> None:
+    """415 unless a remote-write 1.0 request: protobuf (``proto=`` absent or 1.0's), snappy."""
+    media, _, params = (request.headers.get("Content-Type") or "").partition(";")
+    if media.strip().lower() != PROTOBUF:
+        raise _RefusedError(415, f"Content-Type must be {PROTOBUF} (remote-write 1.0)")
+    for param in params.split(";"):
+        key, _, value = param.partition("=")
+        if key.strip().lower() == "proto" and value.strip().strip('"') != WRITE_V1:
+            raise _RefusedError(415, f"only proto={WRITE_V1} (remote-write 1.0) is taken")
+    encoding = (request.headers.get("Content-Encoding") or "").strip().lower()
+    if encoding != "snappy":
+        raise _RefusedError(415, "Content-Encoding must be snappy")
+
+
+async def remote_write(request: web.Request) -> web.Response:
+    """``POST /api/v1/write``: one remote-write 1.0 request (module docstring for the answers).
+
+    The body is buffered by ``web.guard.body_guard`` before this runs; decoding, translating
+    and storing run in a worker thread holding an in-flight slot, so the event loop serves
+    everyone else meanwhile.
+    """
+    config, stats = request.app[CONFIG], request.app[STATS]
+    caller = request[CALLER]
+    try:
+        _check_headers(request)
+        body = await _read(request, config.max_body_bytes)
+        reason = busy(config, stats, caller.name)
+        if reason is not None:
+            stats.responses[503] += 1
+            return web.Response(
+                status=503,
+                text=f"{reason}, retry later\n",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        with inflight_slot(stats, caller.name):
+            stored, rejected = await asyncio.to_thread(
+                _decode_and_store,
+                body,
+                request.app[SINK],
+                request.app[TRANSLATOR],
+                request.app[RW_STATS],
+                caller,
+                config,
+            )
+    except _RefusedError as exc:
+        stats.responses[exc.status] += 1
+        return web.Response(status=exc.status, text=exc.message + "\n")
+    stats.points_accepted += stored
+    stats.points_rejected += rejected
+    stats.responses[204] += 1
+    return web.Response(status=204)
+
+
+async def _read(request: web.Request, limit: int) -> bytes:
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise _RefusedError(413, f"body exceeds {limit} bytes") from None
+    if len(body) > limit:
+        raise _RefusedError(413, f"body exceeds {limit} bytes")
+    return body
+
+
+def _decode_and_store(
+    body: bytes,
+    sink: MetricsSink,
+    translate: Translator,
+    counts: RemoteWriteStats,
+    caller: Caller,
+    config: CollectorConfig,
+) -> tuple[int, int]:
+    """Decode, screen, translate and store one body (in a worker thread): (stored, rejected)
+    samples; raises ``_RefusedError`` for an answer other than 204."""
+    try:
+        series = decode(body, config.max_decompressed_bytes)
+    except WireTooLargeError as exc:
+        raise _RefusedError(413, str(exc)) from None
+    except WireError as exc:
+        raise _RefusedError(400, f"malformed remote-write body: {exc}") from None
+    try:
+        screened = screen(series, config.ingest_limits)
+    except RequestTooLargeError as exc:
+        raise _RefusedError(413, str(exc)) from None
+    except MalformedRequestError as exc:
+        raise _RefusedError(400, f"malformed remote-write request: {exc}") from None
+    translated = translate(screened.series)
+    points = translated.points
+    hosts = {p.resource.get("host.name", "") for p in points}
+    unbound = sorted(str(h) for h in hosts if not caller.may_write(str(h)))
+    if unbound:
+        raise _RefusedError(403, f"{caller} may not write host.name {unbound[0]!r}; nothing stored")
+    forward = config.remote_write is not None and config.remote_write.forward_received
+    if isinstance(sink, CollectorService):
+        refused = sink.accept(points, caller.name, history=forward)
+    else:
+        refused = sink.accept(points, caller.name)
+    counts.add("stored", len(points) - refused)
+    counts.add("refused_by_store", refused)
+    counts.add("nonfinite", screened.nonfinite)
+    counts.add("over_label_limits", screened.over_limits)
+    counts.add("stale_markers", screened.stale_markers)
+    counts.add("unmapped_series", translated.skipped)
+    if screened.rejected or refused:
+        log.debug(
+            "remote-write from %s: %d sample(s) rejected (%d non-finite, %d over the label "
+            "limits, %d refused by the store)",
+            caller,
+            screened.rejected + refused,
+            screened.nonfinite,
+            screened.over_limits,
+            refused,
+        )
+    return len(points) - refused, screened.rejected + refused
+
+
+def setup_remote_write(app: web.Application, translate: Translator) -> None:
+    """Add ``POST /api/v1/write`` (agents, like OTLP), storing into ``app[SINK]`` through
+    ``translate``."""
+    app[TRANSLATOR] = translate
+    app[RW_STATS] = RemoteWriteStats()
+    add_route(app, "POST", "/api/v1/write", remote_write, AGENTS)
