@@ -17,11 +17,18 @@ from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.remote_write.settings import RemoteWriteSettings
-from gpuwarden.collector.remote_write.wire import HEADERS, Series, encode
+from gpuwarden.collector.remote_write.wire import (
+    HEADERS,
+    Decoder,
+    Series,
+    WireTooLargeError,
+    decode,
+    encode,
+)
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.keys import STATS
-from gpuwarden.collector.web.remote_write_receiver import RW_STATS
+from gpuwarden.collector.web.remote_write_receiver import RW_STATE
 from tests.prom_translate import translate
 from tests.test_collector_hostile import many_series
 
@@ -111,7 +118,7 @@ async def test_dcgm_series_are_stored_as_our_metrics_with_units_converted(client
         {"GPU-node-a-0": 0.75, "GPU-node-a-1": 0.0}
     )
     assert latest(service, "hw.gpu.memory.usage", "node-a") == {"GPU-node-a-0": float(1 << 30)}
-    counts = client.server.app[RW_STATS].samples
+    counts = client.server.app[RW_STATE].samples
     assert counts == {"stored": 3, "unmapped_series": 1}
     assert client.server.app[STATS].responses[204] == 1
 
@@ -210,3 +217,22 @@ async def test_without_a_translator_there_is_no_route(aiohttp_client, service):
     body = encode([dcgm("DCGM_FI_DEV_GPU_UTIL", "node-a", 0, [(now_ms(), 50.0)])])
     resp = await client.post("/api/v1/write", data=body, headers=headers())
     assert resp.status == 404
+
+
+def test_the_receivers_decoder_reads_what_decode_reads():
+    series = [
+        dcgm("DCGM_FI_DEV_GPU_UTIL", "node-a", 0, [(1000, 1.5), (2000, -2.0)]),
+        Series((("__name__", "é_unicode"), ("x", "")), (3000,), (float("inf"),)),
+        Series((("__name__", "no_samples"),), (), ()),
+    ]
+    body = encode(series)
+    decoder = Decoder(max_label_sets=3)
+    first = decoder.decode(body)
+    assert first == decode(body) == series
+    again = decoder.decode(body)  # label sets remembered: the same tuples
+    assert again == series
+    assert all(a.labels is f.labels for a, f in zip(again, first, strict=True))
+    small = Decoder(max_label_sets=2)  # forgets them all when full: still right
+    assert small.decode(body) == small.decode(body) == series
+    with pytest.raises(WireTooLargeError):
+        decoder.decode(body, max_bytes=len(body))

@@ -126,7 +126,37 @@ def malformed(labels: Sequence[tuple[str, str]]) -> str | None:
     return None if named else "a series without a metric name (__name__)"
 
 
-def screen(series: Sequence[S], limits: IngestLimits) -> Screened[S]:
+OK = ""
+OVER = "over"
+
+
+class LabelVerdicts:
+    """What the label checks said of each label set seen (bounded; cleared when full).
+
+    A remote-write sender sends the same series every scrape: checking each label set once
+    instead of every time is most of what screening costs.
+    """
+
+    def __init__(self, limits: IngestLimits, max_entries: int = 1_000_000) -> None:
+        self.limits = limits
+        self.max_entries = max_entries
+        self._known: dict[tuple[tuple[str, str], ...], str] = {}
+
+    def __call__(self, labels: tuple[tuple[str, str], ...]) -> str:
+        """:data:`OK`, :data:`OVER` (over the label limits) or why the series is malformed."""
+        verdict = self._known.get(labels)
+        if verdict is None:
+            why = malformed(labels)
+            verdict = why if why is not None else OK if labels_ok(labels, self.limits) else OVER
+            if len(self._known) >= self.max_entries:
+                self._known.clear()
+            self._known[labels] = verdict
+        return verdict
+
+
+def screen(
+    series: Sequence[S], limits: IngestLimits, verdicts: LabelVerdicts | None = None
+) -> Screened[S]:
     """Apply the per-request and per-series limits (module docstring).
 
     Raises :class:`RequestTooLargeError` for a request over ``max_points_per_request`` series
@@ -142,14 +172,15 @@ def screen(series: Sequence[S], limits: IngestLimits) -> Screened[S]:
     stale: list[S] = []
     samples = nonfinite = over = markers = 0
     isfinite = math.isfinite
+    check = verdicts if verdicts is not None else LabelVerdicts(limits)
     for one in series:
         values = one.values
-        why = malformed(one.labels)
-        if why is not None:
-            raise MalformedRequestError(why)
-        if not labels_ok(one.labels, limits):
+        verdict = check(one.labels)
+        if verdict == OVER:
             over += len(values)
             continue
+        if verdict:
+            raise MalformedRequestError(verdict)
         if isfinite(sum(values)):  # the common case: every sample finite (one C loop)
             if values:
                 kept.append(one)

@@ -34,12 +34,13 @@ from aiohttp import web
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.ingest.prom_write import (
+    LabelVerdicts,
     MalformedRequestError,
     RequestTooLargeError,
     screen,
 )
 from gpuwarden.collector.ingest.sink import MetricsSink
-from gpuwarden.collector.remote_write.wire import Series, WireError, WireTooLargeError, decode
+from gpuwarden.collector.remote_write.wire import Decoder, Series, WireError, WireTooLargeError
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.guard import busy, inflight_slot
 from gpuwarden.collector.web.keys import AGENTS, CALLER, CONFIG, SINK, STATS, Caller, add_route
@@ -50,6 +51,9 @@ PROTOBUF = "application/x-protobuf"
 WRITE_V1 = "prometheus.WriteRequest"
 """The ``proto=`` parameter remote-write 2.0 senders put on a 1.0 request (the only one taken)."""
 RETRY_AFTER_SECONDS = 2
+MAX_LABEL_SETS = 200_000
+"""Label sets whose decoding and checks are remembered (forgotten all at once beyond): about
+1.5 KiB each with dcgm-exporter's labels, so at most ~300 MiB."""
 
 
 class Translated(Protocol):
@@ -68,10 +72,14 @@ class Translator(Protocol):
 
 
 @dataclass
-class RemoteWriteStats:
-    """The receiver's own counters (samples by outcome); its answers are counted with the OTLP
-    receiver's in ``IngestStats.responses``."""
+class RemoteWriteState:
+    """The receiver's own counters (samples by outcome; its answers are counted with the OTLP
+    receiver's in ``IngestStats.responses``), and what it remembers of the label sets seen:
+    their decoding (``decoder``) and what the label checks said (``verdicts``), so a series
+    sent every scrape is decoded and checked once."""
 
+    decoder: Decoder
+    verdicts: LabelVerdicts
     samples: dict[str, int] = field(default_factory=dict)
 
     def add(self, outcome: str, n: int) -> None:
@@ -81,7 +89,7 @@ class RemoteWriteStats:
 
 
 TRANSLATOR: web.AppKey[Translator] = web.AppKey("prom_translator")
-RW_STATS = web.AppKey("remote_write_stats", RemoteWriteStats)
+RW_STATE = web.AppKey("remote_write_state", RemoteWriteState)
 
 
 class _RefusedError(Exception):
@@ -133,7 +141,7 @@ async def remote_write(request: web.Request) -> web.Response:
                 body,
                 request.app[SINK],
                 request.app[TRANSLATOR],
-                request.app[RW_STATS],
+                request.app[RW_STATE],
                 caller,
                 config,
             )
@@ -160,20 +168,20 @@ def _decode_and_store(
     body: bytes,
     sink: MetricsSink,
     translate: Translator,
-    counts: RemoteWriteStats,
+    state: RemoteWriteState,
     caller: Caller,
     config: CollectorConfig,
 ) -> tuple[int, int]:
     """Decode, screen, translate and store one body (in a worker thread): (stored, rejected)
     samples; raises ``_RefusedError`` for an answer other than 204."""
     try:
-        series = decode(body, config.max_decompressed_bytes)
+        series = state.decoder.decode(body, config.max_decompressed_bytes)
     except WireTooLargeError as exc:
         raise _RefusedError(413, str(exc)) from None
     except WireError as exc:
         raise _RefusedError(400, f"malformed remote-write body: {exc}") from None
     try:
-        screened = screen(series, config.ingest_limits)
+        screened = screen(series, config.ingest_limits, state.verdicts)
     except RequestTooLargeError as exc:
         raise _RefusedError(413, str(exc)) from None
     except MalformedRequestError as exc:
@@ -189,12 +197,12 @@ def _decode_and_store(
         refused = sink.accept(points, caller.name, history=forward)
     else:
         refused = sink.accept(points, caller.name)
-    counts.add("stored", len(points) - refused)
-    counts.add("refused_by_store", refused)
-    counts.add("nonfinite", screened.nonfinite)
-    counts.add("over_label_limits", screened.over_limits)
-    counts.add("stale_markers", screened.stale_markers)
-    counts.add("unmapped_series", translated.skipped)
+    state.add("stored", len(points) - refused)
+    state.add("refused_by_store", refused)
+    state.add("nonfinite", screened.nonfinite)
+    state.add("over_label_limits", screened.over_limits)
+    state.add("stale_markers", screened.stale_markers)
+    state.add("unmapped_series", translated.skipped)
     if screened.rejected or refused:
         log.debug(
             "remote-write from %s: %d sample(s) rejected (%d non-finite, %d over the label "
@@ -212,5 +220,7 @@ def setup_remote_write(app: web.Application, translate: Translator) -> None:
     """Add ``POST /api/v1/write`` (agents, like OTLP), storing into ``app[SINK]`` through
     ``translate``."""
     app[TRANSLATOR] = translate
-    app[RW_STATS] = RemoteWriteStats()
+    app[RW_STATE] = RemoteWriteState(
+        Decoder(MAX_LABEL_SETS), LabelVerdicts(app[CONFIG].ingest_limits, MAX_LABEL_SETS)
+    )
     add_route(app, "POST", "/api/v1/write", remote_write, AGENTS)
