@@ -28,7 +28,6 @@ from gpuwarden.collector.remote_write.wire import (
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.keys import STATS
-from gpuwarden.collector.web.remote_write_receiver import RW_STATE
 from tests.prom_translate import translate
 from tests.test_collector_hostile import many_series
 
@@ -118,9 +117,13 @@ async def test_dcgm_series_are_stored_as_our_metrics_with_units_converted(client
         {"GPU-node-a-0": 0.75, "GPU-node-a-1": 0.0}
     )
     assert latest(service, "hw.gpu.memory.usage", "node-a") == {"GPU-node-a-0": float(1 << 30)}
-    counts = client.server.app[RW_STATE].samples
+    counts = client.server.app[STATS].remote_write_samples
     assert counts == {"stored": 3, "unmapped_series": 1}
     assert client.server.app[STATS].responses[204] == 1
+    reader = {"Authorization": headers("reader")["Authorization"]}
+    text = await (await client.get("/metrics", headers=reader)).text()
+    assert 'gpuwarden_collector_remote_write_samples_total{outcome="stored"} 3.0' in text
+    assert 'gpuwarden_collector_remote_write_samples_total{outcome="unmapped_series"} 1.0' in text
 
 
 async def test_a_token_bound_to_other_nodes_stores_nothing(client, service):

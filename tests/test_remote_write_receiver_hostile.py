@@ -21,7 +21,7 @@ from gpuwarden.collector.ingest.prom_write import STALE_NAN_BITS, is_stale_marke
 from gpuwarden.collector.remote_write.wire import Series, encode
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
-from gpuwarden.collector.web.remote_write_receiver import RW_STATE
+from gpuwarden.collector.web.keys import STATS
 from tests.prom_translate import translate
 from tests.test_collector_hostile import many_series
 from tests.test_remote_write_receiver import TABLE, dcgm, headers, latest, now_ms
@@ -125,7 +125,7 @@ async def test_huge_label_sets_are_rejected_per_series_and_counted(client, servi
     fine = dcgm("DCGM_FI_DEV_GPU_UTIL", "node-a", 3, [(t, 30.0)])
     assert await post(client, encode([many, long_value, long_name, fine])) == 204
     assert latest(service, "hw.gpu.utilization", "node-a") == pytest.approx({"GPU-node-a-3": 0.3})
-    assert client.server.app[RW_STATE].samples["over_label_limits"] == 3
+    assert client.server.app[STATS].remote_write_samples["over_label_limits"] == 3
     await still_healthy(client, service)
 
 
@@ -142,7 +142,7 @@ async def test_nan_and_inf_are_rejected_per_sample_and_counted(client, service):
     assert latest(service, "hw.gpu.utilization", "node-a") == pytest.approx(
         {"GPU-node-a-0": 0.2, "GPU-node-a-1": 0.05}
     )
-    counts = client.server.app[RW_STATE].samples
+    counts = client.server.app[STATS].remote_write_samples
     assert counts["nonfinite"] == 3
     assert counts["stored"] == 2
     await still_healthy(client, service)
@@ -161,7 +161,7 @@ async def test_stale_markers_are_not_values(client, service):
     assert await post(client, first) == 204
     gone = encode([dcgm("DCGM_FI_DEV_GPU_UTIL", "node-a", 0, [(t, STALE)])])
     assert await post(client, gone) == 204
-    counts = client.server.app[RW_STATE].samples
+    counts = client.server.app[STATS].remote_write_samples
     assert counts["stale_markers"] == 1
     assert "nonfinite" not in counts  # an end, not a bad value
     found = service.store.latest("hw.gpu.utilization", max_age_seconds=math.inf)
@@ -184,7 +184,7 @@ async def test_out_of_order_samples_go_where_the_store_puts_them(client, service
     found = service.store.matrix("hw.gpu.utilization", start=(t - 90_000) / 1000, end=t / 1000 + 1)
     held = sorted(round(float(v), 3) for v in found.values[0] if not math.isnan(v))
     assert held == [0.1, 0.3, 0.6]
-    counts = client.server.app[RW_STATE].samples
+    counts = client.server.app[STATS].remote_write_samples
     assert counts["stored"] == 3
     assert counts["refused_by_store"] == 1
     await still_healthy(client, service)
@@ -204,7 +204,7 @@ async def test_100k_series_in_one_request(client, service):
     assert len(body) < MAX_BODY
     assert await post(client, body) == 204
     assert service.store.series_count() == 100_000
-    assert client.server.app[RW_STATE].samples["stored"] == 100_000
+    assert client.server.app[STATS].remote_write_samples["stored"] == 100_000
     await still_healthy(client, service)
 
 

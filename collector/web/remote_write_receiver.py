@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
@@ -51,9 +52,9 @@ PROTOBUF = "application/x-protobuf"
 WRITE_V1 = "prometheus.WriteRequest"
 """The ``proto=`` parameter remote-write 2.0 senders put on a 1.0 request (the only one taken)."""
 RETRY_AFTER_SECONDS = 2
-MAX_LABEL_SETS = 200_000
+MAX_LABEL_SETS = 100_000
 """Label sets whose decoding and checks are remembered (forgotten all at once beyond): about
-1.5 KiB each with dcgm-exporter's labels, so at most ~300 MiB."""
+2.7 KiB each with dcgm-exporter's labels, so at most ~270 MiB."""
 
 
 class Translated(Protocol):
@@ -71,21 +72,14 @@ class Translator(Protocol):
     def __call__(self, series: Sequence[Series], /) -> Translated: ...
 
 
-@dataclass
+@dataclass(frozen=True)
 class RemoteWriteState:
-    """The receiver's own counters (samples by outcome; its answers are counted with the OTLP
-    receiver's in ``IngestStats.responses``), and what it remembers of the label sets seen:
-    their decoding (``decoder``) and what the label checks said (``verdicts``), so a series
-    sent every scrape is decoded and checked once."""
+    """What the receiver remembers of the label sets seen: their decoding (``decoder``) and
+    what the label checks said (``verdicts``), so a series sent every scrape is decoded and
+    checked once. Its counters are ``IngestStats.remote_write_samples``."""
 
     decoder: Decoder
     verdicts: LabelVerdicts
-    samples: dict[str, int] = field(default_factory=dict)
-
-    def add(self, outcome: str, n: int) -> None:
-        """Count ``n`` samples under ``outcome`` (``stored``, ``nonfinite``, ...)."""
-        if n:
-            self.samples[outcome] = self.samples.get(outcome, 0) + n
 
 
 TRANSLATOR: web.AppKey[Translator] = web.AppKey("prom_translator")
@@ -142,6 +136,7 @@ async def remote_write(request: web.Request) -> web.Response:
                 request.app[SINK],
                 request.app[TRANSLATOR],
                 request.app[RW_STATE],
+                stats.remote_write_samples,
                 caller,
                 config,
             )
@@ -169,6 +164,7 @@ def _decode_and_store(
     sink: MetricsSink,
     translate: Translator,
     state: RemoteWriteState,
+    outcomes: Counter[str],
     caller: Caller,
     config: CollectorConfig,
 ) -> tuple[int, int]:
@@ -197,12 +193,16 @@ def _decode_and_store(
         refused = sink.accept(points, caller.name, history=forward)
     else:
         refused = sink.accept(points, caller.name)
-    state.add("stored", len(points) - refused)
-    state.add("refused_by_store", refused)
-    state.add("nonfinite", screened.nonfinite)
-    state.add("over_label_limits", screened.over_limits)
-    state.add("stale_markers", screened.stale_markers)
-    state.add("unmapped_series", translated.skipped)
+    for outcome, n in (
+        ("stored", len(points) - refused),
+        ("refused_by_store", refused),
+        ("nonfinite", screened.nonfinite),
+        ("over_label_limits", screened.over_limits),
+        ("stale_markers", screened.stale_markers),
+        ("unmapped_series", translated.skipped),
+    ):
+        if n:
+            outcomes[outcome] += n
     if screened.rejected or refused:
         log.debug(
             "remote-write from %s: %d sample(s) rejected (%d non-finite, %d over the label "
