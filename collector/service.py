@@ -136,6 +136,10 @@ class CollectorService:
         (``history=False``: not for the remote-write history writer, ``Intake.accept``)."""
         return self.intake.accept(points, source, history=history)
 
+    def end_series(self, points: Iterable[NumberPoint]) -> int:
+        """End the presence of the series ``points`` name (stale markers, ``Intake``)."""
+        return self.intake.end_series(points)
+
     def accept_payload(
         self, payload: bytes, kind: str, source: str, rounds: AgentRounds | None = None
     ) -> Accepted:

@@ -239,3 +239,28 @@ def test_the_receivers_decoder_reads_what_decode_reads():
     assert small.decode(body) == small.decode(body) == series
     with pytest.raises(WireTooLargeError):
         decoder.decode(body, max_bytes=len(body))
+
+
+def test_end_series_ends_gauges_only(service):
+    t_ns = now_ms() * 1_000_000
+    resource: dict[str, str | int | float | bool] = {"host.name": "node-a"}
+
+    def point(metric: str, kind: str, value: float, at_ns: int) -> NumberPoint:
+        monotonic = kind == "sum"
+        return NumberPoint(resource, metric, "1", kind, monotonic, {"hw.id": "G0"}, at_ns, value)
+
+    service.accept(
+        [
+            point("hw.gpu.utilization", "gauge", 0.5, t_ns - 20 * 10**9),
+            point("hw.energy", "sum", 100.0, t_ns - 20 * 10**9),
+            point("hw.energy", "sum", 150.0, t_ns - 10 * 10**9),
+        ],
+        "test",
+    )
+    assert service.end_series([point("hw.energy", "sum", 0.0, t_ns)]) == 0  # a counter
+    assert service.end_series([point("hw.unknown", "gauge", 0.0, t_ns)]) == 0
+    assert service.end_series([point("hw.gpu.utilization", "gauge", 0.0, t_ns)]) == 1
+    found = service.store.latest("hw.gpu.utilization", max_age_seconds=math.inf)
+    assert math.isnan(float(found.values[0]))
+    energy = service.store.latest("hw.energy", max_age_seconds=math.inf)
+    assert float(energy.values[0]) == pytest.approx(5.0)  # 50 J over 10 s, as it was

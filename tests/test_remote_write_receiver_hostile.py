@@ -155,18 +155,48 @@ def test_only_the_stale_bit_pattern_is_a_stale_marker():
     assert not is_stale_marker(math.inf)
 
 
-async def test_stale_markers_are_not_values(client, service):
+async def test_stale_markers_end_a_series_presence_and_are_not_values(client, service):
     t = now_ms()
-    first = encode([dcgm("DCGM_FI_DEV_GPU_UTIL", "node-a", 0, [(t - 20_000, 60.0)])])
+    first = encode(
+        [
+            dcgm("DCGM_FI_DEV_GPU_UTIL", "node-a", 0, [(t - 30_000, 60.0)]),
+            dcgm("DCGM_FI_DEV_GPU_UTIL", "node-a", 1, [(t - 30_000, 70.0)]),
+        ]
+    )
     assert await post(client, first) == 204
-    gone = encode([dcgm("DCGM_FI_DEV_GPU_UTIL", "node-a", 0, [(t, STALE)])])
+    assert latest(service, "hw.gpu.utilization", "node-a") == pytest.approx(
+        {"GPU-node-a-0": 0.6, "GPU-node-a-1": 0.7}
+    )
+    # GPU 0's target is gone: Prometheus writes a stale marker; GPU 1 keeps reporting
+    gone = encode(
+        [
+            dcgm("DCGM_FI_DEV_GPU_UTIL", "node-a", 0, [(t, STALE)]),
+            dcgm("DCGM_FI_DEV_GPU_UTIL", "node-a", 1, [(t, 80.0)]),
+        ]
+    )
     assert await post(client, gone) == 204
     counts = client.server.app[STATS].remote_write_samples
     assert counts["stale_markers"] == 1
     assert "nonfinite" not in counts  # an end, not a bad value
-    found = service.store.latest("hw.gpu.utilization", max_age_seconds=math.inf)
-    assert found.times.tolist() == [pytest.approx((t - 20_000) / 1000)]  # no point at t
-    assert found.values.tolist() == [pytest.approx(0.6)]
+    now = latest(service, "hw.gpu.utilization", "node-a")
+    assert math.isnan(now["GPU-node-a-0"])  # unknown at once, not after staleness_seconds
+    assert now["GPU-node-a-1"] == pytest.approx(0.8)
+    window = service.store.matrix(
+        "hw.gpu.utilization",
+        selector={"hw.id": "GPU-node-a-0"},
+        start=(t - 60_000) / 1000,
+        end=t / 1000 + 1,
+    )
+    held = [round(float(v), 3) for v in window.values[0] if not math.isnan(v)]
+    assert held == [0.6]  # the value before the marker stays history
+    # a marker older than the series' newest point erases nothing
+    late = encode([dcgm("DCGM_FI_DEV_GPU_UTIL", "node-a", 1, [(t - 10_000, STALE)])])
+    assert await post(client, late) == 204
+    assert latest(service, "hw.gpu.utilization", "node-a")["GPU-node-a-1"] == pytest.approx(0.8)
+    # the series comes back with its next value
+    back = encode([dcgm("DCGM_FI_DEV_GPU_UTIL", "node-a", 0, [(t + 10_000, 50.0)])])
+    assert await post(client, back) == 204
+    assert latest(service, "hw.gpu.utilization", "node-a")["GPU-node-a-0"] == pytest.approx(0.5)
     await still_healthy(client, service)
 
 

@@ -137,6 +137,12 @@ class Intake:
             self.tap.points(points)
         return counts.rejected
 
+    def end_series(self, points: Iterable[NumberPoint]) -> int:
+        """End the presence of the series ``points`` name at their times (Prometheus' stale
+        markers, ``WindowStore.end_series``); return how many were ended. Nothing goes to the
+        tap: a marker is no value."""
+        return self.store.end_series(points)
+
     def accept_payload(
         self, payload: bytes, kind: str, source: str, rounds: AgentRounds | None = None
     ) -> Accepted:

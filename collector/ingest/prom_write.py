@@ -13,7 +13,7 @@ is screened here, with no web framework and no wire format in it:
   ``max_metric_name_bytes``) is rejected with its samples, and counted;
 - a Prometheus *stale marker* (the NaN whose bits are :data:`STALE_NAN_BITS`: Prometheus writes
   one when a target or a series disappears) is not a value: it is taken out and kept apart, so
-  the caller can end the series' presence instead of storing a number;
+  the caller ends the series' presence (``WindowStore.end_series``) instead of storing a number;
 - any other NaN or an infinity is rejected per sample and counted; the series' other samples
   stay.
 

@@ -184,13 +184,16 @@ def _decode_and_store(
         raise _RefusedError(400, f"malformed remote-write request: {exc}") from None
     translated = translate(screened.series)
     points = translated.points
-    hosts = {p.resource.get("host.name", "") for p in points}
+    ended = translate(screened.stale).points if screened.stale else ()
+    hosts = {p.resource.get("host.name", "") for part in (points, ended) for p in part}
     unbound = sorted(str(h) for h in hosts if not caller.may_write(str(h)))
     if unbound:
         raise _RefusedError(403, f"{caller} may not write host.name {unbound[0]!r}; nothing stored")
     forward = config.remote_write is not None and config.remote_write.forward_received
     if isinstance(sink, CollectorService):
         refused = sink.accept(points, caller.name, history=forward)
+        if ended:  # after the values: a marker ends what came before it
+            sink.end_series(ended)
     else:
         refused = sink.accept(points, caller.name)
     for outcome, n in (
