@@ -25,6 +25,9 @@ Both get round 0 first (it creates every series; shown apart), then the other ro
 CPU (``/proc/<pid>/stat``, every thread) and the wall time give samples/s, CPU per sample and
 the ratio collector / VictoriaMetrics (target >= 1.0x). Afterwards each says how many samples it
 holds, so a receiver that drops them cannot win.
+
+4. The collector's pipeline again in this process, stage by stage (decode, limits, translate,
+   store), so the server's CPU per sample can be split into those and the HTTP layer.
 """
 
 from __future__ import annotations
@@ -64,9 +67,11 @@ from bench.ingest_bench import (
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.ingest.otlp import NumberPoint
-from gpuwarden.collector.remote_write.wire import HEADERS, Series, encode
+from gpuwarden.collector.ingest.prom_write import LabelVerdicts, screen
+from gpuwarden.collector.remote_write.wire import HEADERS, Decoder, Series, encode
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.keys import SERVICE, STATS, Admits, add_route
+from gpuwarden.collector.web.remote_write_receiver import MAX_LABEL_SETS
 
 SCRAPE_S = 15
 GPUS = 8
@@ -353,6 +358,37 @@ def run_victoria(
     return Figures("VictoriaMetrics", samples, cpu, wall, first, p99, held)
 
 
+def stages(work: list[list[bytes]], per_round: int, clock_s: float) -> None:
+    """The collector's per-request pipeline in this process, stage by stage (CPU per sample):
+    what the server spent beyond it is HTTP, aiohttp and the worker-thread hand-off."""
+    service = make_service(clock_s, per_round)
+    service.max_new_series_per_source_hour = 10**9
+    limits = CollectorConfig().ingest_limits
+    decoder, verdicts = Decoder(MAX_LABEL_SETS), LabelVerdicts(limits, MAX_LABEL_SETS)
+    spent = dict.fromkeys(("snappy + protobuf decode", "limits", "translate", "store"), 0.0)
+    for r, bodies in enumerate(work):
+        for body in bodies:
+            t0 = time.process_time()
+            series = decoder.decode(body)
+            t1 = time.process_time()
+            screened = screen(series, limits, verdicts)
+            t2 = time.process_time()
+            points = translate(screened.series).points
+            t3 = time.process_time()
+            service.accept(points, "bench", history=False)
+            t4 = time.process_time()
+            if r:  # round 0 creates the series: left out, as above
+                for stage, took in zip(spent, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+                    spent[stage] += took
+    samples = per_round * (len(work) - 1)
+    print()
+    print("collector pipeline in-process, steady rounds (CPU per sample):")
+    for stage, took in spent.items():
+        line(f"  {stage}", f"{took / samples * 1e6:.2f} us")
+    line("  total", f"{sum(spent.values()) / samples * 1e6:.2f} us")
+    service.storage.close()
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=16)
@@ -411,6 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{f.per_s:,.0f} samples/s wall, {f.per_core_s:,.0f} samples/s per core, "
             f"{f.cpu_s / f.samples * 1e6:.2f} us CPU/sample; holds {f.held:,} of {sent:,} sent",
         )
+    stages(work, per_round, float(t_last_s + SCRAPE_S))
+    print()
     version = package_version("victoria-metrics")
     line(
         "collector / VictoriaMetrics",

@@ -179,11 +179,12 @@ class Decoder:
             if labels is None:
                 labels = self._labels(key)
             samples = ts.samples
-            out.append(
-                Series(
-                    labels, tuple([s.timestamp for s in samples]), tuple([s.value for s in samples])
-                )
-            )
+            if len(samples) == 1:  # what a scrape's remote-write sends: one sample a series
+                one = samples[0]
+                out.append(Series(labels, (one.timestamp,), (one.value,)))
+            else:
+                times = tuple([sample.timestamp for sample in samples])
+                out.append(Series(labels, times, tuple([sample.value for sample in samples])))
         return out
 
     def _labels(self, key: tuple[bytes, ...]) -> Labels:
