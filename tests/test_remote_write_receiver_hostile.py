@@ -275,3 +275,17 @@ async def test_mangled_bodies_never_get_a_5xx(client, service):
     assert seen <= {204, 400, 413}
     assert 400 in seen
     await still_healthy(client, service)
+
+
+async def test_a_failing_translator_is_a_400_not_a_resend_forever(aiohttp_client, service, caplog):
+    def broken(series):
+        raise KeyError("a mapping bug")
+
+    app = create_app(
+        CollectorConfig(tokens=TABLE), service=service, background=False, prom_translate=broken
+    )
+    client = await aiohttp_client(app)
+    assert await post(client, good_body()) == 400
+    assert service.store.series_count() == 0
+    assert "the translator failed" in caplog.text
+    assert (await client.get("/healthz")).status == 200

@@ -13,12 +13,13 @@ Answers (``docs/limits.md``): 204 when the request was read, whatever became of 
 (NaN/Inf, series over the label limits or the series budget, series without a mapping: dropped
 and counted, as VictoriaMetrics does; a resend would not change them); 400 for a body that is
 not a snappy ``WriteRequest``, or holds a series that is no Prometheus series (no ``__name__``,
-a bad label name: ``ingest.prom_write``), nothing stored (never worth a retry); 401/403 from the
-authentication middleware; 403
-for a node the agent's token is not bound to (nothing stored); 413 for a body, an inflated body
-(the snappy header is read first: a decompression bomb never inflates), series or samples over
-the limits; 415 for another content type or encoding (remote-write 2.0's ``proto=`` included);
-503 with ``Retry-After`` when too many requests, or too many of one caller, are being stored.
+a bad label name: ``ingest.prom_write``), or one the translator fails on (logged with its
+traceback; a 5xx would have the sender resend it forever), nothing stored (never worth a
+retry); 401/403 from the authentication middleware; 403 for a node the agent's token is not
+bound to (nothing stored); 413 for a body, an inflated body (the snappy header is read first: a
+decompression bomb never inflates), series or samples over the limits; 415 for another content
+type or encoding (remote-write 2.0's ``proto=`` included); 503 with ``Retry-After`` when too
+many requests, or too many of one caller, are being stored.
 """
 
 from __future__ import annotations
@@ -182,9 +183,13 @@ def _decode_and_store(
         raise _RefusedError(413, str(exc)) from None
     except MalformedRequestError as exc:
         raise _RefusedError(400, f"malformed remote-write request: {exc}") from None
-    translated = translate(screened.series)
+    try:
+        translated = translate(screened.series)
+        ended = translate(screened.stale).points if screened.stale else ()
+    except Exception:  # a mapping bug: a 5xx would have the sender resend this batch forever
+        log.exception("remote-write from %s: the translator failed; request refused", caller)
+        raise _RefusedError(400, "the collector could not map this request's series") from None
     points = translated.points
-    ended = translate(screened.stale).points if screened.stale else ()
     hosts = {p.resource.get("host.name", "") for part in (points, ended) for p in part}
     unbound = sorted(str(h) for h in hosts if not caller.may_write(str(h)))
     if unbound:
