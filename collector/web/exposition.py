@@ -335,7 +335,7 @@ class FleetMetrics:
         )
         requests = CounterMetricFamily(
             "gpuwarden_collector_requests",
-            "OTLP ingest requests answered, by HTTP status code.",
+            "Ingest requests (OTLP, Prometheus remote-write) answered, by HTTP status code.",
             labels=["code"],
         )
         # A copy in one C call: the event loop may add a code while this thread reads.
