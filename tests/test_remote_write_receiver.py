@@ -27,7 +27,7 @@ from gpuwarden.collector.remote_write.wire import (
 )
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
-from gpuwarden.collector.web.keys import STATS
+from gpuwarden.collector.web.keys import AUTH_STATS, STATS
 from tests.prom_translate import translate
 from tests.test_collector_hostile import many_series
 
@@ -132,6 +132,8 @@ async def test_a_token_bound_to_other_nodes_stores_nothing(client, service):
     assert resp.status == 403
     assert "node-b" in await resp.text()
     assert service.store.series_count() == 0
+    refusals = client.server.app[AUTH_STATS].refusals
+    assert refusals[("POST", "/api/v1/write", 403, "node")] == 1
     body = encode([dcgm("DCGM_FI_DEV_GPU_UTIL", "node-a", 0, [(now_ms(), 50.0)])])
     resp = await client.post("/api/v1/write", data=body, headers=headers("agent-a"))
     assert resp.status == 204

@@ -45,7 +45,16 @@ from gpuwarden.collector.ingest.sink import MetricsSink
 from gpuwarden.collector.remote_write.wire import Decoder, Series, WireError, WireTooLargeError
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.guard import busy, inflight_slot
-from gpuwarden.collector.web.keys import AGENTS, CALLER, CONFIG, SINK, STATS, Caller, add_route
+from gpuwarden.collector.web.keys import (
+    AGENTS,
+    AUTH_STATS,
+    CALLER,
+    CONFIG,
+    SINK,
+    STATS,
+    Caller,
+    add_route,
+)
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +152,8 @@ async def remote_write(request: web.Request) -> web.Response:
             )
     except _RefusedError as exc:
         stats.responses[exc.status] += 1
+        if exc.status == 403:  # a node the token is not bound to, counted as OTLP's are
+            request.app[AUTH_STATS].count(request, 403, "node")
         return web.Response(status=exc.status, text=exc.message + "\n")
     stats.points_accepted += stored
     stats.points_rejected += rejected
