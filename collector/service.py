@@ -131,9 +131,14 @@ class CollectorService:
 
     # --- ingest (the intake) ------------------------------------------------------------------
 
-    def accept(self, points: Iterable[NumberPoint], source: str) -> int:
-        """Store one request's points; remember node facts; return the rejected count."""
-        return self.intake.accept(points, source)
+    def accept(self, points: Iterable[NumberPoint], source: str, *, history: bool = True) -> int:
+        """Store one request's points; remember node facts; return the rejected count
+        (``history=False``: not for the remote-write history writer, ``Intake.accept``)."""
+        return self.intake.accept(points, source, history=history)
+
+    def end_series(self, points: Iterable[NumberPoint]) -> int:
+        """End the presence of the series ``points`` name (stale markers, ``Intake``)."""
+        return self.intake.end_series(points)
 
     def accept_payload(
         self, payload: bytes, kind: str, source: str, rounds: AgentRounds | None = None

@@ -37,6 +37,7 @@ class PrometheusServer:
     """Scrape ``targets`` (``job name → host:port``) every ``interval`` seconds.
 
     ``labels`` are added to every target (e.g. ``cluster``), as a real scrape config would.
+    ``remote_write`` entries go into the config's ``remote_write`` section as they are.
     """
 
     def __init__(
@@ -46,6 +47,7 @@ class PrometheusServer:
         rule_files: Sequence[Path] = (),
         labels: Mapping[str, str] | None = None,
         interval_seconds: int = 1,
+        remote_write: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         binary = prometheus_binary()
         if binary is None:
@@ -68,6 +70,8 @@ class PrometheusServer:
                 for job, target in targets.items()
             ],
         }
+        if remote_write:
+            config["remote_write"] = [dict(entry) for entry in remote_write]
         self.config_file = self._dir / "prometheus.yml"
         self.config_file.write_text(yaml.safe_dump(config))
         self._process: subprocess.Popen[bytes] | None = None

@@ -26,6 +26,7 @@ from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.keys import AUTH_STATS, CREDENTIAL_SOURCES, AuthStats, Caller
 from gpuwarden.collector.web.remediation_setup import Remediation
+from tests.prom_translate import translate
 from tests.test_collector_api import fleet
 from tests.test_remediate_web import Setup, build
 from tests.test_remediator import make_rule
@@ -51,6 +52,7 @@ TABLE: dict[tuple[str, str], frozenset[Role] | str] = {
     ("GET", "/approve/{token}"): READ,
     ("POST", "/approve/{token}"): READ,
     ("POST", "/v1/metrics"): frozenset({AG, A}),
+    ("POST", "/api/v1/write"): frozenset({AG, A}),  # Prometheus remote-write, like OTLP
     ("POST", "/v1/alertmanager"): frozenset({AS, A}),
     ("GET", "/metrics"): READ,
     ("GET", "/status"): READ,
@@ -109,7 +111,13 @@ def full_app(service: CollectorService, setup: Setup) -> web.Application:
     )
     # No throttling here: this test sends many wrong tokens on purpose (test_auth_throttle).
     config = CollectorConfig(tokens=tokens, auth_failure_limit=0)
-    return create_app(config, service=service, background=False, remediation=remediation)
+    return create_app(
+        config,
+        service=service,
+        background=False,
+        remediation=remediation,
+        prom_translate=translate,
+    )
 
 
 def routes(app: web.Application) -> list[tuple[str, str]]:

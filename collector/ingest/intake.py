@@ -114,8 +114,13 @@ class Intake:
     #: which agent rounds were stored (``rounds_seen``): each resent round acknowledged, not stored
     rounds_ledger: RoundsLedger = field(default_factory=RoundsLedger)
 
-    def accept(self, points: Iterable[NumberPoint], source: str) -> int:
-        """Store one request's points; remember node facts; return the rejected count."""
+    def accept(self, points: Iterable[NumberPoint], source: str, *, history: bool = True) -> int:
+        """Store one request's points; remember node facts; return the rejected count.
+
+        ``history=False`` keeps them from the tap (the remote-write history writer): points that
+        came from a TSDB's own feed (the Prometheus remote-write receiver) would otherwise be
+        written back to it.
+        """
         points = list(points)
         seen: set[int] = set()
         resources = []
@@ -128,9 +133,15 @@ class Intake:
             counts = self.store.ingest(points, new_series_budget=self._budget(source))
             newest = max((p.time_unix_nano for p in points), default=None)
             self._count(source, counts, newest)
-        if self.tap is not None:
+        if self.tap is not None and history:
             self.tap.points(points)
         return counts.rejected
+
+    def end_series(self, points: Iterable[NumberPoint]) -> int:
+        """End the presence of the series ``points`` name at their times (Prometheus' stale
+        markers, ``WindowStore.end_series``); return how many were ended. Nothing goes to the
+        tap: a marker is no value."""
+        return self.store.end_series(points)
 
     def accept_payload(
         self, payload: bytes, kind: str, source: str, rounds: AgentRounds | None = None

@@ -24,6 +24,10 @@ class RemoteWriteSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
         timeout_seconds: connect and read timeout of one request.
         flush_seconds: how often buffered points go to the queue and the queue is drained.
         max_backoff_seconds: the longest wait between retries of a failing request.
+        forward_received: also write the points that arrived by Prometheus remote-write
+            (``POST /api/v1/write``). Off by default: they usually come from the same TSDB's
+            scrapes, and writing them back would loop; turn it on only when ``url`` is
+            another TSDB than the one that feeds the collector.
     """
 
     url: str
@@ -35,6 +39,7 @@ class RemoteWriteSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
     timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     flush_seconds: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     max_backoff_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    forward_received: bool = False
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):

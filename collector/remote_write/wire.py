@@ -9,15 +9,20 @@ samples in time order, as the protocol asks.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import cramjam
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 from opentelemetry.exporter.prometheus_remote_write.gen.remote_pb2 import (  # type: ignore[attr-defined]
     WriteRequest,  # generated: the class is built at import, so no stub names it
+)
+from opentelemetry.exporter.prometheus_remote_write.gen.types_pb2 import (  # type: ignore[attr-defined]
+    Label,
 )
 
 HEADERS: Mapping[str, str] = MappingProxyType(
@@ -35,6 +40,11 @@ Labels = tuple[tuple[str, str], ...]
 
 class WireError(ValueError):
     """A body that is not a snappy-compressed ``WriteRequest``."""
+
+
+class WireTooLargeError(WireError):
+    """A body whose snappy header announces more than the caller's limit (a decompression
+    bomb): refused before a byte is inflated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,22 +77,123 @@ def encode(series: Sequence[Series]) -> bytes:
     return bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
 
 
-def decode(body: bytes) -> list[Series]:
-    """The series of a request body (raises :class:`WireError` for anything else)."""
+def _inflate(body: bytes, max_bytes: int | None) -> bytes:
+    """The snappy block ``body`` inflated, refused past ``max_bytes`` before inflating."""
     try:
-        raw = bytes(cramjam.snappy.decompress_raw(body))
+        if max_bytes is not None and cramjam.snappy.decompress_raw_len(body) > max_bytes:
+            raise WireTooLargeError(f"body inflates past {max_bytes} bytes")
+        return bytes(cramjam.snappy.decompress_raw(body))
     except cramjam.DecompressionError as exc:
         raise WireError(f"not snappy block data: {exc}") from None
+
+
+def decode(body: bytes, max_bytes: int | None = None) -> list[Series]:
+    """The series of a request body (raises :class:`WireError` for anything else).
+
+    With ``max_bytes``, a body that inflates to more (its snappy header says how much) raises
+    :class:`WireTooLargeError` before anything is inflated.
+    """
+    raw = _inflate(body, max_bytes)
     request: Any = WriteRequest()
     try:
         request.ParseFromString(raw)
     except DecodeError as exc:
         raise WireError(f"not a WriteRequest: {exc}") from None
-    return [
-        Series(
-            labels=tuple((label.name, label.value) for label in ts.labels),
-            timestamps_ms=tuple(int(s.timestamp) for s in ts.samples),
-            values=tuple(float(s.value) for s in ts.samples),
+    out = []
+    for ts in request.timeseries:  # the receiver's hot loop: list displays, no generators
+        samples = ts.samples
+        out.append(
+            Series(
+                tuple([(label.name, label.value) for label in ts.labels]),
+                tuple([s.timestamp for s in samples]),
+                tuple([s.value for s in samples]),
+            )
         )
-        for ts in request.timeseries
-    ]
+    return out
+
+
+@functools.cache
+def _raw_write_request() -> Any:
+    """A ``WriteRequest`` whose series keep each label as its encoded bytes (the same wire
+    format read through another schema: ``repeated bytes labels = 1``), so a label set seen
+    before is recognised by its bytes without one Python object per label field."""
+    fd = descriptor_pb2.FileDescriptorProto(
+        name="gpuwarden/remote_write_raw.proto", package="gpuwarden.rwraw", syntax="proto3"
+    )
+    field = descriptor_pb2.FieldDescriptorProto
+    sample = fd.message_type.add(name="Sample")
+    sample.field.add(name="value", number=1, type=field.TYPE_DOUBLE, label=field.LABEL_OPTIONAL)
+    sample.field.add(name="timestamp", number=2, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+    series = fd.message_type.add(name="Series")
+    series.field.add(name="labels", number=1, type=field.TYPE_BYTES, label=field.LABEL_REPEATED)
+    series.field.add(
+        name="samples",
+        number=2,
+        type=field.TYPE_MESSAGE,
+        label=field.LABEL_REPEATED,
+        type_name=".gpuwarden.rwraw.Sample",
+    )
+    request = fd.message_type.add(name="WriteRequest")
+    request.field.add(
+        name="timeseries",
+        number=1,
+        type=field.TYPE_MESSAGE,
+        label=field.LABEL_REPEATED,
+        type_name=".gpuwarden.rwraw.Series",
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fd)
+    return message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("gpuwarden.rwraw.WriteRequest")
+    )
+
+
+class Decoder:
+    """:func:`decode` for a receiver: the same series, each label set decoded once.
+
+    A sender writes the same series every scrape. The decoder remembers each label set by its
+    labels' encoded bytes (at most ``max_label_sets``, then it forgets them all at once), so a
+    series seen before costs a dict lookup instead of a Python object per label, and its
+    ``labels`` is the same tuple every time (whose strings keep their hashes: cheaper for every
+    later lookup).
+    """
+
+    def __init__(self, max_label_sets: int = 200_000) -> None:
+        self.max_label_sets = max_label_sets
+        self._known: dict[tuple[bytes, ...], Labels] = {}
+
+    def decode(self, body: bytes, max_bytes: int | None = None) -> list[Series]:
+        """The series of a request body (raises :class:`WireError`, :class:`WireTooLargeError`
+        as :func:`decode` does)."""
+        raw = _inflate(body, max_bytes)
+        request: Any = _raw_write_request()()
+        try:
+            request.ParseFromString(raw)
+        except DecodeError as exc:
+            raise WireError(f"not a WriteRequest: {exc}") from None
+        known = self._known
+        out = []
+        for ts in request.timeseries:
+            key = tuple(ts.labels)
+            labels = known.get(key)
+            if labels is None:
+                labels = self._labels(key)
+            samples = ts.samples
+            if len(samples) == 1:  # what a scrape's remote-write sends: one sample a series
+                one = samples[0]
+                out.append(Series(labels, (one.timestamp,), (one.value,)))
+            else:
+                times = tuple([sample.timestamp for sample in samples])
+                out.append(Series(labels, times, tuple([sample.value for sample in samples])))
+        return out
+
+    def _labels(self, key: tuple[bytes, ...]) -> Labels:
+        try:
+            parsed = [Label.FromString(one) for one in key]
+        except DecodeError as exc:
+            raise WireError(f"not a WriteRequest: a label does not parse: {exc}") from None
+        labels = tuple([(label.name, label.value) for label in parsed])
+        if len(self._known) >= self.max_label_sets:
+            self._known.clear()
+        self._known[key] = labels
+        return labels

@@ -38,6 +38,41 @@ class PointIngest(WindowState):
         with self._lock:
             return self._ingest(points, new_series_budget)
 
+    def end_series(self, points: Iterable[NumberPoint]) -> int:
+        """End the presence of the gauge series ``points`` name, each at its point's time (its
+        value is ignored): Prometheus' stale markers. Return how many series were ended.
+
+        The slot of that time reads missing (NaN) and the series' newest point becomes that
+        time, so ``latest`` reads it as unknown at once instead of after ``staleness_seconds``,
+        and a matrix shows no value from then on until a new point comes. A series the store
+        does not hold, a counter (whose slots hold increases), and a marker not newer than the
+        series' newest point (a value after it must not be erased) are left alone.
+        """
+        with self._lock:
+            table = self._table
+            rows: list[int] = []
+            times: list[int] = []
+            for p in points:
+                row = table.aliases.get(
+                    (p.metric, p.resource.get(HOST_NAME), tuple(p.attributes.items()))
+                )
+                t = p.time_unix_nano
+                if row is None or table.counter_row[row] >= 0 or t <= table.last_seen_ns[row]:
+                    continue
+                rows.append(row)
+                times.append(t)
+            if not rows:
+                return 0
+            table.write(
+                np.array(rows, dtype=np.int64),
+                np.array(times, dtype=np.int64),
+                np.full(len(rows), np.nan),
+                self._step_ns,
+                self._ratio,
+                IngestCounts(),
+            )
+            return len(set(rows))
+
     def _ingest(self, points: Iterable[NumberPoint], budget: int | None = None) -> IngestCounts:
         table = self._table
         aliases = table.aliases

@@ -51,6 +51,7 @@ from gpuwarden.collector.web.receiver import setup_receiver
 from gpuwarden.collector.web.reload import LiveTokens, Reloader
 from gpuwarden.collector.web.remediation import setup_remediation
 from gpuwarden.collector.web.remediation_setup import Remediation
+from gpuwarden.collector.web.remote_write_receiver import Translator, setup_remote_write
 from gpuwarden.collector.web.silences import setup_silences
 from gpuwarden.collector.web.static import setup_static
 from gpuwarden.collector.web.status_page import setup_status_page
@@ -69,6 +70,7 @@ def create_app(
     reload_source: Callable[[], CollectorConfig] | None = None,
     tls_context: ssl.SSLContext | None = None,
     rules: RuleSet | None = None,
+    prom_translate: Translator | None = None,
 ) -> web.Application:
     """Build the collector application.
 
@@ -84,6 +86,9 @@ def create_app(
     configuration again through ``reload_source`` (default: ``config`` as it is, so the rule
     files are read again and the tokens stay) and swaps in its tokens and rules, and reloads
     the certificate of ``tls_context`` when serving HTTPS.
+
+    With ``prom_translate`` (the mapping of Prometheus series onto our metrics), Prometheus
+    remote-write is received on ``POST /api/v1/write`` (``remote_write_receiver``).
     """
     # We inflate bodies ourselves, with a cap: aiohttp's own decompression has none. aiohttp
     # closes a connection without a whole request head within ``keepalive_timeout`` of its
@@ -132,6 +137,8 @@ def create_app(
         app[REMEDIATION] = remediation
         setup_remediation(app)
     setup_receiver(app)
+    if prom_translate is not None:
+        setup_remote_write(app, prom_translate)
     setup_static(app)
     app[RELOADER] = Reloader(
         source=reload_source or (lambda: config),

@@ -335,13 +335,21 @@ class FleetMetrics:
         )
         requests = CounterMetricFamily(
             "gpuwarden_collector_requests",
-            "OTLP ingest requests answered, by HTTP status code.",
+            "Ingest requests (OTLP, Prometheus remote-write) answered, by HTTP status code.",
             labels=["code"],
         )
         # A copy in one C call: the event loop may add a code while this thread reads.
         responses = dict(self._stats.responses) if self._stats is not None else {}
         for code, count in sorted(responses.items()):
             requests.add_metric([str(code)], float(count))
+        received = CounterMetricFamily(
+            "gpuwarden_collector_remote_write_samples",
+            "Prometheus remote-write samples received, by outcome (unmapped_series: series).",
+            labels=["outcome"],
+        )
+        outcomes = dict(self._stats.remote_write_samples) if self._stats is not None else {}
+        for outcome, count in sorted(outcomes.items()):
+            received.add_metric([outcome], float(count))
         refusals = CounterMetricFamily(
             "gpuwarden_collector_auth_refusals",
             "Requests refused by authentication or roles, by method, route template, status "
@@ -367,7 +375,7 @@ class FleetMetrics:
                 ("jobs", "Current jobs (schedulers and API).", len(service.registry.jobs())),
             )
         ]
-        return [points, duplicates, requests, refusals, *simple, lag]
+        return [points, duplicates, requests, received, refusals, *simple, lag]
 
 
 def _seconds(total: RollupTotal) -> tuple[float, float, float]:

@@ -10,6 +10,9 @@
   body (``read``, ``json``, ``post``) at once, never the stream, so no handler (nor a receiver
   slot) waits on a slow client. A body over ``client_max_size`` is a 413 as before.
 
+- :func:`busy` and :func:`inflight_slot`: the in-flight slots a receiver's request holds while
+  it is decoded and stored; beyond them the answer is 503 with ``Retry-After``.
+
 The header read timeout is not here: aiohttp closes a connection that has not sent a whole
 request head within its ``keepalive_timeout`` of connecting or of its previous answer, and
 the app factory sets that to ``header_timeout_seconds``.
@@ -19,10 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from aiohttp import web
 
-from gpuwarden.collector.web.keys import CONFIG, ROUTE_ACCESS, STATS, Handler
+from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.web.keys import CONFIG, ROUTE_ACCESS, STATS, Handler, IngestStats
 
 log = logging.getLogger(__name__)
 
@@ -91,3 +97,27 @@ def _count(request: web.Request, status: int) -> None:
     admits = request.app[ROUTE_ACCESS].get(match.handler)
     if admits is not None and admits.plain_refusals:  # the receiver's routes
         request.app[STATS].responses[status] += 1
+
+
+def busy(config: CollectorConfig, stats: IngestStats, source: str) -> str | None:
+    """Why a receiver's request of ``source`` cannot take an in-flight slot now (None: it can):
+    ``max_inflight_requests`` slots in use, or ``max_inflight_per_token`` of this caller."""
+    if stats.inflight >= config.max_inflight_requests:
+        return "collector busy"
+    if stats.inflight_by_caller[source] >= config.max_inflight_per_token:
+        return f"{config.max_inflight_per_token} requests of this caller in flight"
+    return None
+
+
+@contextmanager
+def inflight_slot(stats: IngestStats, source: str) -> Iterator[None]:
+    """Hold one in-flight slot for ``source`` while the block runs (see :func:`busy`)."""
+    stats.inflight += 1
+    stats.inflight_by_caller[source] += 1
+    try:
+        yield
+    finally:
+        stats.inflight -= 1
+        stats.inflight_by_caller[source] -= 1
+        if not stats.inflight_by_caller[source]:
+            del stats.inflight_by_caller[source]

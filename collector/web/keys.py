@@ -81,6 +81,10 @@ class IngestStats:
     inflight: int = 0
     """Requests being decoded and stored (their bodies read): the slots in use."""
     inflight_by_caller: Counter[str] = field(default_factory=Counter)
+    remote_write_samples: Counter[str] = field(default_factory=Counter)
+    """Samples of Prometheus remote-write requests by outcome (``stored``, ``nonfinite``,
+    ``over_label_limits``, ``refused_by_store``, ``stale_markers``; ``unmapped_series`` counts
+    series): ``gpuwarden_collector_remote_write_samples_total{outcome}``."""
 
 
 @dataclass

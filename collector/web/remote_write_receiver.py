@@ -1,0 +1,245 @@
+"""The Prometheus remote-write receiver: ``POST /api/v1/write`` (remote-write 1.0).
+
+Any Prometheus, vmagent, Grafana Agent/Alloy or OpenTelemetry Collector (``prometheusremotewrite``
+exporter) can feed the collector this way. A request is a snappy-compressed (block format)
+protobuf ``WriteRequest`` (``remote_write.wire``). It is screened under the per-request limits
+(``ingest.prom_write``), its series are turned into our metrics by the *translator* this module
+is given (the mapping table of dcgm-exporter and model-server names; a series it has no mapping
+for is skipped and counted), and the points are stored under the sender's series budget like the
+OTLP receiver's, but never handed to the remote-write history writer (unless
+``remote_write.forward_received``): they came from a TSDB's feed and would be written back.
+
+Answers (``docs/limits.md``): 204 when the request was read, whatever became of single samples
+(NaN/Inf, series over the label limits or the series budget, series without a mapping: dropped
+and counted, as VictoriaMetrics does; a resend would not change them); 400 for a body that is
+not a snappy ``WriteRequest``, or holds a series that is no Prometheus series (no ``__name__``,
+a bad label name: ``ingest.prom_write``), or one the translator fails on (logged with its
+traceback; a 5xx would have the sender resend it forever), nothing stored (never worth a
+retry); 401/403 from the authentication middleware; 403 for a node the agent's token is not
+bound to (nothing stored); 413 for a body, an inflated body (the snappy header is read first: a
+decompression bomb never inflates), series or samples over the limits; 415 for another content
+type or encoding (remote-write 2.0's ``proto=`` included); 503 with ``Retry-After`` when too
+many requests, or too many of one caller, are being stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiohttp import web
+
+from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.ingest.prom_write import (
+    LabelVerdicts,
+    MalformedRequestError,
+    RequestTooLargeError,
+    screen,
+)
+from gpuwarden.collector.ingest.sink import MetricsSink
+from gpuwarden.collector.remote_write.wire import Decoder, Series, WireError, WireTooLargeError
+from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.web.guard import busy, inflight_slot
+from gpuwarden.collector.web.keys import (
+    AGENTS,
+    AUTH_STATS,
+    CALLER,
+    CONFIG,
+    SINK,
+    STATS,
+    Caller,
+    add_route,
+)
+
+log = logging.getLogger(__name__)
+
+PROTOBUF = "application/x-protobuf"
+WRITE_V1 = "prometheus.WriteRequest"
+"""The ``proto=`` parameter remote-write 2.0 senders put on a 1.0 request (the only one taken)."""
+RETRY_AFTER_SECONDS = 2
+MAX_LABEL_SETS = 100_000
+"""Label sets whose decoding and checks are remembered (forgotten all at once beyond): about
+2.7 KiB each with dcgm-exporter's labels, so at most ~270 MiB."""
+
+
+class Translated(Protocol):
+    """What a translator gives back: our points, and how many series it had no mapping for."""
+
+    @property
+    def points(self) -> Sequence[NumberPoint]: ...
+    @property
+    def skipped(self) -> int: ...
+
+
+class Translator(Protocol):
+    """Turns remote-written series (Prometheus names and labels) into our metrics' points."""
+
+    def __call__(self, series: Sequence[Series], /) -> Translated: ...
+
+
+@dataclass(frozen=True)
+class RemoteWriteState:
+    """What the receiver remembers of the label sets seen: their decoding (``decoder``) and
+    what the label checks said (``verdicts``), so a series sent every scrape is decoded and
+    checked once. Its counters are ``IngestStats.remote_write_samples``."""
+
+    decoder: Decoder
+    verdicts: LabelVerdicts
+
+
+TRANSLATOR: web.AppKey[Translator] = web.AppKey("prom_translator")
+RW_STATE = web.AppKey("remote_write_state", RemoteWriteState)
+
+
+class _RefusedError(Exception):
+    """An answer other than 204: its status and one line."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _check_headers(request: web.Request) -> None:
+    """415 unless a remote-write 1.0 request: protobuf (``proto=`` absent or 1.0's), snappy."""
+    media, _, params = (request.headers.get("Content-Type") or "").partition(";")
+    if media.strip().lower() != PROTOBUF:
+        raise _RefusedError(415, f"Content-Type must be {PROTOBUF} (remote-write 1.0)")
+    for param in params.split(";"):
+        key, _, value = param.partition("=")
+        if key.strip().lower() == "proto" and value.strip().strip('"') != WRITE_V1:
+            raise _RefusedError(415, f"only proto={WRITE_V1} (remote-write 1.0) is taken")
+    encoding = (request.headers.get("Content-Encoding") or "").strip().lower()
+    if encoding != "snappy":
+        raise _RefusedError(415, "Content-Encoding must be snappy")
+
+
+async def remote_write(request: web.Request) -> web.Response:
+    """``POST /api/v1/write``: one remote-write 1.0 request (module docstring for the answers).
+
+    The body is buffered by ``web.guard.body_guard`` before this runs; decoding, translating
+    and storing run in a worker thread holding an in-flight slot, so the event loop serves
+    everyone else meanwhile.
+    """
+    config, stats = request.app[CONFIG], request.app[STATS]
+    caller = request[CALLER]
+    try:
+        _check_headers(request)
+        body = await _read(request, config.max_body_bytes)
+        reason = busy(config, stats, caller.name)
+        if reason is not None:
+            stats.responses[503] += 1
+            return web.Response(
+                status=503,
+                text=f"{reason}, retry later\n",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        with inflight_slot(stats, caller.name):
+            stored, rejected = await asyncio.to_thread(
+                _decode_and_store,
+                body,
+                request.app[SINK],
+                request.app[TRANSLATOR],
+                request.app[RW_STATE],
+                stats.remote_write_samples,
+                caller,
+                config,
+            )
+    except _RefusedError as exc:
+        stats.responses[exc.status] += 1
+        if exc.status == 403:  # a node the token is not bound to, counted as OTLP's are
+            request.app[AUTH_STATS].count(request, 403, "node")
+        return web.Response(status=exc.status, text=exc.message + "\n")
+    stats.points_accepted += stored
+    stats.points_rejected += rejected
+    stats.responses[204] += 1
+    return web.Response(status=204)
+
+
+async def _read(request: web.Request, limit: int) -> bytes:
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise _RefusedError(413, f"body exceeds {limit} bytes") from None
+    if len(body) > limit:
+        raise _RefusedError(413, f"body exceeds {limit} bytes")
+    return body
+
+
+def _decode_and_store(
+    body: bytes,
+    sink: MetricsSink,
+    translate: Translator,
+    state: RemoteWriteState,
+    outcomes: Counter[str],
+    caller: Caller,
+    config: CollectorConfig,
+) -> tuple[int, int]:
+    """Decode, screen, translate and store one body (in a worker thread): (stored, rejected)
+    samples; raises ``_RefusedError`` for an answer other than 204."""
+    try:
+        series = state.decoder.decode(body, config.max_decompressed_bytes)
+    except WireTooLargeError as exc:
+        raise _RefusedError(413, str(exc)) from None
+    except WireError as exc:
+        raise _RefusedError(400, f"malformed remote-write body: {exc}") from None
+    try:
+        screened = screen(series, config.ingest_limits, state.verdicts)
+    except RequestTooLargeError as exc:
+        raise _RefusedError(413, str(exc)) from None
+    except MalformedRequestError as exc:
+        raise _RefusedError(400, f"malformed remote-write request: {exc}") from None
+    try:
+        translated = translate(screened.series)
+        ended = translate(screened.stale).points if screened.stale else ()
+    except Exception:  # a mapping bug: a 5xx would have the sender resend this batch forever
+        log.exception("remote-write from %s: the translator failed; request refused", caller)
+        raise _RefusedError(400, "the collector could not map this request's series") from None
+    points = translated.points
+    hosts = {p.resource.get("host.name", "") for part in (points, ended) for p in part}
+    unbound = sorted(str(h) for h in hosts if not caller.may_write(str(h)))
+    if unbound:
+        raise _RefusedError(403, f"{caller} may not write host.name {unbound[0]!r}; nothing stored")
+    forward = config.remote_write is not None and config.remote_write.forward_received
+    if isinstance(sink, CollectorService):
+        refused = sink.accept(points, caller.name, history=forward)
+        if ended:  # after the values: a marker ends what came before it
+            sink.end_series(ended)
+    else:
+        refused = sink.accept(points, caller.name)
+    for outcome, n in (
+        ("stored", len(points) - refused),
+        ("refused_by_store", refused),
+        ("nonfinite", screened.nonfinite),
+        ("over_label_limits", screened.over_limits),
+        ("stale_markers", screened.stale_markers),
+        ("unmapped_series", translated.skipped),
+    ):
+        if n:
+            outcomes[outcome] += n
+    if screened.rejected or refused:
+        log.debug(
+            "remote-write from %s: %d sample(s) rejected (%d non-finite, %d over the label "
+            "limits, %d refused by the store)",
+            caller,
+            screened.rejected + refused,
+            screened.nonfinite,
+            screened.over_limits,
+            refused,
+        )
+    return len(points) - refused, screened.rejected + refused
+
+
+def setup_remote_write(app: web.Application, translate: Translator) -> None:
+    """Add ``POST /api/v1/write`` (agents, like OTLP), storing into ``app[SINK]`` through
+    ``translate``."""
+    app[TRANSLATOR] = translate
+    app[RW_STATE] = RemoteWriteState(
+        Decoder(MAX_LABEL_SETS), LabelVerdicts(app[CONFIG].ingest_limits, MAX_LABEL_SETS)
+    )
+    add_route(app, "POST", "/api/v1/write", remote_write, AGENTS)
