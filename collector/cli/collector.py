@@ -26,6 +26,7 @@ from gpuwarden.collector.build import (
 from gpuwarden.collector.config import CollectorConfig, load_collector_config
 from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.extras import MissingExtraError
+from gpuwarden.collector.ingest import prom_map
 from gpuwarden.collector.remediate.policy import PolicyError
 from gpuwarden.collector.rules.model import RuleError
 from gpuwarden.collector.storage.base import StorageError
@@ -147,6 +148,7 @@ def _app(
         reload_source=reload_source,
         tls_context=ssl_context,
         rules=rules,
+        prom_translate=prom_map.translate,
     )
 
     async def close_storage(_app: web.Application) -> None:
