@@ -70,6 +70,7 @@ from gpuwarden.collector.remediate.verify import Verifications
 from gpuwarden.collector.rules.model import ActionMode, Rule
 from gpuwarden.collector.storage.base import ActionRecord, Storage
 from gpuwarden.collector.storage.records import Incident, IncidentState
+from gpuwarden.collector.storage.sql_base import FencedError
 
 __all__ = [  # the states, transitions and target_for moved out stay importable from here
     "ACTOR",
@@ -253,8 +254,17 @@ class Remediator:
         """Approve and run now (through the policy: breaker, cooldown, dry-run still apply)."""
         with self._lock:
             row = approve_action(self._storage, action_id, actor=actor, now=self._clock())
-            self._advance(row)
+            try:
+                self._advance(row)
+            except FencedError:  # approved on a standby: the leader runs it at its next pass
+                log.info("action %s approved on a standby; the leader runs it", action_id)
             return self._storage.action(action_id) or row
+
+    def adopt_orphans(self) -> int:
+        """Called when this replica just became the leader: reconcile what the old one left
+        executing (:meth:`Executor.adopt_orphans`) at the next pass."""
+        with self._lock:
+            return self._executor.adopt_orphans()
 
     def reject(self, action_id: int, *, actor: str) -> ActionRecord:
         """Reject an action that has not run."""

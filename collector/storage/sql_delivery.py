@@ -51,6 +51,7 @@ class DeliveryRecords(SqlBase):
 
     def save_notification(self, record: NotificationRecord) -> None:
         with self._write() as conn:
+            self._check_fence(conn)
             conn.execute(_SAVE_NOTIFICATION[self.dialect], _NOTIFICATIONS.params(record))
 
     def notifications(
@@ -86,6 +87,7 @@ class DeliveryRecords(SqlBase):
             dump_json(record.alert) if c == "alert" else getattr(record, c) for c in _PAGE_MUTABLE
         ]
         with self._write() as conn:
+            self._check_fence(conn)
             conn.execute(f"UPDATE pages SET {sets} WHERE page_id = ?", (*values, record.page_id))  # noqa: S608 - column names are constants
 
     def pages(self, *, status: str | None = None) -> list[PageRecord]:
@@ -100,6 +102,7 @@ class DeliveryRecords(SqlBase):
 
     def set_cursor(self, name: str, position: int) -> None:
         with self._write() as conn:
+            self._check_fence(conn)
             conn.execute(
                 "INSERT INTO cursors (name, position, updated_at) VALUES (?, ?, ?)"
                 " ON CONFLICT (name) DO UPDATE SET (position, updated_at)"

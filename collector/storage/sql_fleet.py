@@ -148,6 +148,7 @@ class FleetRecords(SqlBase):
         scopes = sorted({(row.period_start, row.gpu_uuid) for row in rows})
         params = [_ACCOUNTING.params(row, now) for row in rows]
         with self._write() as conn:
+            self._check_fence(conn)
             conn.executemany(
                 "DELETE FROM accounting WHERE period_start = ? AND gpu_uuid = ?", scopes
             )

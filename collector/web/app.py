@@ -17,9 +17,11 @@ from gpuwarden.collector.build import load_configured_rules
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.detect.readiness import RuleBoard
+from gpuwarden.collector.ha.leadership import LeaseElection
 from gpuwarden.collector.ingest.sink import MetricsSink, SeriesLog
 from gpuwarden.collector.rules.model import RuleProblem, RuleSet
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.sql_lease import LeaseRecords
 from gpuwarden.collector.web import tasks
 from gpuwarden.collector.web.access_log import RedactingAccessLogger, server_logger
 from gpuwarden.collector.web.admin import setup_admin
@@ -33,6 +35,7 @@ from gpuwarden.collector.web.keys import (
     AUTH_STATS,
     CONFIG,
     CREDENTIAL_SOURCES,
+    LEADERSHIP,
     RELOADER,
     REMEDIATION,
     ROUTE_ACCESS,
@@ -112,9 +115,13 @@ def create_app(
         config.auth_failure_sources,
     )
     setup_signin(app)  # sessions and proxy identities for the pages (status, runbooks, approvals)
+    election: LeaseElection | None = None
     if service is not None:
         app[SERVICE] = service
         app[SINK] = service
+        election = _election(config, service, remediation)
+        if election is not None:  # active/standby: /readyz, /status and /metrics say who leads
+            app[LEADERSHIP] = election
         setup_api(app)
         setup_metrics(app)
         setup_status_page(app)
@@ -157,6 +164,23 @@ def create_app(
                 dispatcher=remediation.dispatcher if remediation is not None else None,
                 alerting_seconds=config.alerting.interval_seconds,
                 snapshot_seconds=config.snapshot_seconds,
+                leadership=election,
+                election=election,
+                election_seconds=config.ha.renew_interval_seconds,
             )
         )
     return app
+
+
+def _election(
+    config: CollectorConfig, service: CollectorService, remediation: Remediation | None
+) -> LeaseElection | None:
+    """The lease election when ``ha`` is on (``collector.ha``); a new leader first adopts the
+    actions the old one left executing."""
+    if not config.ha.enabled:
+        return None
+    storage = service.storage
+    if not isinstance(storage, LeaseRecords):
+        raise TypeError(f"ha: the storage {type(storage).__name__} has no leader lease")
+    hooks = [remediation.remediator.adopt_orphans] if remediation is not None else []
+    return LeaseElection(storage, config.ha.replica(), config.ha.lease_seconds, on_acquired=hooks)
