@@ -44,6 +44,7 @@ from gpuwarden.collector.remediate.states import (
 from gpuwarden.collector.remediate.transitions import audit_entry
 from gpuwarden.collector.storage.base import ActionRecord, Storage
 from gpuwarden.collector.storage.records import Incident
+from gpuwarden.collector.storage.sql_base import FencedError
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,9 @@ class Executor:
         self._pager = pager
         self._clock = clock
         self._orphans: set[int] = set()
+        self.leading: Callable[[], bool] = lambda: True
+        """Checked between the committed intent and the actuator call (active/standby): a
+        leader paused past its lease leaves the row ``executing`` for the new leader."""
 
     def stale(self) -> list[ActionRecord]:
         """Rows left ``executing`` longer than any call may take (a crash interrupted them),
@@ -188,7 +192,9 @@ class Executor:
         stored = self._storage.action_for(row.incident_id, row.idempotency_key)
         if stored is None:  # pragma: no cover - just written
             return False
-        # 2. The call.
+        # 2. The call (not when the lease ran out meanwhile: the new leader reconciles the row).
+        if not self.leading():
+            raise FencedError(f"action {stored.action_id}: no longer the leader; not called")
         request = request_for(stored, dry_run=False)
         log.info("executing %s on %s (action %s)", row.action, row.target, stored.action_id)
         result = call_actuator(lambda: self._actuators.of(row).execute(request))

@@ -260,6 +260,10 @@ class Remediator:
                 log.info("action %s approved on a standby; the leader runs it", action_id)
             return self._storage.action(action_id) or row
 
+    def act_only_while(self, leading: Callable[[], bool]) -> None:
+        """Call no actuator unless ``leading()`` holds right before the call (active/standby)."""
+        self._executor.leading = leading
+
     def adopt_orphans(self) -> int:
         """Called when this replica just became the leader: reconcile what the old one left
         executing (:meth:`Executor.adopt_orphans`) at the next pass."""

@@ -183,4 +183,11 @@ def _election(
     if not isinstance(storage, LeaseRecords):
         raise TypeError(f"ha: the storage {type(storage).__name__} has no leader lease")
     hooks = [remediation.remediator.adopt_orphans] if remediation is not None else []
-    return LeaseElection(storage, config.ha.replica(), config.ha.lease_seconds, on_acquired=hooks)
+    election = LeaseElection(
+        storage, config.ha.replica(), config.ha.lease_seconds, on_acquired=hooks
+    )
+    if remediation is not None:  # a leader paused past its lease calls and sends nothing more
+        remediation.remediator.act_only_while(election.leading)
+        if remediation.dispatcher is not None:
+            remediation.dispatcher.send_only_while(election.leading)
+    return election
