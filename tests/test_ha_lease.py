@@ -121,7 +121,9 @@ def test_election_leads_renews_and_lets_go(backend: Backend) -> None:
         assert one.step() is Change.ACQUIRED
         assert two.step() is Change.NONE
         assert one.leading()
+        assert one.confirmed()
         assert not two.leading()
+        assert not two.confirmed()
         assert two.status().describe().startswith("standby; leader is a since ")
         ticks.now += 10.0  # no renewal for a whole lease: a stops leading by its own clock
         assert not one.leading()
@@ -129,11 +131,16 @@ def test_election_leads_renews_and_lets_go(backend: Backend) -> None:
         ticks.now += 1.0
         assert one.step() is Change.ACQUIRED  # its epoch lapsed locally: a new epoch
         assert one.status().epoch == 2
-        one.release()
-        assert not one.leading()
-        assert two.step() is Change.ACQUIRED  # released: no wait for an expiry
-        assert two.status().epoch == 3
-        assert adopted == ["a", "a", "b"]
+        backend.execute("UPDATE leader_lease SET expires_at = acquired_at + 0.001")  # a paused
+        assert two.step() is Change.ACQUIRED  # ... and taken over while one was paused
+        assert one.leading()  # one's own clock has not noticed yet
+        assert not one.confirmed()  # the database has: one calls and sends nothing
+        assert one.step() is Change.LOST
+        two.release()
+        assert not two.leading()
+        assert one.step() is Change.ACQUIRED  # released: no wait for an expiry
+        assert one.status().epoch == 4
+        assert adopted == ["a", "a", "b", "a"]
 
 
 def test_ha_needs_postgresql(tmp_path: object) -> None:

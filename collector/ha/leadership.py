@@ -134,6 +134,17 @@ class LeaseElection:
         with self._lock:
             return self._epoch is not None and self._monotonic() < self._deadline
 
+    def confirmed(self) -> bool:
+        """:meth:`leading`, and the database agrees (the epoch is still current): asked right
+        before an actuator call or a notification push, which no transaction can fence."""
+        if not self.leading():
+            return False
+        try:
+            return self._storage.fence_holds()
+        except StorageError:
+            log.warning("leader lease: cannot confirm with the database; not acting now")
+            return False
+
     def status(self) -> LeaderStatus:
         """From the last lease row this replica read."""
         with self._lock:

@@ -187,7 +187,7 @@ def _election(
         storage, config.ha.replica(), config.ha.lease_seconds, on_acquired=hooks
     )
     if remediation is not None:  # a leader paused past its lease calls and sends nothing more
-        remediation.remediator.act_only_while(election.leading)
+        remediation.remediator.act_only_while(election.confirmed)
         if remediation.dispatcher is not None:
-            remediation.dispatcher.send_only_while(election.leading)
+            remediation.dispatcher.send_only_while(election.confirmed)
     return election
