@@ -9,10 +9,15 @@ from dataclasses import dataclass, field
 import pytest
 
 from gpuwarden.collector.alerts.model import Alert, AlertStatus
+from gpuwarden.collector.detect.catalog import load_rules
+from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.notify.senders import Senders
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, ActionResult, Outcome
 from gpuwarden.collector.remediate.remediator import ActionState
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
+from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.sql_base import FencedError
+from tests.test_accounting_scenario import T0, service  # noqa: F401 - the fixture
 from tests.test_remediator import (
     Crash,
     FakeActuator,
@@ -69,7 +74,8 @@ def test_a_leader_past_its_lease_calls_no_actuator(world: World) -> None:  # noq
     open_incident(world.storage, world.clock)
     remediator = world.remediator(dry_run=False)
     remediator.act_only_while(lambda: False)
-    remediator.tick()  # the row's failure is isolated and logged
+    with pytest.raises(FencedError):  # the pass stops: the new leader goes on
+        remediator.tick()
     assert world.actuator.real_calls == []
     (row,) = world.storage.actions()
     assert row.state == ActionState.EXECUTING  # left for the new leader to reconcile
@@ -84,3 +90,23 @@ def test_a_leader_past_its_lease_sends_nothing() -> None:
     with pytest.raises(FencedError):
         senders.send(alert, "pagerduty:gpu")
     assert len(pager.sent) == 1
+
+
+def test_a_detection_cycle_stops_once_the_lease_is_lost(service: CollectorService) -> None:  # noqa: F811
+    rules = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
+    engine = DetectionEngine(
+        service.detection_view, rules, storage=service.storage, clock=lambda: T0 + 4200
+    )
+    checks: list[int] = []
+
+    def leading() -> bool:  # the lease is lost while the third rule is about to run
+        checks.append(1)
+        return len(checks) < 3
+
+    engine.proceed = leading
+    with pytest.raises(FencedError):
+        engine.run_cycle(now=T0 + 4200)
+    assert len(checks) == 3
+    assert service.storage.incidents() == []  # nothing written by a deposed leader
+    engine.proceed = lambda: True  # the same cycle on the leader opens the two incidents
+    assert engine.run_cycle(now=T0 + 4200).opened == 2

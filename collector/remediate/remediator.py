@@ -208,6 +208,8 @@ class Remediator:
             try:
                 if step(item):
                     done += 1
+            except FencedError:  # no longer the leader: the pass stops, the new leader goes on
+                raise
             except Exception:  # one broad except per row: the others still get their turn
                 # Name the row by id only: its evidence and parameters stay out of the logs.
                 which = getattr(item, "action_id", None) or getattr(item, "incident_id", "?")

@@ -119,7 +119,7 @@ def create_app(
     if service is not None:
         app[SERVICE] = service
         app[SINK] = service
-        election = _election(config, service, remediation)
+        election = _election(config, service, detection, remediation)
         if election is not None:  # active/standby: /readyz, /status and /metrics say who leads
             app[LEADERSHIP] = election
         setup_api(app)
@@ -173,7 +173,10 @@ def create_app(
 
 
 def _election(
-    config: CollectorConfig, service: CollectorService, remediation: Remediation | None
+    config: CollectorConfig,
+    service: CollectorService,
+    detection: DetectionEngine | None,
+    remediation: Remediation | None,
 ) -> LeaseElection | None:
     """The lease election when ``ha`` is on (``collector.ha``); a new leader first adopts the
     actions the old one left executing."""
@@ -186,6 +189,8 @@ def _election(
     election = LeaseElection(
         storage, config.ha.replica(), config.ha.lease_seconds, on_acquired=hooks
     )
+    if detection is not None:  # a cycle stops at the next rule once the lease is lost
+        detection.proceed = election.leading
     if remediation is not None:  # a leader paused past its lease calls and sends nothing more
         remediation.remediator.act_only_while(election.confirmed)
         if remediation.dispatcher is not None:
