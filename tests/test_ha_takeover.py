@@ -15,14 +15,16 @@ from gpuwarden.collector.notify.senders import Senders
 from gpuwarden.collector.remediate.actuators.base import ActionRequest, ActionResult, Outcome
 from gpuwarden.collector.remediate.remediator import ActionState
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
+from gpuwarden.collector.rules.model import ActionMode
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.storage.sql_base import FencedError
+from gpuwarden.collector.storage.sql_base import Fence, FencedError
 from tests.test_accounting_scenario import T0, service  # noqa: F401 - the fixture
 from tests.test_remediator import (
     Crash,
     FakeActuator,
     RecordingNotifier,
     World,
+    make_rule,
     open_incident,
     world,  # noqa: F401 - the fixture
 )
@@ -76,9 +78,14 @@ def test_a_leader_past_its_lease_calls_no_actuator(world: World) -> None:  # noq
     remediator.act_only_while(lambda: False)
     with pytest.raises(FencedError):  # the pass stops: the new leader goes on
         remediator.tick()
+    assert world.storage.actions() == []  # not even an intent
+    answers = iter([True, False])  # the lease runs out between the intent and the call
+    remediator.act_only_while(lambda: next(answers))
+    with pytest.raises(FencedError):
+        remediator.tick()
     assert world.actuator.real_calls == []
     (row,) = world.storage.actions()
-    assert row.state == ActionState.EXECUTING  # left for the new leader to reconcile
+    assert row.state == ActionState.EXECUTING  # left for the new leader to adopt
 
 
 def test_a_leader_past_its_lease_sends_nothing() -> None:
@@ -110,3 +117,23 @@ def test_a_detection_cycle_stops_once_the_lease_is_lost(service: CollectorServic
     assert service.storage.incidents() == []  # nothing written by a deposed leader
     engine.proceed = lambda: True  # the same cycle on the leader opens the two incidents
     assert engine.run_cycle(now=T0 + 4200).opened == 2
+
+
+def test_an_approval_on_a_standby_is_run_once_by_the_leader(world: World) -> None:  # noqa: F811
+    rule = make_rule(mode=ActionMode.APPROVE)
+    open_incident(world.storage, world.clock)
+    leader = world.remediator([rule], dry_run=False)
+    leader.tick()
+    (row,) = world.storage.actions()
+    assert row.action_id is not None
+    with world.backend.open(world.clock) as standby_storage:
+        standby = world.remediator([rule], storage=standby_storage, dry_run=False)
+        standby_storage.fence = Fence("collector", "standby", -1)  # as LeaseElection sets it
+        standby.act_only_while(lambda: False)  # the standby's web takes the approval
+        approved = standby.approve(row.action_id, actor="alice")
+        assert approved.state == ActionState.APPROVED  # not run here
+        assert world.actuator.real_calls == []
+    leader.tick()
+    leader.tick()
+    assert len(world.actuator.real_calls) == 1
+    assert world.storage.actions()[0].state == ActionState.VERIFYING

@@ -144,8 +144,9 @@ class Executor:
         self._clock = clock
         self._orphans: set[int] = set()
         self.leading: Callable[[], bool] = lambda: True
-        """Checked between the committed intent and the actuator call (active/standby): a
-        leader paused past its lease leaves the row ``executing`` for the new leader."""
+        """Checked before the intent and between the committed intent and the actuator call
+        (active/standby): a leader paused past its lease leaves the row ``executing`` for the
+        new leader, which adopts it."""
 
     def stale(self) -> list[ActionRecord]:
         """Rows left ``executing`` longer than any call may take (a crash interrupted them),
@@ -183,6 +184,8 @@ class Executor:
     def execute(self, step: Step) -> bool:
         """Commit the intent, call the actuator, record the result."""
         row, decision, incident, inputs, _state = step
+        if not self.leading():  # a standby (an approval on its web): the leader runs it
+            raise FencedError(f"{row.action} {row.target}: not the leader; left to the leader")
         # 1. The intent, committed before anything happens (see the module docstring).
         intent = self._ledger.moved(
             row, ActionState.EXECUTING, dry_run=False, attempts=row.attempts + 1
