@@ -1,4 +1,4 @@
-"""Who leads: a lease row in PostgreSQL with an epoch as fencing token, or, alone, always us.
+"""Who leads a group of collectors: a lease row in PostgreSQL with an epoch as fencing token.
 
 Without ``ha`` (SQLite, or one PostgreSQL collector) there is no election: the process runs
 every loop, as it always did.
