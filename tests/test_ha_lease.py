@@ -11,6 +11,7 @@ import pytest
 from gpuwarden.collector.config import ConfigError, load_collector_config
 from gpuwarden.collector.ha.leadership import Change, LeaseElection
 from gpuwarden.collector.storage.base import ActionRecord
+from gpuwarden.collector.storage.postgres import PostgresStorage
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.storage.sql_base import Fence, FencedError
 from gpuwarden.collector.storage.sql_lease import LEADER_ACTION
@@ -146,3 +147,16 @@ def test_election_leads_renews_and_lets_go(backend: Backend) -> None:
 def test_ha_needs_postgresql(tmp_path: object) -> None:
     with pytest.raises(ConfigError, match="postgresql"):
         load_collector_config(None, {"ha": {"enabled": True}})
+
+
+def test_the_lease_renews_on_its_own_connection_while_the_main_one_is_busy(
+    fresh_database: str,
+) -> None:
+    """PostgreSQL (``ha`` needs it): SQLite has one writer at a time anyway."""
+    with PostgresStorage(fresh_database) as main, PostgresStorage(fresh_database) as lease:
+        election = LeaseElection(main, "a", 10.0, lease_store=lease)
+        with main._write():  # a long transaction of the service holds the main connection
+            assert election.step() is Change.ACQUIRED  # would wait for it on one connection
+            assert election.confirmed()
+        assert main.fence == Fence("collector", "a", 1)  # the claims' connection is fenced
+        assert lease.fence is None

@@ -100,6 +100,10 @@ class LeaseElection:
         on_acquired: run (blocking) after this replica took the lease and before it leads,
             e.g. the remediator adopting the actions the old leader left ``executing``.
         monotonic: the local clock that ends a lease nobody could renew.
+        lease_store: the connection that renews the lease (default: ``storage``'s). A
+            dedicated one keeps renewals from waiting behind the main connection's long
+            transactions (its lock is held for each); the fence stays on ``storage``, where
+            the claims are written.
     """
 
     def __init__(
@@ -111,8 +115,10 @@ class LeaseElection:
         on_acquired: Sequence[Callable[[], object]] = (),
         monotonic: Callable[[], float] = time.monotonic,
         name: str = LEASE_NAME,
+        lease_store: LeaseRecords | None = None,
     ) -> None:
         self._storage = storage
+        self._lease = storage if lease_store is None else lease_store
         self._replica = replica
         self._lease_seconds = lease_seconds
         self._on_acquired = tuple(on_acquired)
@@ -137,10 +143,11 @@ class LeaseElection:
     def confirmed(self) -> bool:
         """:meth:`leading`, and the database agrees (the epoch is still current): asked right
         before an actuator call or a notification push, which no transaction can fence."""
-        if not self.leading():
+        fence = self._storage.fence
+        if not self.leading() or fence is None:
             return False
         try:
-            return self._storage.fence_holds()
+            return self._lease.fence_holds(fence)
         except StorageError:
             log.warning("leader lease: cannot confirm with the database; not acting now")
             return False
@@ -161,7 +168,7 @@ class LeaseElection:
         with self._lock:
             held = self._epoch if started < self._deadline else None
         try:
-            row = self._storage.claim_lease(
+            row = self._lease.claim_lease(
                 self._name, self._replica, self._lease_seconds, held_epoch=held
             )
         except StorageError:
@@ -190,7 +197,7 @@ class LeaseElection:
             return
         self._lose("stopping")
         try:
-            self._storage.release_lease(self._name, self._replica, epoch)
+            self._lease.release_lease(self._name, self._replica, epoch)
         except StorageError:
             log.exception("leader lease: could not release epoch %d (it will expire)", epoch)
 

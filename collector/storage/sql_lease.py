@@ -116,13 +116,10 @@ class LeaseRecords(RemediationRecords):
             self._lease_audit(conn, now, holder, name, "released", epoch, reason)
             return True
 
-    def fence_holds(self) -> bool:
-        """Whether the fence's epoch is still the current, unexpired lease (a read; ``True``
-        without a fence): checked right before a call no transaction can cover (an actuator's,
-        a notifier's), so that a deposed leader does not even start it."""
-        fence = self.fence
-        if fence is None:
-            return True
+    def fence_holds(self, fence: Fence) -> bool:
+        """Whether ``fence``'s epoch is still the current, unexpired lease (a read): checked
+        right before a call no transaction can cover (an actuator's, a notifier's), so that a
+        deposed leader does not even start it."""
         rows = self._read(
             "SELECT 1 FROM leader_lease WHERE name = ? AND holder = ? AND epoch = ?"  # noqa: S608 - a constant
             f" AND expires_at > {self.dialect.now_seconds}",

@@ -72,6 +72,7 @@ def create_app(
     reload_source: Callable[[], CollectorConfig] | None = None,
     tls_context: ssl.SSLContext | None = None,
     rules: RuleSet | None = None,
+    lease_store: LeaseRecords | None = None,
 ) -> web.Application:
     """Build the collector application.
 
@@ -82,6 +83,11 @@ def create_app(
     runbook, approval and API routes are served. ``rule_problems`` are the rules skipped under
     ``skip_bad_rules``: ``/readyz`` lists them and stays 200 (the other rules run). ``rules``
     (default: the detection engine's) are judged for readiness on ``/readyz`` and ``/status``.
+
+    With ``ha.enabled`` the replica takes part in the leader election (``collector.ha``): the
+    leader-only loops run while it leads, and ``/readyz``, ``/status`` and ``/metrics`` say
+    who leads. ``lease_store`` (a second connection to the same database, which the caller
+    closes) renews the lease without waiting behind the service's own transactions.
 
     ``POST /v1/admin/reload`` (and SIGHUP, with :func:`~.reload.reload_on_sighup`) reads the
     configuration again through ``reload_source`` (default: ``config`` as it is, so the rule
@@ -119,7 +125,7 @@ def create_app(
     if service is not None:
         app[SERVICE] = service
         app[SINK] = service
-        election = _election(config, service, detection, remediation)
+        election = _election(config, service, detection, remediation, lease_store)
         if election is not None:  # active/standby: /readyz, /status and /metrics say who leads
             app[LEADERSHIP] = election
         setup_api(app)
@@ -177,6 +183,7 @@ def _election(
     service: CollectorService,
     detection: DetectionEngine | None,
     remediation: Remediation | None,
+    lease_store: LeaseRecords | None,
 ) -> LeaseElection | None:
     """The lease election when ``ha`` is on (``collector.ha``); a new leader first adopts the
     actions the old one left executing."""
@@ -187,7 +194,11 @@ def _election(
         raise TypeError(f"ha: the storage {type(storage).__name__} has no leader lease")
     hooks = [remediation.remediator.adopt_orphans] if remediation is not None else []
     election = LeaseElection(
-        storage, config.ha.replica(), config.ha.lease_seconds, on_acquired=hooks
+        storage,
+        config.ha.replica(),
+        config.ha.lease_seconds,
+        on_acquired=hooks,
+        lease_store=lease_store,
     )
     if detection is not None:  # a cycle stops at the next rule once the lease is lost
         detection.proceed = election.leading
