@@ -6,8 +6,9 @@ The leader is stopped with ``kill -9`` at a point the test knows for sure, witho
 point in the collector: the webhook target and PagerDuty hold the *first* request they get
 (without answering) and tell the test; once both are held, the leader is inside an action
 (its intent committed, the actuator's call made, no result recorded) and inside a notification
-(sent, not confirmed). The standby must then lead within 30 s (the time is printed), run the
-action exactly once at the target (its redelivery is answered "already done"), page exactly
+(sent, not confirmed), in two variants: the held call took effect at the target, or it never
+did. The standby must then lead within 30 s (the time is printed), run the action exactly once
+at the target (its redelivery is answered "already done", or does it), page exactly
 once (one PagerDuty incident), and the audit must show both leaders with their epochs (and the
 lease given up when the new leader is stopped with SIGTERM).
 """
@@ -87,9 +88,12 @@ class Held:
 
 @dataclass
 class Target(Held):
-    """The webhook target: it acts once per ``Idempotency-Key`` (on arrival) and answers a
-    repeat 409, as the webhook actuator asks receivers to."""
+    """The webhook target: it acts once per ``Idempotency-Key`` and answers a repeat 409, as
+    the webhook actuator asks receivers to. With ``act_on_arrival`` the held first call has
+    taken effect when the leader dies; without, it never does (the leader died before the
+    target committed anything): the call was made or not, the new leader cannot know."""
 
+    act_on_arrival: bool = True
     effects: Counter[str] = field(default_factory=Counter)
     deliveries: Counter[str] = field(default_factory=Counter)
 
@@ -99,15 +103,25 @@ class Target(Held):
             body = await request.json()
             with self.lock:
                 self.deliveries[key] += 1
-                repeat = self.effects[key] > 0
-                if not repeat:
-                    self.effects[key] += 1  # the playbook runs now
-            await self.hold_first(body)
+            if self.act_on_arrival:
+                repeat = self._act(key)
+                await self.hold_first(body)
+            else:
+                await self.hold_first(body)
+                repeat = self._act(key)
             return web.Response(status=409 if repeat else 200, text="ok")
 
         app = web.Application()
         app.router.add_post("/hook", hook)
         return app
+
+    def _act(self, key: str) -> bool:
+        """Run the playbook for ``key`` unless it ran; whether it had (a repeat)."""
+        with self.lock:
+            repeat = self.effects[key] > 0
+            if not repeat:
+                self.effects[key] += 1  # the playbook runs now
+        return repeat
 
 
 @dataclass
@@ -242,9 +256,11 @@ def _alert(url: str) -> None:
         assert response.status == 200
 
 
-@pytest.fixture
-def stand_ins() -> Iterator[tuple[Target, PagerDuty, ServedApp, ServedApp]]:
-    target, pagerduty = Target(), PagerDuty()
+@pytest.fixture(params=[True, False], ids=["call-took-effect", "call-never-took-effect"])
+def stand_ins(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[Target, PagerDuty, ServedApp, ServedApp]]:
+    target, pagerduty = Target(act_on_arrival=request.param), PagerDuty()
     served = ServedApp(target.app()), ServedApp(pagerduty.app())
     try:
         yield target, pagerduty, *served
@@ -316,7 +332,8 @@ def test_the_standby_takes_over_mid_action_and_mid_page(
     with PostgresStorage(fresh_database) as storage:
         (action,) = storage.actions()
         assert action.state in {"verifying", "verified"}
-        assert action.params["outcome"] == "already_done"
+        # the redelivery's answer: "seen this key" when the held call had taken effect
+        assert action.params["outcome"] == ("already_done" if target.act_on_arrival else "done")
         entries = storage.audit()
         leaders = [(e.actor, e.verdict, e.result) for e in entries if e.action == LEADER_ACTION]
         lost = [e.reason for e in entries if e.action == LEADER_ACTION and e.verdict == "lost"]
