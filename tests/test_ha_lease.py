@@ -144,9 +144,20 @@ def test_election_leads_renews_and_lets_go(backend: Backend) -> None:
         assert adopted == ["a", "a", "b", "a"]
 
 
-def test_ha_needs_postgresql(tmp_path: object) -> None:
+def test_ha_needs_postgresql_and_a_renewal_within_the_lease() -> None:
     with pytest.raises(ConfigError, match="postgresql"):
         load_collector_config(None, {"ha": {"enabled": True}})
+    url = "postgresql://gpuwarden@db.example:5432/gpuwarden"
+    config = load_collector_config(None, {"database": url, "ha": {"enabled": True}})
+    assert config.ha.lease_seconds == 10.0
+    assert config.ha.renew_interval_seconds == pytest.approx(10.0 / 3)
+    assert config.ha.replica(hostname="c7", pid=42) == "c7:42"
+    named = {"enabled": True, "replica_id": "collector-a", "renew_seconds": 2}
+    assert load_collector_config(None, {"database": url, "ha": named}).ha.replica() == "collector-a"
+    with pytest.raises(ConfigError, match="renew_seconds"):
+        load_collector_config(None, {"database": url, "ha": {"renew_seconds": 10}})
+    with pytest.raises(ConfigError, match="did you mean 'lease_seconds'"):
+        load_collector_config(None, {"database": url, "ha": {"lease_secs": 5}})
 
 
 def test_the_lease_renews_on_its_own_connection_while_the_main_one_is_busy(
