@@ -173,7 +173,7 @@ def build_agent(
 
         host_probe = HostReader(config.proc_root, config.sys_root).sample
     spool = sender = None
-    if config.collector.endpoint:
+    if config.collector.urls:
         ssl_context = client_context(config.collector)  # before the spool: a bad file stops here
         spool = _open_spool(config)
         headers = {}
@@ -182,7 +182,7 @@ def build_agent(
             headers["Authorization"] = f"Bearer {token}"
         sender = OtlpHttpSender(
             spool,
-            config.collector.endpoint,
+            config.collector.urls,
             headers=headers,
             timeout_seconds=config.collector.timeout_seconds,
             gzip_level=config.collector.gzip_level,

@@ -15,7 +15,14 @@ from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
-from gpuwarden.agent.schema import ConfigError, check_value, convert, read_yaml, redacted_repr
+from gpuwarden.agent.schema import (
+    ONE_OR_MANY,
+    ConfigError,
+    check_value,
+    convert,
+    read_yaml,
+    redacted_repr,
+)
 
 __all__ = [
     "ENV",
@@ -33,11 +40,16 @@ ENV: Mapping[str, str] = MappingProxyType(
     {
         "GPUWARDEN_NODE_NAME": "node_name",
         "GPUWARDEN_COLLECTOR_ENDPOINT": "collector.endpoint",
+        "GPUWARDEN_COLLECTOR_ENDPOINTS": "collector.endpoints",
         "GPUWARDEN_AGENT_TOKEN": "collector.token",
         "GPUWARDEN_NVML_LIBRARY": "nvml_library_path",
         "GPUWARDEN_SPOOL_DIR": "spool.directory",
     }
 )
+
+#: Variables holding a list: comma-separated (``http://a:4318/v1/metrics,http://b:4318/...``).
+LIST_ENV = frozenset({"GPUWARDEN_COLLECTOR_ENDPOINTS"})
+DEFAULT_ENDPOINT = "http://127.0.0.1:4318/v1/metrics"
 
 Source = Literal["nvml", "simulated", "replay"]
 PriceTier = Literal["on-demand", "spot", "reserved"]
@@ -57,12 +69,18 @@ Endpoint = Annotated[
 class CollectorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Where and how the agent pushes OTLP.
 
+    ``endpoints`` lists several collectors (active/standby, ``docs/operations.md``): the agent
+    sends to one at a time, stays on the one that works and moves to the next on a connection
+    error, a timeout or a 5xx. Without it, ``endpoint`` is the one collector; ``endpoint`` set
+    to something else beside ``endpoints`` is refused as ambiguous.
+
     An ``https://`` endpoint is always verified: against ``ca_file`` (PEM) when set, else the
     system trust store. ``cert_file`` and ``key_file`` (PEM, unencrypted key) are the agent's
     client certificate for a collector that asks for one (mTLS).
     """
 
-    endpoint: Endpoint | None = "http://127.0.0.1:4318/v1/metrics"
+    endpoint: Endpoint | None = DEFAULT_ENDPOINT
+    endpoints: Annotated[tuple[Endpoint, ...], ONE_OR_MANY] = ()
     token: str | None = None
     token_file: Path | None = None
     timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0
@@ -76,7 +94,11 @@ class CollectorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("key_file: required with cert_file (the client certificate's key)")
         if self.key_file is not None and self.cert_file is None:
             raise ConfigError("cert_file: required with key_file (the client certificate)")
-        if self.endpoint is not None and not self.endpoint.startswith("https://"):
+        if self.endpoints and self.endpoint not in (None, DEFAULT_ENDPOINT, *self.endpoints):
+            raise ConfigError(
+                "endpoint: set either endpoint (one collector) or endpoints (a list), not both"
+            )
+        if self.urls and not any(url.startswith("https://") for url in self.urls):
             for key in ("ca_file", "cert_file"):
                 if getattr(self, key) is not None:
                     raise ConfigError(
@@ -86,6 +108,13 @@ class CollectorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def __repr__(self) -> str:
         return redacted_repr(self, "token")
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Where to push, in order of preference (empty: push disabled)."""
+        if self.endpoints:
+            return self.endpoints
+        return (self.endpoint,) if self.endpoint else ()
 
 
 class SpoolConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -181,7 +210,11 @@ def load_agent_config(
     """
     where = str(path) if path is not None else "<defaults>"
     data = read_yaml(path) if path is not None else {}
-    given = [(var, dotted, env[var]) for var, dotted in ENV.items() if env.get(var)]
+    given: list[tuple[str, str, Any]] = [
+        (var, dotted, env[var].split(",") if var in LIST_ENV else env[var])
+        for var, dotted in ENV.items()
+        if env.get(var)
+    ]
     given += [
         ((flags or {}).get(dotted, dotted), dotted, value)
         for dotted, value in (overrides or {}).items()

@@ -52,7 +52,8 @@ def run_agent(config: AgentConfig, *, once: bool = False, push: bool = False) ->
     """
     if once and not push:
         config = msgspec.structs.replace(
-            config, collector=msgspec.structs.replace(config.collector, endpoint=None)
+            config,
+            collector=msgspec.structs.replace(config.collector, endpoint=None, endpoints=()),
         )
     from gpuwarden.agent.build import build_agent
     from gpuwarden.agent.sources.nvml import NvmlUnavailableError
@@ -99,7 +100,7 @@ def run_agent(config: AgentConfig, *, once: bool = False, push: bool = False) ->
         config.node_name,
         config.source,
         config.interval_seconds,
-        config.collector.endpoint or "(nowhere: push disabled)",
+        ", ".join(config.collector.urls) or "(nowhere: push disabled)",
     )
     try:
         agent.run(stop)

@@ -37,7 +37,7 @@ import random
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC
 from urllib.parse import urlsplit
@@ -128,6 +128,28 @@ class SendResult:
     delay_seconds: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """One collector endpoint, parsed."""
+
+    https: bool
+    host: str
+    port: int | None
+    path: str
+    where: str  # for logs: never the headers
+
+    @classmethod
+    def parse(cls, endpoint: str) -> _Target:
+        url = urlsplit(endpoint)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"endpoint must be an http:// or https:// URL, got {endpoint!r}")
+        if url.username or url.password:
+            raise ValueError("endpoint must not carry credentials; pass an Authorization header")
+        path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        where = f"{url.scheme}://{url.netloc}{url.path}"
+        return cls(url.scheme == "https", url.hostname, url.port, path, where)
+
+
 class OtlpHttpSender:
     """Sends spooled OTLP ``ExportMetricsServiceRequest`` records over one keep-alive connection.
 
@@ -135,12 +157,18 @@ class OtlpHttpSender:
     ``ssl_context`` is used for ``https`` endpoints only (default: the system trust store).
     ``clock`` is monotonic (waits, deadlines); ``wall_clock`` is Unix time (HTTP dates,
     ``last_success_unix``); ``rng`` draws the backoff jitter.
+
+    With several ``endpoint`` URLs (collectors in active/standby), the sender uses one at a
+    time and stays on it while it works; a connection error, a timeout or a 5xx (503 included)
+    moves it to the next one, tried at once; only when every endpoint failed in a row does it
+    back off. The records stay in the spool throughout, and their round headers are the same
+    whichever collector gets them, so collectors sharing a database store each round once.
     """
 
     def __init__(
         self,
         spool: Spool,
-        endpoint: str,
+        endpoint: str | Sequence[str],
         *,
         headers: Mapping[str, str] | None = None,
         timeout_seconds: float = 10.0,
@@ -151,11 +179,12 @@ class OtlpHttpSender:
         wall_clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
     ) -> None:
-        url = urlsplit(endpoint)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"endpoint must be an http:// or https:// URL, got {endpoint!r}")
-        if url.username or url.password:
-            raise ValueError("endpoint must not carry credentials; pass an Authorization header")
+        endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
+        if not endpoints:
+            raise ValueError("at least one endpoint is needed")
+        self._targets = [_Target.parse(e) for e in endpoints]
+        self._current = 0
+        self._failovers = 0  # endpoints left for a failure since the last success
         if not 0 <= gzip_level <= 9:
             raise ValueError(f"gzip_level must be in [0, 9], got {gzip_level}")
         if timeout_seconds <= 0 or max_batch_bytes < 1:
@@ -170,15 +199,10 @@ class OtlpHttpSender:
                 raise ValueError(f"header {name!r} contains a line break or NUL")
             self._headers[name] = value
         self._spool = spool
-        self._https = url.scheme == "https"
-        self._host = url.hostname
-        self._port = url.port
-        self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-        self._where = f"{url.scheme}://{url.netloc}{url.path}"  # never the headers
         self._timeout = timeout_seconds
         self._gzip_level = gzip_level
         self._max_batch_bytes = max_batch_bytes
-        self._ssl_context = ssl_context if self._https else None
+        self._ssl_context = ssl_context
         self._clock = clock
         self._wall_clock = wall_clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
@@ -196,6 +220,20 @@ class OtlpHttpSender:
         self.failed_attempts = 0
         self.timeouts = 0
         self.last_success_unix: float | None = None
+        self.failovers = 0  # moves to another endpoint
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint in use now (for logs and the health page)."""
+        return self._targets[self._current].where
+
+    @property
+    def _where(self) -> str:
+        return self._targets[self._current].where
+
+    @property
+    def _https(self) -> bool:
+        return self._targets[self._current].https
 
     def send_once(self) -> SendResult:
         """Send the oldest spooled records as one request (splitting only to isolate a reject)."""
@@ -349,19 +387,20 @@ class OtlpHttpSender:
         self, body: bytes, headers: Mapping[str, str], timeout: float
     ) -> tuple[int, str | None, str, bytes]:
         conn = self._conn
+        target = self._targets[self._current]
         if conn is None:
-            if self._https:
+            if target.https:
                 context = self._ssl_context or ssl.create_default_context()
                 conn = http.client.HTTPSConnection(
-                    self._host, self._port, timeout=timeout, context=context
+                    target.host, target.port, timeout=timeout, context=context
                 )
             else:
-                conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+                conn = http.client.HTTPConnection(target.host, target.port, timeout=timeout)
             self._conn = conn
         conn.timeout = timeout
         if conn.sock is not None:
             conn.sock.settimeout(timeout)
-        conn.request("POST", self._path, body=body, headers=dict(headers))
+        conn.request("POST", target.path, body=body, headers=dict(headers))
         response = conn.getresponse()
         try:
             data = response.read(MAX_RESPONSE_BYTES)
@@ -412,6 +451,7 @@ class OtlpHttpSender:
         if self._failures:
             log.info("collector accepts data again after %d failed attempt(s)", self._failures)
         self._failures = 0
+        self._failovers = 0
         self._streak = None
         self.sent_records += records
         self.sent_bytes += nbytes
@@ -450,8 +490,28 @@ class OtlpHttpSender:
                 message += f" (until now: {self._streak.partition('/')[2]})"
             self._streak = streak
             log.log(level, message, self._where, reason, len(self._spool))
+        collector_down = kind in ("unavailable", "timeout") and (status is None or status >= 500)
+        if collector_down and self._fail_over(reason):
+            delay = 0.0  # the next endpoint has not failed yet: try it now
         outcome = SendStatus.UNAUTHORIZED if kind in ("auth", "tls") else SendStatus.RETRY
         return SendResult(outcome, http_status=status, delay_seconds=delay)
+
+    def _fail_over(self, reason: str) -> bool:
+        """Move to the next endpoint (a connection error, timeout or 5xx here); whether it is
+        one that has not failed since the last success (then it is tried at once)."""
+        if len(self._targets) == 1:
+            return False
+        self._close()
+        before = self._where
+        self._current = (self._current + 1) % len(self._targets)
+        self._failovers += 1
+        self.failovers += 1
+        fresh = self._failovers < len(self._targets)
+        if fresh:
+            log.warning("collector %s failed (%s); sending to %s", before, reason, self._where)
+        else:
+            self._failovers = 0  # every endpoint failed once: back off, then go round again
+        return fresh
 
     def _backoff(self) -> float:
         """Exponential from 1 s with ±20 % jitter, capped at 60 s."""

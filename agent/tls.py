@@ -16,12 +16,12 @@ MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
 
 
 def client_context(collector: CollectorConfig) -> ssl.SSLContext | None:
-    """The context for ``collector.endpoint``; None for plain ``http://`` or no endpoint.
+    """The context for the https:// endpoints of ``collector``; None without one.
 
     Raises:
         ConfigError: one line naming the ``collector.*`` key and file that do not load.
     """
-    if collector.endpoint is None or not collector.endpoint.startswith("https://"):
+    if not any(url.startswith("https://") for url in collector.urls):
         return None
     try:
         # ca_file replaces the system trust store (as curl --cacert does); hostnames are checked

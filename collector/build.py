@@ -12,6 +12,7 @@ from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.extras import needs_extra
 from gpuwarden.collector.ingest.otlp_limits import IngestLimits
+from gpuwarden.collector.ingest.rounds_seen import RoundsLedger
 from gpuwarden.collector.jobs import JobSourceError
 from gpuwarden.collector.jobs.model import JobSource
 from gpuwarden.collector.jobs.registry import JobRegistry
@@ -307,5 +308,7 @@ def build_service(
             cluster=config.cluster,
         ),
     )
+    if config.database_url is not None:  # other collectors may store this agent's rounds too
+        service.intake.rounds_ledger = RoundsLedger(read_through=True)
     service.restore_snapshot()  # warm start: the window as the last snapshot left it
     return service

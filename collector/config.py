@@ -22,6 +22,7 @@ from gpuwarden.agent.schema import ONE_OR_MANY, ConfigError, convert, read_yaml,
 from gpuwarden.collector.accounting.prices import PricesSection, PriceTable
 from gpuwarden.collector.credentials import CredentialsError, TokenTable
 from gpuwarden.collector.credentials import parse_tokens as parse_tokens_text
+from gpuwarden.collector.ha.settings import HaSettings
 from gpuwarden.collector.ingest.otlp_limits import IngestLimits
 from gpuwarden.collector.notify.settings import AlertingSettings
 from gpuwarden.collector.remediate.actuators.settings import ActuatorSettings, traffic_targets
@@ -247,6 +248,8 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     signin: SignInSettings = msgspec.field(default_factory=SignInSettings)
     #: history in a Prometheus-compatible TSDB by remote-write through a durable queue (off)
     remote_write: RemoteWriteSettings | None = None
+    #: active/standby on a shared PostgreSQL (off: this process leads alone)
+    ha: HaSettings = msgspec.field(default_factory=HaSettings)
 
     def __post_init__(self) -> None:
         """The checks across keys, in one place (the actuators' in ``actuator_problem``)."""
@@ -265,6 +268,11 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
                 )
         elif self.database_password_file is not None:
             raise ConfigError("database_password_file: only for a postgresql:// database")
+        if self.ha.enabled and self.database_url is None:
+            raise ConfigError(
+                "ha.enabled: needs a postgresql:// database shared by the replicas; a SQLite "
+                "file belongs to one process (without ha it simply leads)"
+            )
         if self.tokens and self.allow_unauthenticated:
             raise ConfigError(
                 "allow_unauthenticated makes every caller an anonymous admin, which a "

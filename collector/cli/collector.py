@@ -22,6 +22,7 @@ from gpuwarden.collector.build import (
     build_remediation,
     build_service,
     load_configured_rules,
+    open_storage,
 )
 from gpuwarden.collector.config import CollectorConfig, load_collector_config
 from gpuwarden.collector.detect.engine import DetectionEngine
@@ -29,7 +30,9 @@ from gpuwarden.collector.extras import MissingExtraError
 from gpuwarden.collector.ingest import prom_map
 from gpuwarden.collector.remediate.policy import PolicyError
 from gpuwarden.collector.rules.model import RuleError
+from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.base import StorageError
+from gpuwarden.collector.storage.sql_lease import LeaseRecords
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.auth import exposure_warning
 from gpuwarden.collector.web.keys import RELOADER
@@ -139,6 +142,7 @@ def _app(
     except (PolicyError, ValueError, ConfigError) as exc:
         service.storage.close()
         raise _StartupRefusedError(2, f"remediation: {exc}") from None
+    lease_store = _lease_store(config, service)
     app = create_app(
         config,
         service=service,
@@ -149,14 +153,34 @@ def _app(
         tls_context=ssl_context,
         rules=rules,
         prom_translate=prom_map.translate,
+        lease_store=lease_store,
     )
 
     async def close_storage(_app: web.Application) -> None:
         service.storage.close()
+        if lease_store is not None:
+            lease_store.close()
         http.close()
 
     app.on_cleanup.append(close_storage)
     return app
+
+
+def _lease_store(config: CollectorConfig, service: CollectorService) -> LeaseRecords | None:
+    """With ``ha``: a connection of the election's own, so that renewing the lease never waits
+    behind the service's transactions (``collector.ha.leadership``)."""
+    if not config.ha.enabled:
+        return None
+    try:
+        store = open_storage(config)
+    except StorageError as exc:
+        service.storage.close()
+        raise _StartupRefusedError(1, f"ha: cannot open the lease connection: {exc}") from None
+    if not isinstance(store, LeaseRecords):  # pragma: no cover - ha needs PostgreSQL (config)
+        store.close()
+        service.storage.close()
+        raise _StartupRefusedError(2, "ha: the database has no leader lease")
+    return store
 
 
 def run_collector(

@@ -22,6 +22,7 @@ from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.incidents import IncidentTracker
 from gpuwarden.collector.rules.model import Rule, RuleSet
 from gpuwarden.collector.storage.base import Storage
+from gpuwarden.collector.storage.sql_base import FencedError
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,14 @@ class DetectionEngine:
         self._clock = clock
         self._tracker = tracker or IncidentTracker(storage, clock=clock)
         self._detectors = detectors
+        self.proceed: Callable[[], bool] = lambda: True
+        """Checked before each rule and before incidents are written (active/standby: whether
+        this replica still leads); false stops the cycle there (``FencedError``)."""
         self.replace_rules(rules)
+
+    def _check_proceed(self) -> None:
+        if not self.proceed():
+            raise FencedError("this collector no longer leads: detection cycle stopped")
 
     def replace_rules(self, rules: RuleSet) -> None:
         """Run ``rules`` from the next cycle on (at start, and on an admin reload); a cycle that
@@ -118,6 +126,7 @@ class DetectionEngine:
         findings: list[Finding] = []
         failed = []
         for bound in self._bound:
+            self._check_proceed()
             run = bound.detector.run
             if run is None:  # pragma: no cover - filtered in __init__
                 continue
@@ -128,6 +137,7 @@ class DetectionEngine:
                 failed.append(bound.rule.id)
                 continue
             findings.extend(f for f in found if selected(bound.rule, bound.detector, f))
+        self._check_proceed()
         result = self._tracker.fold(findings)
         return CycleResult(
             findings=len(findings),

@@ -100,8 +100,15 @@ class SeenWindow:
 
 @dataclass
 class RoundsLedger:
-    """The windows of every agent instance, cached in memory over the storage's records."""
+    """The windows of every agent instance, cached in memory over the storage's records.
 
+    With ``read_through`` (a database shared by several collectors: active/standby behind
+    agents that fail over) the window is read from storage for every request: another replica
+    may have stored rounds of the instance since this one cached it, and a cached window would
+    take a resent round for a new one. One primary-key read per agent request.
+    """
+
+    read_through: bool = False
     _windows: dict[tuple[str, str], SeenWindow] = field(default_factory=dict)
     _busy: set[tuple[str, str]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -125,7 +132,7 @@ class RoundsLedger:
         """The rounds of ``(caller, instance)`` stored so far (storage read on a cache miss)."""
         key = (caller, instance)
         with self._lock:
-            known = self._windows.get(key)
+            known = None if self.read_through else self._windows.get(key)
         if known is not None:
             return known
         record = storage.rounds_record(caller, instance)

@@ -151,6 +151,10 @@ class AlertDispatcher:
             lost=result.lost + lost,
         )
 
+    def send_only_while(self, leading: Callable[[], bool]) -> None:
+        """Push nothing unless ``leading()`` holds right before the push (active/standby)."""
+        self._senders.leading = leading
+
     def replace_rules(self, rules: Iterable[Rule]) -> None:
         """Route and describe incidents by ``rules`` from the next pass on (an admin reload)."""
         with self._lock:

@@ -5,10 +5,11 @@ a retryable result so it cannot stop the other routes (the dispatcher retries; s
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from gpuwarden.collector.alerts.model import Alert, DeliveryResult, Notifier
+from gpuwarden.collector.storage.sql_base import FencedError
 
 # The dispatcher's log lines keep the logger name they have always had (operators filter on it).
 log = logging.getLogger("gpuwarden.collector.notify.dispatcher")
@@ -33,6 +34,13 @@ class Senders:
     def __init__(self, notifiers: Mapping[str, Notifier]) -> None:
         self._notifiers = dict(notifiers)
         self._warned: set[str] = set()
+        self.leading: Callable[[], bool] = lambda: True
+        """Checked before every push (active/standby: the lease, by the local clock): a leader
+        that was paused past its lease sends nothing more (its saves are fenced anyway)."""
+
+    def _check_leading(self) -> None:
+        if not self.leading():
+            raise FencedError("this collector no longer leads: nothing sent")
 
     def get(self, route: str) -> Notifier | None:
         """The notifier of ``route``'s scheme; None (said once per scheme) when there is none."""
@@ -51,6 +59,7 @@ class Senders:
         """One push of ``alert`` to ``route``, whose scheme has a notifier."""
         scheme, _, where = route.partition(":")
         notifier = self._notifiers[scheme]
+        self._check_leading()
         try:
             return notifier.send(alert, where)
         except Exception as exc:  # a notifier bug must not stop the others; retried next pass
@@ -62,6 +71,7 @@ class Senders:
     ) -> DeliveryResult:
         """One request with all of ``alerts`` to ``route`` through ``notifier`` (its scheme's)."""
         scheme, _, where = route.partition(":")
+        self._check_leading()
         try:
             return notifier.send_many(alerts, where)
         except Exception as exc:  # a notifier bug must not stop the others; retried

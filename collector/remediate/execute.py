@@ -5,10 +5,14 @@ the reconciliation of calls a crash interrupted.
 the actuator is called. If the process dies after that commit, the restarted remediator finds the
 row ``executing`` and older than ``stale_execution_seconds`` and never calls ``execute`` again:
 it asks the actuator (an optional ``probe``, see :class:`Probe`) whether the target is in the
-wanted state — confirmed → ``verifying`` as if the call had returned — otherwise marks the row
-``unknown`` and pages a human once. A crash before the commit leaves no row (or the previous
-state), so the decision is simply taken again. The price of this choice is a page after a crash
-in the window of one actuator call; the alternative (re-executing) could requeue a job twice.
+wanted state — confirmed → ``verifying`` as if the call had returned —, sends it once more
+when the target drops a repeated idempotency key (:class:`Redeliverable`: the webhook actuator),
+otherwise marks the row ``unknown`` and pages a human once. A standby that becomes the leader
+adopts every row left ``executing`` at once (:meth:`Executor.adopt_orphans`): the old leader's
+fence refuses its later writes, so nobody else will finish them. A crash before the commit
+leaves no row (or the previous state), so the decision is simply taken again. The price of this
+choice is a page after a crash in the window of one actuator call (unless the target dedupes);
+the alternative (re-executing blindly) could requeue a job twice.
 
 Dry-run (the default) validates through the actuator (``dry_run=True``) and records ``dry_run``
 with the reason "would <kind> <target>"; those rows neither count for the breaker nor cool down
@@ -30,10 +34,17 @@ from gpuwarden.collector.remediate.actuators.base import (
 from gpuwarden.collector.remediate.ledger import Ledger, Step
 from gpuwarden.collector.remediate.paging import Pager
 from gpuwarden.collector.remediate.policy import Decision, Policy, PolicyConfig, Verdict
-from gpuwarden.collector.remediate.states import INTENT, ActionState, Probe, Targeted
+from gpuwarden.collector.remediate.states import (
+    INTENT,
+    ActionState,
+    Probe,
+    Redeliverable,
+    Targeted,
+)
 from gpuwarden.collector.remediate.transitions import audit_entry
 from gpuwarden.collector.storage.base import ActionRecord, Storage
 from gpuwarden.collector.storage.records import Incident
+from gpuwarden.collector.storage.sql_base import FencedError
 
 log = logging.getLogger(__name__)
 
@@ -131,12 +142,27 @@ class Executor:
         self._actuators = actuators
         self._pager = pager
         self._clock = clock
+        self._orphans: set[int] = set()
+        self.leading: Callable[[], bool] = lambda: True
+        """Checked before the intent and between the committed intent and the actuator call
+        (active/standby): a leader paused past its lease leaves the row ``executing`` for the
+        new leader, which adopts it."""
 
     def stale(self) -> list[ActionRecord]:
-        """Rows left ``executing`` longer than any call may take: a crash interrupted them."""
+        """Rows left ``executing`` longer than any call may take (a crash interrupted them),
+        and those an earlier leader left (:meth:`adopt_orphans`)."""
         limit = self._clock() - self._config.stale_execution_seconds
         rows = self._storage.actions(states=[ActionState.EXECUTING])
-        return [row for row in rows if row.updated_at <= limit]
+        return [row for row in rows if row.updated_at <= limit or row.action_id in self._orphans]
+
+    def adopt_orphans(self) -> int:
+        """Take every row ``executing`` now as interrupted: called when this replica has just
+        become the leader, whose fence refuses any later write of the old leader, so no one
+        will finish them. Their reconciliation runs at the next pass, without waiting
+        ``stale_execution_seconds``. Returns how many there are."""
+        rows = self._storage.actions(states=[ActionState.EXECUTING])
+        self._orphans = {row.action_id for row in rows if row.action_id is not None}
+        return len(self._orphans)
 
     def dry_run(self, step: Step) -> bool:
         """Validate through the actuator and record "would <kind> <target>"."""
@@ -158,6 +184,8 @@ class Executor:
     def execute(self, step: Step) -> bool:
         """Commit the intent, call the actuator, record the result."""
         row, decision, incident, inputs, _state = step
+        if not self.leading():  # a standby (an approval on its web): the leader runs it
+            raise FencedError(f"{row.action} {row.target}: not the leader; left to the leader")
         # 1. The intent, committed before anything happens (see the module docstring).
         intent = self._ledger.moved(
             row, ActionState.EXECUTING, dry_run=False, attempts=row.attempts + 1
@@ -167,7 +195,9 @@ class Executor:
         stored = self._storage.action_for(row.incident_id, row.idempotency_key)
         if stored is None:  # pragma: no cover - just written
             return False
-        # 2. The call.
+        # 2. The call (not when the lease ran out meanwhile: the new leader reconciles the row).
+        if not self.leading():
+            raise FencedError(f"action {stored.action_id}: no longer the leader; not called")
         request = request_for(stored, dry_run=False)
         log.info("executing %s on %s (action %s)", row.action, row.target, stored.action_id)
         result = call_actuator(lambda: self._actuators.of(row).execute(request))
@@ -236,6 +266,19 @@ class Executor:
                 return False
             return self.record_result(row, probed, incident, {"reconciled": True})
         now = self._clock()
+        self._orphans.discard(row.action_id or 0)
+        if isinstance(actuator, Redeliverable) and actuator.redeliverable(
+            request_for(row, dry_run=False)
+        ):
+            # The target drops a repeat of the idempotency key: send once more, through the
+            # normal path (the attempt counts), and record what it answers.
+            reason = "collector stopped during the call; sent again (the target drops repeats)"
+            retry = self._ledger.moved(
+                row, ActionState.DEFERRED, next_attempt_at=now, last_error=reason
+            )
+            entry = audit_entry(now, row, verdict="reconcile", result="redeliver", reason=reason)
+            log.warning("action %s: %s", row.action_id, reason)
+            return self._storage.update_action(retry, expect_state=row.state, audit=entry)
         if probed is not None and probed is not _NONE and probed.outcome is Outcome.FAILED:
             # The target shows the action never happened (the collector died before the call
             # took effect): run it again, once more, through the normal path.

@@ -70,6 +70,7 @@ from gpuwarden.collector.remediate.verify import Verifications
 from gpuwarden.collector.rules.model import ActionMode, Rule
 from gpuwarden.collector.storage.base import ActionRecord, Storage
 from gpuwarden.collector.storage.records import Incident, IncidentState
+from gpuwarden.collector.storage.sql_base import FencedError
 
 __all__ = [  # the states, transitions and target_for moved out stay importable from here
     "ACTOR",
@@ -207,6 +208,8 @@ class Remediator:
             try:
                 if step(item):
                     done += 1
+            except FencedError:  # no longer the leader: the pass stops, the new leader goes on
+                raise
             except Exception:  # one broad except per row: the others still get their turn
                 # Name the row by id only: its evidence and parameters stay out of the logs.
                 which = getattr(item, "action_id", None) or getattr(item, "incident_id", "?")
@@ -253,8 +256,21 @@ class Remediator:
         """Approve and run now (through the policy: breaker, cooldown, dry-run still apply)."""
         with self._lock:
             row = approve_action(self._storage, action_id, actor=actor, now=self._clock())
-            self._advance(row)
+            try:
+                self._advance(row)
+            except FencedError:  # approved on a standby: the leader runs it at its next pass
+                log.info("action %s approved on a standby; the leader runs it", action_id)
             return self._storage.action(action_id) or row
+
+    def act_only_while(self, leading: Callable[[], bool]) -> None:
+        """Call no actuator unless ``leading()`` holds right before the call (active/standby)."""
+        self._executor.leading = leading
+
+    def adopt_orphans(self) -> int:
+        """Called when this replica just became the leader: reconcile what the old one left
+        executing (:meth:`Executor.adopt_orphans`) at the next pass."""
+        with self._lock:
+            return self._executor.adopt_orphans()
 
     def reject(self, action_id: int, *, actor: str) -> ActionRecord:
         """Reject an action that has not run."""

@@ -93,6 +93,21 @@ class Probe(Protocol):
 
 
 @runtime_checkable
+class Redeliverable(Protocol):
+    """Optional actuator extension: sending the same request again is safe, because the target
+    drops a repeat of its idempotency key (a webhook receiver keeping the ``Idempotency-Key``).
+
+    Used only to reconcile an action whose outcome nobody recorded (the collector died during
+    the call, or a standby took over): it is sent once more and the target's answer
+    (``ALREADY_DONE`` for a repeat) is recorded, instead of ``unknown`` and a page.
+    """
+
+    def redeliverable(self, request: ActionRequest) -> bool:
+        """Whether ``request`` may be sent again (the target dedupes its key)."""
+        ...
+
+
+@runtime_checkable
 class Targeted(Protocol):
     """Optional actuator extension, needed when several actuators take one kind: whether this
     actuator owns ``target`` (e.g. ``slurm:...`` jobs versus ``k8s:...`` jobs)."""

@@ -10,7 +10,8 @@ its own). A statement that needs a construct one engine lacks asks its :class:`D
 * a list of distinct strings is ``GROUP_CONCAT`` or ``string_agg``; counting the rows where a
   condition holds is ``SUM(condition)`` or ``COUNT(*) FILTER``;
 * SQLite sorts ``NULL`` first, PostgreSQL last unless told (``NULLS FIRST``);
-* "no limit" is ``LIMIT -1`` or ``LIMIT NULL``.
+* "no limit" is ``LIMIT -1`` or ``LIMIT NULL``;
+* the database's own clock, and row locks (``FOR UPDATE`` / ``FOR SHARE``, PostgreSQL only).
 """
 
 from __future__ import annotations
@@ -69,6 +70,24 @@ class Dialect:
         if self.postgresql:
             return f"COUNT(*) FILTER (WHERE {condition})"
         return f"SUM({condition})"
+
+    @property
+    def now_seconds(self) -> str:
+        """The database's clock as Unix seconds (a ``REAL``): the lease's one clock."""
+        if self.postgresql:
+            return "EXTRACT(EPOCH FROM clock_timestamp())::float8"
+        return "((julianday('now') - 2440587.5) * 86400.0)"
+
+    @property
+    def lock_for_update(self) -> str:
+        """Suffix of a ``SELECT`` that locks its row for this transaction's update (SQLite's
+        write transaction, ``BEGIN IMMEDIATE``, already excludes every other writer)."""
+        return " FOR UPDATE" if self.postgresql else ""
+
+    @property
+    def lock_for_share(self) -> str:
+        """Suffix of a ``SELECT`` that keeps its row from being updated until commit."""
+        return " FOR SHARE" if self.postgresql else ""
 
     def nulls_first(self, expression: str) -> str:
         """``expression`` in an ``ORDER BY``, sorting ``NULL`` first as SQLite does."""

@@ -520,6 +520,20 @@ ALTER TABLE breaker_state DROP CONSTRAINT breaker_state_pkey, ADD PRIMARY KEY (c
 ALTER TABLE cursors DROP CONSTRAINT cursors_pkey, ADD PRIMARY KEY (cluster, name);
 """
 
+_LEADER_LEASE = """
+-- Active/standby (collector/ha): one row per lease. Whoever holds an unexpired row leads;
+-- taking it over (after expires_at) adds 1 to epoch, the fencing token a leader's claims carry
+-- (storage/sql_lease.py). Times are the database's clock, so replicas' clocks do not matter.
+CREATE TABLE leader_lease (
+    name         TEXT PRIMARY KEY,     -- 'collector': what is led
+    holder       TEXT NOT NULL,        -- the replica id (ha.replica_id)
+    epoch        INTEGER NOT NULL,     -- rises by one at each change of holder
+    acquired_at  REAL NOT NULL,
+    renewed_at   REAL NOT NULL,
+    expires_at   REAL NOT NULL
+);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, models, events, accounting", _CORE),
     Migration(
@@ -534,9 +548,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "accounting: cost in the price table's currency", _ACCOUNTING_CURRENCY),
     Migration(6, "silences: operators hold an incident's notifications", _SILENCES),
     Migration(7, "agent rounds stored per agent instance: each request once", _AGENT_ROUNDS),
-    # 8 is the active/standby leader's (issue 16, point 5; another branch): a placeholder here,
-    # replaced by that migration when the branches meet.
-    Migration(8, "reserved: the active/standby leader (issue 16)", ""),
+    Migration(8, "leader lease: one active collector, an epoch as fencing token", _LEADER_LEASE),
     Migration(
         9,
         "clusters: every scoped row names its collector's cluster; keys include it",

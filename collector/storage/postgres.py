@@ -12,15 +12,13 @@ from __future__ import annotations
 from gpuwarden.collector.storage.postgres_base import PostgresBase
 from gpuwarden.collector.storage.sql_delivery import DeliveryRecords
 from gpuwarden.collector.storage.sql_fleet import FleetRecords
-from gpuwarden.collector.storage.sql_remediation import RemediationRecords
+from gpuwarden.collector.storage.sql_lease import LeaseRecords
 from gpuwarden.collector.storage.sql_silences import SilenceRecords
 
 __all__ = ["PostgresStorage"]
 
 
-class PostgresStorage(
-    FleetRecords, RemediationRecords, DeliveryRecords, SilenceRecords, PostgresBase
-):
+class PostgresStorage(FleetRecords, LeaseRecords, DeliveryRecords, SilenceRecords, PostgresBase):
     """Collector state in a PostgreSQL database.
 
     The methods' contracts are :class:`~gpuwarden.collector.storage.base.Storage`'s.

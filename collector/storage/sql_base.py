@@ -9,9 +9,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, Self
 
+from gpuwarden.collector.storage.base import StorageError
 from gpuwarden.collector.storage.clusters import scope_sql
 from gpuwarden.collector.storage.dialect import Dialect
 from gpuwarden.collector.storage.sql_codec import Codec, R, Row
@@ -40,6 +42,19 @@ class Closable(Protocol):
     def close(self) -> None: ...
 
 
+class FencedError(StorageError):
+    """A claim was refused: the writer's lease epoch is no longer the current one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What a leader's claims must match: the lease row's name, holder and epoch."""
+
+    name: str
+    holder: str
+    epoch: int
+
+
 class SqlBase:
     """The backend's connection, seen by the record families; closing it is the same on both
     backends (one connection behind ``_lock``, ``None`` once closed)."""
@@ -52,6 +67,9 @@ class SqlBase:
     _clock: Callable[[], float]
     _lock: threading.Lock
     _conn: Closable | None
+    fence: Fence | None = None
+    """Set by the HA leader while it leads (:mod:`.sql_lease`); ``None``: claims are not
+    checked (the single-process case)."""
 
     def __enter__(self) -> Self:
         return self
@@ -92,6 +110,22 @@ class SqlBase:
     def _scope(self, cluster: str | None = None) -> tuple[str, tuple[str, ...]]:
         """The ``WHERE`` condition of a read of ``cluster`` (``None``: this store's own)."""
         return scope_sql(self.cluster if cluster is None else cluster)
+
+    def _check_fence(self, conn: Connection) -> None:
+        """Refuse the transaction's claim unless the fence's epoch is current (see above)."""
+        fence = self.fence
+        if fence is None:
+            return
+        row = conn.execute(
+            "SELECT epoch FROM leader_lease WHERE name = ? AND holder = ? AND epoch = ?"  # noqa: S608 - a constant
+            f" AND expires_at > {self.dialect.now_seconds}{self.dialect.lock_for_share}",
+            (fence.name, fence.holder, fence.epoch),
+        ).fetchone()
+        if row is None:
+            raise FencedError(
+                f"{self.location}: refused: {fence.holder} no longer leads "
+                f"(epoch {fence.epoch} is not the current lease)"
+            )
 
     def _one(self, codec: Codec[R], sql: str, key: object) -> R | None:
         """The record of ``sql`` (``... WHERE <key column> = ?``) in this store's cluster."""

@@ -52,6 +52,7 @@ class DeliveryRecords(SqlBase):
 
     def save_notification(self, record: NotificationRecord) -> None:
         with self._write() as conn:
+            self._check_fence(conn)
             params = _NOTIFICATIONS.params(record, self.cluster)
             conn.execute(_SAVE_NOTIFICATION[self.dialect], params)
 
@@ -90,6 +91,7 @@ class DeliveryRecords(SqlBase):
             dump_json(record.alert) if c == "alert" else getattr(record, c) for c in _PAGE_MUTABLE
         ]
         with self._write() as conn:
+            self._check_fence(conn)
             conn.execute(
                 f"UPDATE pages SET {sets} WHERE page_id = ? AND cluster = ?",  # noqa: S608 - column names are constants
                 (*values, record.page_id, self.cluster),
@@ -110,6 +112,7 @@ class DeliveryRecords(SqlBase):
 
     def set_cursor(self, name: str, position: int) -> None:
         with self._write() as conn:
+            self._check_fence(conn)
             conn.execute(
                 "INSERT INTO cursors (name, position, updated_at, cluster) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (cluster, name) DO UPDATE SET (position, updated_at)"

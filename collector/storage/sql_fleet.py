@@ -151,6 +151,7 @@ class FleetRecords(SqlBase):
         scopes = sorted({(self.cluster, row.period_start, row.gpu_uuid) for row in rows})
         params = [_ACCOUNTING.params(row, now, self.cluster) for row in rows]
         with self._write() as conn:
+            self._check_fence(conn)
             conn.executemany(
                 "DELETE FROM accounting WHERE cluster = ? AND period_start = ? AND gpu_uuid = ?",
                 scopes,

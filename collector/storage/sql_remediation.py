@@ -83,6 +83,12 @@ _INSERT_INCIDENT = _INCIDENTS.insert_sql(("updated_at", "cluster"), "ON CONFLICT
 _INSERT_AUDIT = _AUDIT.insert_sql(("cluster",))
 
 
+FENCED_STATE = "executing"
+"""An action moving to this state is the leader's claim to call the actuator: with a fence set
+(:mod:`.sql_lease`) it commits only while the writer's lease epoch is current. Moves made by
+people (approve, reject) on any replica are not claims and are not fenced."""
+
+
 class RemediationRecords(SqlBase):
     """The ``Storage`` methods of incidents, audit, actions, approvals and the breaker."""
 
@@ -183,6 +189,8 @@ class RemediationRecords(SqlBase):
         if record.action_id is not None:
             raise ValueError("insert_action takes a new action (action_id=None)")
         with self._write() as conn:
+            if record.state == FENCED_STATE:
+                self._check_fence(conn)
             params = _ACTIONS.params(record, self.cluster)
             action_id = self._insert(conn, _INSERT_ACTION, params, "action_id")
             if action_id is None:
@@ -199,6 +207,8 @@ class RemediationRecords(SqlBase):
         encode = _ACTIONS.to_sql or {}
         values = [encode.get(c, same)(getattr(record, c)) for c in _ACTION_MUTABLE]
         with self._write() as conn:
+            if record.state == FENCED_STATE:
+                self._check_fence(conn)
             cursor = conn.execute(
                 _UPDATE_ACTION, (*values, record.action_id, expect_state, self.cluster)
             )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from gpuwarden.collector.storage.sql_delivery import DeliveryRecords
 from gpuwarden.collector.storage.sql_fleet import FleetRecords
-from gpuwarden.collector.storage.sql_remediation import RemediationRecords
+from gpuwarden.collector.storage.sql_lease import LeaseRecords
 from gpuwarden.collector.storage.sql_silences import SilenceRecords
 from gpuwarden.collector.storage.sqlite_base import (
     MEMORY,
@@ -34,14 +34,15 @@ from gpuwarden.collector.storage.sqlite_base import (
 __all__ = ["MEMORY", "MIN_SQLITE_VERSION", "SqliteStorage", "Synchronous"]
 
 
-class SqliteStorage(FleetRecords, RemediationRecords, DeliveryRecords, SilenceRecords, SqliteBase):
+class SqliteStorage(FleetRecords, LeaseRecords, DeliveryRecords, SilenceRecords, SqliteBase):
     """Collector state in one SQLite database (``":memory:"`` for tests and demos).
 
     The methods' contracts are :class:`~gpuwarden.collector.storage.base.Storage`'s. The
     connection (opening, lock, transactions) is ``SqliteBase``'s; the methods come by record
     family from mixin bases shared with the PostgreSQL backend: ``FleetRecords`` (jobs,
     models, events, accounting),
-    ``RemediationRecords`` (incidents, audit, actions, approvals, breaker) and
+    ``LeaseRecords`` (the HA leader lease, over ``RemediationRecords``: incidents, audit,
+    actions, approvals, breaker) and
     ``DeliveryRecords`` (notifications, pages, cursors) and ``SilenceRecords`` (operators'
     silences).
 

@@ -35,6 +35,7 @@ from gpuwarden.collector.accounting.report import (
     sum_lines,
 )
 from gpuwarden.collector.detect.readiness import summary
+from gpuwarden.collector.ha.leadership import LeaderStatus
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.storage.base import StorageError
 from gpuwarden.collector.storage.clusters import check_scope
@@ -48,6 +49,7 @@ from gpuwarden.collector.storage.records import (
 )
 from gpuwarden.collector.web.gpus import GPU_READINGS, GpuStatus, gpu_statuses
 from gpuwarden.collector.web.keys import (
+    LEADERSHIP,
     OPERATORS,
     PROBE,
     READERS,
@@ -469,10 +471,24 @@ async def readyz(request: web.Request) -> web.Response:
         states = await asyncio.to_thread(request.app[RULE_BOARD].states)
         if states:  # a collector without rules (the receiver alone) says nothing of them
             rules = {"rules": [s.as_json() for s in states], "rules_summary": summary(states)}
+    lead = request.app[LEADERSHIP].status() if LEADERSHIP in request.app else None
+    leader = {"leadership": _leadership_json(lead)} if lead is not None else {}
     if problems:
-        body = {"status": "not ready", "problems": problems, **skipped, **rules}
+        body = {"status": "not ready", "problems": problems, **skipped, **leader, **rules}
         return web.json_response(body, status=503)
-    return web.json_response({"status": "ready", **skipped, **rules})
+    return web.json_response({"status": "ready", **skipped, **leader, **rules})
+
+
+def _leadership_json(status: LeaderStatus) -> dict[str, object]:
+    """``/readyz``'s ``leadership``: a standby is ready (it ingests) and says who leads."""
+    return {
+        "role": status.role,
+        "replica": status.replica,
+        "leader": status.leader,
+        "since": status.since,
+        "epoch": status.epoch,
+        "detail": status.describe(),
+    }
 
 
 def setup_api(app: web.Application) -> None:

@@ -17,9 +17,11 @@ from gpuwarden.collector.build import load_configured_rules
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.detect.readiness import RuleBoard
+from gpuwarden.collector.ha.leadership import LeaseElection, lease_name
 from gpuwarden.collector.ingest.sink import MetricsSink, SeriesLog
 from gpuwarden.collector.rules.model import RuleProblem, RuleSet
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.sql_lease import LeaseRecords
 from gpuwarden.collector.web import tasks
 from gpuwarden.collector.web.access_log import RedactingAccessLogger, server_logger
 from gpuwarden.collector.web.admin import setup_admin
@@ -33,6 +35,7 @@ from gpuwarden.collector.web.keys import (
     AUTH_STATS,
     CONFIG,
     CREDENTIAL_SOURCES,
+    LEADERSHIP,
     RELOADER,
     REMEDIATION,
     ROUTE_ACCESS,
@@ -71,6 +74,7 @@ def create_app(
     tls_context: ssl.SSLContext | None = None,
     rules: RuleSet | None = None,
     prom_translate: Translator | None = None,
+    lease_store: LeaseRecords | None = None,
 ) -> web.Application:
     """Build the collector application.
 
@@ -81,6 +85,11 @@ def create_app(
     runbook, approval and API routes are served. ``rule_problems`` are the rules skipped under
     ``skip_bad_rules``: ``/readyz`` lists them and stays 200 (the other rules run). ``rules``
     (default: the detection engine's) are judged for readiness on ``/readyz`` and ``/status``.
+
+    With ``ha.enabled`` the replica takes part in the leader election (``collector.ha``): the
+    leader-only loops run while it leads, and ``/readyz``, ``/status`` and ``/metrics`` say
+    who leads. ``lease_store`` (a second connection to the same database, which the caller
+    closes) renews the lease without waiting behind the service's own transactions.
 
     ``POST /v1/admin/reload`` (and SIGHUP, with :func:`~.reload.reload_on_sighup`) reads the
     configuration again through ``reload_source`` (default: ``config`` as it is, so the rule
@@ -117,9 +126,13 @@ def create_app(
         config.auth_failure_sources,
     )
     setup_signin(app)  # sessions and proxy identities for the pages (status, runbooks, approvals)
+    election: LeaseElection | None = None
     if service is not None:
         app[SERVICE] = service
         app[SINK] = service
+        election = _election(config, service, detection, remediation, lease_store)
+        if election is not None:  # active/standby: /readyz, /status and /metrics say who leads
+            app[LEADERSHIP] = election
         setup_api(app)
         setup_metrics(app)
         setup_status_page(app)
@@ -164,6 +177,41 @@ def create_app(
                 dispatcher=remediation.dispatcher if remediation is not None else None,
                 alerting_seconds=config.alerting.interval_seconds,
                 snapshot_seconds=config.snapshot_seconds,
+                leadership=election,
+                election=election,
+                election_seconds=config.ha.renew_interval_seconds,
             )
         )
     return app
+
+
+def _election(
+    config: CollectorConfig,
+    service: CollectorService,
+    detection: DetectionEngine | None,
+    remediation: Remediation | None,
+    lease_store: LeaseRecords | None,
+) -> LeaseElection | None:
+    """The lease election when ``ha`` is on (``collector.ha``); a new leader first adopts the
+    actions the old one left executing."""
+    if not config.ha.enabled:
+        return None
+    storage = service.storage
+    if not isinstance(storage, LeaseRecords):
+        raise TypeError(f"ha: the storage {type(storage).__name__} has no leader lease")
+    hooks = [remediation.remediator.adopt_orphans] if remediation is not None else []
+    election = LeaseElection(
+        storage,
+        config.ha.replica(),
+        config.ha.lease_seconds,
+        name=lease_name(config.cluster),
+        on_acquired=hooks,
+        lease_store=lease_store,
+    )
+    if detection is not None:  # a cycle stops at the next rule once the lease is lost
+        detection.proceed = election.leading
+    if remediation is not None:  # a leader paused past its lease calls and sends nothing more
+        remediation.remediator.act_only_while(election.confirmed)
+        if remediation.dispatcher is not None:
+            remediation.dispatcher.send_only_while(election.confirmed)
+    return election

@@ -40,6 +40,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuwarden.collector.accounting.prices import DEFAULT_MODEL
+from gpuwarden.collector.ha.leadership import Leadership
 from gpuwarden.collector.remediate.states import BREAKER_SCOPE
 from gpuwarden.collector.remote_write.metrics import remote_write_families
 from gpuwarden.collector.service import CollectorService
@@ -48,6 +49,7 @@ from gpuwarden.collector.web.exposition_models import model_families
 from gpuwarden.collector.web.gpus import GPU_READINGS, gpu_statuses
 from gpuwarden.collector.web.keys import (
     AUTH_STATS,
+    LEADERSHIP,
     METRICS_REGISTRY,
     READERS,
     SERVICE,
@@ -96,6 +98,7 @@ class FleetMetrics:
         accounting_window_seconds: float = DEFAULT_ACCOUNTING_WINDOW_SECONDS,
         max_jobs: int = DEFAULT_MAX_JOBS,
         clock: Callable[[], float] | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
         if accounting_window_seconds <= 0 or max_jobs < 0:
             raise ValueError("accounting_window_seconds must be > 0 and max_jobs >= 0")
@@ -105,6 +108,7 @@ class FleetMetrics:
         self._window = accounting_window_seconds
         self._max_jobs = max_jobs
         self._clock = clock if clock is not None else service.clock
+        self._leadership = leadership
 
     def collect(self) -> Iterator[Metric]:
         """Every family; a failing section is logged and left out (scrape_success 0)."""
@@ -136,6 +140,16 @@ class FleetMetrics:
                 continue
             success.add_metric([name], 1.0)
             yield from families
+        if self._leadership is not None:
+            lead = self._leadership.status()
+            leader = GaugeMetricFamily(
+                "gpuwarden_leader",
+                "1 on the replica that runs detection, remediation and notifications (the "
+                "lease holder), 0 on a standby.",
+                labels=["replica"],
+            )
+            leader.add_metric([lead.replica], 1.0 if lead.leading else 0.0)
+            yield leader
         yield success
 
     def _gpus(self, now: float) -> list[Metric]:
@@ -412,6 +426,7 @@ def setup_metrics(
             accounting_window_seconds=accounting_window_seconds,
             max_jobs=max_jobs,
             clock=clock if clock is not None else service.clock,
+            leadership=app.get(LEADERSHIP),
         )
     )
     app[METRICS_REGISTRY] = registry

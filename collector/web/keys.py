@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.credentials import Role, node_allowed
 from gpuwarden.collector.detect.readiness import RuleBoard
+from gpuwarden.collector.ha.leadership import Leadership
 from gpuwarden.collector.ingest.alertmanager import AlertReceiver
 from gpuwarden.collector.ingest.sink import MetricsSink
 from gpuwarden.collector.service import CollectorService
@@ -178,6 +179,9 @@ TOKENS = web.AppKey("tokens", LiveTokens)
 """The bearer tokens in force (``CONFIG``'s at start; an admin reload swaps them)."""
 RELOADER = web.AppKey("reloader", Reloader)
 """Reloads tokens, rules and the certificate (``POST /v1/admin/reload`` and SIGHUP)."""
+LEADERSHIP: web.AppKey[Leadership] = web.AppKey("leadership")
+"""Whether this replica leads (``collector.ha``): ``/readyz``, ``/status``, ``gpuwarden_leader``.
+Set only when ``ha`` is on: a lone collector always leads and says nothing about it."""
 
 
 @dataclass(frozen=True, slots=True)

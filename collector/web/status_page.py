@@ -31,6 +31,7 @@ from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.gpus import gpu_statuses
 from gpuwarden.collector.web.keys import (
     CALLER,
+    LEADERSHIP,
     READERS,
     RULE_BOARD,
     SERVICE,
@@ -286,9 +287,13 @@ async def status(request: web.Request) -> web.Response:
     """``GET /status``."""
     service, env = request.app[SERVICE], request.app[STATUS_TEMPLATES]
     board = request.app.get(RULE_BOARD)
+    leadership = request.app.get(LEADERSHIP)
 
     def render() -> str:
         context = status_context(service, service.clock())
+        if leadership is not None:
+            lead = leadership.status()
+            context["leadership"] = {"replica": lead.replica, "detail": lead.describe()}
         states = board.states() if board is not None else []
         context["rules"] = [
             {"rule": s.rule_id, "detector": s.detector, "state": s.text()} for s in states

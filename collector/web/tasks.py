@@ -20,9 +20,11 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.ha.leadership import Leadership, LeaseElection
 from gpuwarden.collector.notify.dispatcher import AlertDispatcher
 from gpuwarden.collector.remediate.remediator import Remediator
 from gpuwarden.collector.remote_write.derived import job_samples
+from gpuwarden.collector.storage.sql_base import FencedError
 from gpuwarden.collector.web.keys import SERVICE
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,9 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_SECONDS = 30.0
 """How long stopping waits for a step already running (a detection cycle) before giving up on it."""
+GATE_POLL_SECONDS = 1.0
+"""How often a leader-only loop of a standby looks whether this replica leads now: a new
+leader runs its first step within this time, not one interval later."""
 
 
 async def _every(
@@ -39,14 +44,22 @@ async def _every(
     stop: asyncio.Event,
     *,
     first_after_seconds: float = 0.0,
+    gate: Callable[[], bool] | None = None,
 ) -> None:
     deadline = time.monotonic() + first_after_seconds
     if first_after_seconds > 0:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), first_after_seconds)
     while not stop.is_set():
+        if gate is not None and not gate():  # a standby: look again soon, run at once then
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), min(interval_seconds, GATE_POLL_SECONDS))
+            deadline = time.monotonic()
+            continue
         try:
             await asyncio.to_thread(step)
+        except FencedError as exc:  # leadership lost mid-step: the standby's turn now
+            log.warning("%s stopped: %s", name, exc)
         except Exception:  # one broad except per iteration: the loop must go on
             log.exception("%s failed; retrying in %.0f s", name, interval_seconds)
         deadline += interval_seconds
@@ -81,8 +94,18 @@ def background(
     alerting_seconds: float = 15.0,
     snapshot_seconds: float = 0.0,
     stop_timeout_seconds: float = STOP_TIMEOUT_SECONDS,
+    leadership: Leadership | None = None,
+    election: LeaseElection | None = None,
+    election_seconds: float = 10.0 / 3,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """A ``cleanup_ctx`` entry that runs the service's loops while the app serves.
+
+    The leader-only loops (accounting, detection, remediation, alerting, remote-write job
+    totals) run a step only while ``leadership`` leads (default: always); the others (job
+    polling, eviction, model scraping, remote-write of what this replica ingested, snapshots)
+    run on every replica. With an ``election`` (active/standby, ``collector.ha``) it runs every
+    ``election_seconds`` (first at once), and at the end, after the loops stopped, it gives
+    the lease up so a standby takes over at once.
 
     With ``snapshot_seconds`` (and a service with a ``snapshot_path``) the store is written to
     its snapshot every so often, first one interval after the start, and once more when the
@@ -93,21 +116,23 @@ def background(
         service = app[SERVICE]
         steps: list[tuple[str, float, Callable[[], object]]] = [
             ("job polling", job_poll_seconds, service.poll_jobs),
-            ("accounting", accounting_seconds, service.run_accounting),
             ("eviction", evict_seconds, service.store.evict_stale),
         ]
+        leader_steps: list[tuple[str, float, Callable[[], object]]] = [
+            ("accounting", accounting_seconds, service.run_accounting),
+        ]
         if detection is not None:
-            steps.append(("detection", detection_seconds, detection.run_cycle))
+            leader_steps.append(("detection", detection_seconds, detection.run_cycle))
         if remediator is not None:
-            steps.append(("remediation", remediation_seconds, remediator.tick))
+            leader_steps.append(("remediation", remediation_seconds, remediator.tick))
         if dispatcher is not None:
-            steps.append(("alerting", alerting_seconds, dispatcher.tick))
+            leader_steps.append(("alerting", alerting_seconds, dispatcher.tick))
         if service.scraper is not None:
             steps.append(("model scraping", scrape_seconds, service.scrape_models))
         history = service.history
         if history is not None:
             steps.append(("remote-write", history.flush_seconds, history.tick))
-            steps.append(
+            leader_steps.append(
                 (
                     "remote-write job totals",
                     accounting_seconds,
@@ -115,10 +140,16 @@ def background(
                 )
             )
         stop = asyncio.Event()
+        gate = leadership.leading if leadership is not None else None
         loops = {
             asyncio.create_task(_every(name, seconds, step, stop)): name
             for name, seconds, step in steps
         }
+        for name, seconds, step in leader_steps:
+            loops[asyncio.create_task(_every(name, seconds, step, stop, gate=gate))] = name
+        if election is not None:
+            elect = _every("leader election", election_seconds, election.step, stop)
+            loops[asyncio.create_task(elect)] = "leader election"
         snapshots = snapshot_seconds > 0 and service.snapshot_path is not None
         if snapshots:
             snapshot = _every(
@@ -132,6 +163,8 @@ def background(
         yield
         stop.set()
         await _stop(loops, stop_timeout_seconds)
+        if election is not None:  # after the loops: none of them acts any more
+            await asyncio.to_thread(election.release)
         if history is not None:  # first: quick, and what it holds is not on disk elsewhere
             await asyncio.to_thread(history.flush)
         if snapshots:

@@ -5,7 +5,8 @@ Each request carries three headers:
 - ``X-Gpuwarden-Timestamp``: Unix seconds when it was signed;
 - ``X-Gpuwarden-Signature``: ``sha256=<hex>``, HMAC-SHA256 with the shared secret over
   ``<timestamp>.<body>`` (so a receiver can refuse replays older than its tolerance);
-- ``Idempotency-Key``: the remediator's key, so a receiver can drop a repeated delivery.
+- ``Idempotency-Key``: the remediator's key; a receiver must drop a repeated delivery (answer
+  409): after a crash or a failover mid-call, the action is sent once more with the same key.
 
 The secret comes from a file or an environment variable named in the configuration (read by the
 caller through :func:`load_secret`, which takes the environment as an argument), and appears in
@@ -66,6 +67,12 @@ class WebhookActuator:
     def execute(self, request: ActionRequest) -> ActionResult:
         """POST the action (a dry run only checks the webhook and target)."""
         return self._post(request, "action")
+
+    def redeliverable(self, request: ActionRequest) -> bool:
+        """A webhook may be sent again after a crash or failover: every delivery carries the
+        ``Idempotency-Key`` a receiver must drop repeats of (answering 409, ``ALREADY_DONE``)
+        (``remediate.states.Redeliverable``); a receiver that cannot must not be a target."""
+        return request.kind in self.kinds
 
     def rollback(self, request: ActionRequest, result: ActionResult) -> ActionResult:
         """POST a ``rollback`` event for the same action; the receiver decides what undo means."""
