@@ -27,6 +27,8 @@ from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
 from gpuwarden.collector.ingest.rounds_seen import AgentRounds
 from gpuwarden.collector.ingest.scrape import ModelServerScraper
 from gpuwarden.collector.jobs.registry import JobRegistry
+from gpuwarden.collector.remote_write.reader import TsdbReader
+from gpuwarden.collector.remote_write.warm_start import WarmStart, warm_from_tsdb, warm_span
 from gpuwarden.collector.remote_write.writer import HistoryWriter
 from gpuwarden.collector.storage.base import Storage
 from gpuwarden.collector.storage.records import AccountingRow, Event
@@ -124,6 +126,8 @@ class CollectorService:
         """Where the store is snapshotted (None: never; ``store.snapshot``)."""
         self.restored: Restored | None = None
         """What the snapshot read at start gave the store (None: nothing)."""
+        self.warm: WarmStart | None = None
+        """What the read-back from the TSDB at start gave the store (None: none was done)."""
         #: writes the stored points to a TSDB by remote-write (``remote_write:``), if set
         self.history = history
         self._view: DetectionView | None = None
@@ -179,6 +183,18 @@ class CollectorService:
             )
         self.restored = restored
         return restored
+
+    def warm_from_tsdb(self, reader: TsdbReader, lookback_seconds: float) -> WarmStart:
+        """Read back from the TSDB the span the snapshot does not cover (all of the lookback
+        without one) into the store, and tell the history writer what the TSDB holds."""
+        now = self.clock()
+        snapshot_at = None if self.restored is None else self.restored.written_at
+        start = warm_span(self.store, now, lookback_seconds, snapshot_at)
+        warm = warm_from_tsdb(self.store, reader, start=start, end=now)
+        if self.history is not None:
+            self.history.seed_newest(warm.newest_ms)
+        self.warm = warm
+        return warm
 
     def save_snapshot(self) -> SnapshotStats | None:
         """Write the store's snapshot (blocking); None when snapshots are off."""

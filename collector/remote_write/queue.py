@@ -127,6 +127,13 @@ class DiskQueue:
             self._cursor = (record.segment, record.end)
             self._write_cursor()
 
+    def kept_payloads(self) -> list[bytes]:
+        """Every intact record still on disk, sent or not, oldest first: what this queue (or
+        the collector before a restart) already queued (``HistoryWriter`` does not queue it
+        again)."""
+        with self._lock:
+            return [r.payload for segment in self._segments for r in self._records(segment, 0)]
+
     # --- sizes --------------------------------------------------------------------------------
 
     def pending_bytes(self) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -24,6 +24,14 @@ class RemoteWriteSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
         timeout_seconds: connect and read timeout of one request.
         flush_seconds: how often buffered points go to the queue and the queue is drained.
         max_backoff_seconds: the longest wait between retries of a failing request.
+        read_url: the TSDB's base URL to read back from at start (warm start; None: no
+            read-back), e.g. ``http://victoria:8428`` or ``http://prometheus:9090``.
+        read_api: ``victoriametrics`` (``/api/v1/export``) or ``prometheus`` (raw samples of a
+            range selector through ``/api/v1/query``).
+        warm_start_lookback_seconds: how far back a start without a snapshot reads (capped at
+            the store's recent window); with a snapshot, only the time since it was written.
+        read_page_seconds: the span of one read request.
+        read_max_samples: samples read at most (the start goes on with what it has, logged).
     """
 
     url: str
@@ -35,7 +43,16 @@ class RemoteWriteSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
     timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     flush_seconds: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     max_backoff_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    read_url: str | None = None
+    read_api: Literal["victoriametrics", "prometheus"] = "victoriametrics"
+    warm_start_lookback_seconds: Annotated[float, msgspec.Meta(ge=0)] = 6 * 3600.0
+    read_page_seconds: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
+    read_max_samples: Annotated[int, msgspec.Meta(gt=0)] = 50_000_000
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError("url: an http:// or https:// URL")
+        if self.read_url is not None and not self.read_url.startswith(("http://", "https://")):
+            raise ValueError("read_url: an http:// or https:// URL (the TSDB's base URL)")
+        if self.read_url is not None and "/api/" in self.read_url:
+            raise ValueError("read_url: the TSDB's base URL, without /api/v1/...")

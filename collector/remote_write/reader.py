@@ -1,0 +1,202 @@
+"""Reading back what the collector wrote: raw samples from a Prometheus-compatible TSDB.
+
+Two APIs, both returning each series' raw samples with their exact timestamps (a warm start
+and the writer's "newest sample" must see what was written, not values interpolated on a grid):
+
+- VictoriaMetrics ``/api/v1/export`` (JSON lines, one series per line);
+- Prometheus ``/api/v1/query`` of a range selector (``{__name__=~"…"}[<page>]`` at the page's
+  end), which returns raw samples; ``query_range`` would return values resampled on its step.
+
+Reads are paged by time (``page_seconds`` per request) and bounded: at most ``max_samples``
+samples in all and ``max_page_bytes`` per answer; past either, :class:`ReadError` says so,
+and the caller starts with what it has. Every failure is a :class:`ReadError` with the URL's
+answer, never a network exception.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from gpuwarden.collector.clients.http import HttpClient
+from gpuwarden.collector.remote_write.wire import Labels
+
+ReadApi = Literal["victoriametrics", "prometheus"]
+MAX_PAGE_BYTES = 256 << 20
+
+
+class ReadError(Exception):
+    """The TSDB could not be read (unreachable, an error answer, an answer over a bound)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RawSeries:
+    """One series' raw samples in one page: labels (sorted), milliseconds and values in order."""
+
+    labels: Labels
+    timestamps_ms: tuple[int, ...]
+    values: tuple[float, ...]
+
+
+class TsdbReader(Protocol):
+    """Raw samples of the named metrics over ``[start_ms, end_ms]``, page by page, in time order."""
+
+    def pages(
+        self, names: Sequence[str], start_ms: int, end_ms: int
+    ) -> Iterator[list[RawSeries]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Paging:
+    page_seconds: float
+    max_samples: int
+    max_page_bytes: int
+
+    def windows(self, start_ms: int, end_ms: int) -> Iterator[tuple[int, int]]:
+        """``[lo, hi]`` millisecond windows covering ``[start_ms, end_ms]``, oldest first."""
+        step = max(1, int(self.page_seconds * 1000))
+        lo = start_ms
+        while lo <= end_ms:
+            hi = min(end_ms, lo + step - 1)
+            yield lo, hi
+            lo = hi + 1
+
+
+def name_regex(names: Sequence[str]) -> str:
+    """A selector matching exactly these metric names (regex metacharacters escaped)."""
+    escaped = sorted(n.replace("\\", "\\\\").replace(".", "\\.") for n in names)
+    return "{__name__=~" + json.dumps("|".join(escaped)) + "}"
+
+
+class _HttpReader:
+    def __init__(
+        self,
+        http: HttpClient,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout_seconds: float = 30.0,
+        page_seconds: float = 3600.0,
+        max_samples: int = 50_000_000,
+        max_page_bytes: int = MAX_PAGE_BYTES,
+    ) -> None:
+        self._http = http
+        self.url = url.rstrip("/")
+        self._headers = dict(headers or {})
+        self._timeout = timeout_seconds
+        self._paging = _Paging(page_seconds, max_samples, max_page_bytes)
+
+    def _get(self, path: str, params: Mapping[str, str]) -> bytes:
+        url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
+        result = self._http.request(
+            "GET",
+            url,
+            headers=self._headers,
+            timeout_seconds=self._timeout,
+            max_body_bytes=self._paging.max_page_bytes,
+        )
+        if result.status == 0:
+            raise ReadError(f"{self.url}{path}: no answer ({result.detail})")
+        if not result.ok:
+            text = result.body[:200].decode("utf-8", "replace")
+            raise ReadError(f"{self.url}{path}: HTTP {result.status} {text}")
+        if result.truncated:
+            raise ReadError(
+                f"{self.url}{path}: an answer over {self._paging.max_page_bytes} bytes "
+                "(lower page_seconds)"
+            )
+        return result.body
+
+    def pages(self, names: Sequence[str], start_ms: int, end_ms: int) -> Iterator[list[RawSeries]]:
+        """Each page's series, oldest page first; raises :class:`ReadError` past the bounds."""
+        if not names:
+            return
+        taken = 0
+        selector = name_regex(names)
+        for lo, hi in self._paging.windows(start_ms, end_ms):
+            page = self._page(selector, lo, hi)
+            taken += sum(len(s.timestamps_ms) for s in page)
+            if taken > self._paging.max_samples:
+                raise ReadError(f"more than {self._paging.max_samples} samples (max_samples)")
+            yield page
+
+    def _page(self, selector: str, lo: int, hi: int) -> list[RawSeries]:
+        raise NotImplementedError
+
+
+class VictoriaMetricsReader(_HttpReader):
+    """VictoriaMetrics' ``/api/v1/export``: JSON lines ``{"metric", "values", "timestamps"}``."""
+
+    def _page(self, selector: str, lo: int, hi: int) -> list[RawSeries]:
+        body = self._get(
+            "/api/v1/export",
+            {"match[]": selector, "start": str(lo / 1000), "end": str(hi / 1000)},
+        )
+        merged: dict[Labels, list[tuple[int, float]]] = {}
+        for line in body.splitlines():
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                labels = tuple(sorted((str(k), str(v)) for k, v in row["metric"].items()))
+                points = zip(row["timestamps"], row["values"], strict=True)
+                merged.setdefault(labels, []).extend(
+                    (int(t), float(v)) for t, v in points if lo <= int(t) <= hi
+                )
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ReadError(f"{self.url}/api/v1/export: a line does not parse: {exc}") from None
+        return [_series(labels, points) for labels, points in merged.items() if points]
+
+
+class PrometheusReader(_HttpReader):
+    """Prometheus' ``/api/v1/query`` of a range selector: the raw samples in ``(lo, hi]``."""
+
+    def _page(self, selector: str, lo: int, hi: int) -> list[RawSeries]:
+        # A range selector covers (time - range, time]: with range hi - lo + 1, that is [lo, hi].
+        span_ms = hi - lo + 1
+        body = self._get(
+            "/api/v1/query", {"query": f"{selector}[{span_ms}ms]", "time": str(hi / 1000)}
+        )
+        try:
+            answer = json.loads(body)
+            if answer.get("status") != "success":
+                raise ReadError(f"{self.url}/api/v1/query: {answer.get('error', answer)}")
+            out = []
+            for item in answer["data"]["result"]:
+                labels = tuple(sorted((str(k), str(v)) for k, v in item["metric"].items()))
+                points = [(round(float(t) * 1000), float(v)) for t, v in item["values"]]
+                if points:
+                    out.append(_series(labels, points))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ReadError(f"{self.url}/api/v1/query: the answer does not parse: {exc}") from None
+        return out
+
+
+def _series(labels: Labels, points: list[tuple[int, float]]) -> RawSeries:
+    points.sort()
+    return RawSeries(labels, tuple(t for t, _ in points), tuple(v for _, v in points))
+
+
+def reader_for(
+    api: ReadApi,
+    http: HttpClient,
+    url: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    timeout_seconds: float = 30.0,
+    page_seconds: float = 3600.0,
+    max_samples: int = 50_000_000,
+) -> TsdbReader:
+    """The reader of ``api`` at ``url`` (the TSDB's base URL, without ``/api/v1/...``)."""
+    cls = VictoriaMetricsReader if api == "victoriametrics" else PrometheusReader
+    return cls(
+        http,
+        url,
+        headers=headers,
+        timeout_seconds=timeout_seconds,
+        page_seconds=page_seconds,
+        max_samples=max_samples,
+    )
