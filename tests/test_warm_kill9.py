@@ -186,7 +186,8 @@ def export(tsdb: VictoriaMetrics) -> list[dict[str, Any]]:
 def tsdb() -> Iterator[VictoriaMetrics]:
     if binary("victoria-metrics") is None:
         pytest.skip("victoria-metrics is not installed (scripts/system-packages.sh installs it)")
-    with VictoriaMetrics() as server:
+    server = VictoriaMetrics()
+    with server:
         yield server
 
 
