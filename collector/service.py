@@ -196,13 +196,15 @@ class CollectorService:
         self.warm = warm
         return warm
 
-    def save_snapshot(self) -> SnapshotStats | None:
-        """Write the store's snapshot (blocking); None when snapshots are off."""
+    def save_snapshot(self, *, changes_only: bool = False) -> SnapshotStats | None:
+        """Write the store's snapshot (blocking); None when snapshots are off. ``changes_only``
+        (at shutdown): only what changed since the last full snapshot, in seconds, not minutes."""
         if self.snapshot_path is None:
             return None
-        stats = self.store.write_snapshot(self.snapshot_path)
+        stats = self.store.write_snapshot(self.snapshot_path, changes_only=changes_only)
         log.info(
-            "window snapshot: %d series, %.1f MB in %.2f s",
+            "window snapshot%s: %d series, %.1f MB in %.2f s",
+            " (changes since the last full one)" if stats.changes_only else "",
             stats.series,
             stats.size_bytes / 1e6,
             stats.write_seconds,

@@ -65,6 +65,8 @@ class SnapshotStats:
     histograms: int
     size_bytes: int
     write_seconds: float
+    changes_only: bool = False
+    """Only what changed since the last full snapshot (``changes_path``), not the whole store."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,14 +137,65 @@ def _rows_of(archive: zipfile.ZipFile, name: str, chunk_bytes: int) -> Iterator[
             yield np.frombuffer(data, dtype=dtype).reshape(n, cols)
 
 
+@dataclass(frozen=True, slots=True)
+class _Base:
+    """The full snapshot on disk that a snapshot of the changes completes."""
+
+    written_at: float
+    recent_head: int
+    long_head: int
+
+
+def changes_path(path: Path) -> Path:
+    """Where the snapshot of the changes since the full snapshot ``path`` is written."""
+    return path.with_name(f"{path.name}.changes")
+
+
 class Snapshots(WindowState):
     """``write_snapshot`` and ``read_snapshot`` of the whole store (see the module)."""
 
-    def write_snapshot(self, path: Path, *, chunk_bytes: int = CHUNK_BYTES) -> SnapshotStats:
+    _snapshot_base: _Base | None = None
+    """The full snapshot this store wrote or read last (None: none)."""
+    _written_base: _Base | None = None
+
+    def write_snapshot(
+        self, path: Path, *, chunk_bytes: int = CHUNK_BYTES, changes_only: bool = False
+    ) -> SnapshotStats:
         """Write the store to ``path`` atomically (temporary file, fsync, rename), copying
-        about ``chunk_bytes`` of ring rows per hold of the lock."""
+        about ``chunk_bytes`` of ring rows per hold of the lock.
+
+        ``changes_only`` (the snapshot at shutdown): when this store wrote or read the full
+        snapshot at ``path``, write only the slots changed since then, to ``changes_path(path)``
+        (seconds of data instead of days; ``read_snapshot`` applies it on the full one). Without
+        such a base, the whole store is written as usual. A full snapshot deletes the changes.
+        """
         started = time.monotonic()
         path.parent.mkdir(parents=True, exist_ok=True)
+        base = self._snapshot_base if changes_only and path.exists() else None
+        target = path if base is None else changes_path(path)
+        changed_from = self._table.changed_from
+        self._written_base = None
+        try:
+            series, histograms = self._write_file(target, chunk_bytes, base)
+        except BaseException:
+            if base is None:  # the changes since the old full snapshot still count
+                with self._lock:
+                    now = self._table.changed_from
+                    self._table.changed_from = _earliest(changed_from, now)
+            raise
+        if base is None:
+            self._snapshot_base = self._written_base
+            changes_path(path).unlink(missing_ok=True)  # it completed the snapshot replaced
+        return SnapshotStats(
+            path=target,
+            series=series,
+            histograms=histograms,
+            size_bytes=target.stat().st_size,
+            write_seconds=time.monotonic() - started,
+            changes_only=base is not None,
+        )
+
+    def _write_file(self, path: Path, chunk_bytes: int, base: _Base | None) -> tuple[int, int]:
         # One fixed name: a temporary left by a crash mid-write is overwritten by the next write,
         # not left to pile up. Owner-only, like the telemetry it holds.
         temporary = path.with_name(f".{path.name}.tmp")
@@ -151,7 +204,7 @@ class Snapshots(WindowState):
             os.fchmod(descriptor, 0o600)  # a leftover temporary keeps its mode otherwise
             with os.fdopen(descriptor, "wb") as file:
                 with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-                    series, histograms = self._write_archive(archive, chunk_bytes)
+                    series, histograms = self._write_archive(archive, chunk_bytes, base)
                 file.flush()
                 os.fsync(file.fileno())
             temporary.replace(path)
@@ -164,31 +217,32 @@ class Snapshots(WindowState):
             os.fsync(directory)  # the rename itself survives a power cut
         finally:
             os.close(directory)
-        return SnapshotStats(
-            path=path,
-            series=series,
-            histograms=histograms,
-            size_bytes=path.stat().st_size,
-            write_seconds=time.monotonic() - started,
-        )
+        return series, histograms
 
-    def _write_archive(self, archive: zipfile.ZipFile, chunk_bytes: int) -> tuple[int, int]:
+    def _write_archive(
+        self, archive: zipfile.ZipFile, chunk_bytes: int, base: _Base | None
+    ) -> tuple[int, int]:
         table = self._table
         with self._lock:
             table.flush_long(self._ratio)
+            changed_from = table.changed_from
+            if base is None:  # what is written from now on goes in the next changes
+                table.changed_from = None
             rows = np.array(
                 [r for r in range(table.next_row) if table.infos[r] is not None], dtype=np.int64
             )
             infos = [table.infos[r] for r in rows.tolist()]
             recent_head, long_head = table.recent.head, table.long.head
             evictions = table.evictions
+            written_at = self._clock()
             meta = {
                 "format": FORMAT,
                 **_shape(self),
-                "written_at": self._clock(),
+                "written_at": written_at,
                 "recent_head": recent_head,
                 "long_head": long_head,
                 "first_slot": table.first_slot,
+                "base": None if base is None else base.written_at,
             }
             # the slots written: from the oldest data to the heads as they are now (a head that
             # moves on while the chunks are copied adds slots the next snapshot takes)
@@ -196,7 +250,16 @@ class Snapshots(WindowState):
             long = _held(
                 table.long, None if table.first_slot is None else table.first_slot // self._ratio
             )
+            histogram_slots = recent  # histograms are few: always whole
+            if base is not None:  # from the base's heads, or the oldest slot written since
+                since = base.recent_head if changed_from is None else changed_from
+                since = min(since, base.recent_head)
+                recent = _after(recent, since)
+                long = _after(long, min(base.long_head, since // self._ratio))
+            elif recent_head is not None and long_head is not None:
+                self._written_base = _Base(written_at, recent_head, long_head)
         meta["recent_first"], meta["long_first"] = recent[0], long[0]
+        meta["histogram_first"] = histogram_slots[0]
         counters = np.flatnonzero(table.counter_row[rows] >= 0)
         _put(archive, "meta", _text(meta))
         _put(
@@ -233,7 +296,7 @@ class Snapshots(WindowState):
             _put(archive, "raw_time_ns", table.raw_time_ns[rows])
             _put(archive, "raw_value", table.raw_value[rows])
             _put(archive, "debt", table.debt[table.counter_row[rows[counters]]])
-            histograms = self._write_histograms(archive, recent)
+            histograms = self._write_histograms(archive, histogram_slots)
         return len(infos), histograms
 
     def _write_histograms(self, archive: zipfile.ZipFile, recent: tuple[int, int]) -> int:
@@ -269,21 +332,34 @@ class Snapshots(WindowState):
         return len(described)
 
     def read_snapshot(self, path: Path, *, chunk_bytes: int = CHUNK_BYTES) -> Restored | None:
-        """Fill an empty store from ``path``; None (logged) when there is none or it is unusable."""
+        """Fill an empty store from ``path``, then from the changes written after it (if they
+        complete this very snapshot); None (logged) when there is none or it is unusable. A
+        changes file that does not read is logged and left out: the full snapshot stays."""
         if not path.exists():
             return None
         with self._lock:
             if self._series_count():
                 log.warning("snapshot %s not read: the store already holds series", path)
                 return None
+        restored = self._read_file(path, chunk_bytes, None)
+        if restored is None:
+            self._empty_again()
+            return None
+        changes = changes_path(path)
+        if changes.exists():
+            completed = self._read_file(changes, chunk_bytes, restored.written_at)
+            if completed is not None:
+                return completed
+        return restored
+
+    def _read_file(self, path: Path, chunk_bytes: int, base: float | None) -> Restored | None:
         try:
             with zipfile.ZipFile(path) as archive:
-                return self._read_archive(archive, chunk_bytes)
+                return self._read_archive(archive, chunk_bytes, base)
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
             log.warning("snapshot %s ignored: cannot read it: %s", path, exc)
         except SnapshotError as exc:
             log.warning("snapshot %s ignored: %s", path, exc)
-        self._empty_again()
         return None
 
     def _empty_again(self) -> None:
@@ -300,7 +376,12 @@ class Snapshots(WindowState):
             self._shapes.clear()
             self._shape_bytes = 0
 
-    def _read_archive(self, archive: zipfile.ZipFile, chunk_bytes: int) -> Restored:
+    def _read_archive(
+        self, archive: zipfile.ZipFile, chunk_bytes: int, base: float | None
+    ) -> Restored:
+        """Read a full snapshot (``base`` None) into the empty store, or the changes written
+        after the full snapshot of time ``base`` into the store that snapshot filled."""
+
         def small(name: str) -> npt.NDArray[Any]:
             with archive.open(name + ".npy") as member:
                 return np.lib.format.read_array(member, allow_pickle=False)
@@ -311,6 +392,8 @@ class Snapshots(WindowState):
         theirs = {k: meta.get(k) for k in _shape(self)}
         if theirs != _shape(self):
             raise SnapshotError(f"another store shape: {theirs}, this store is {_shape(self)}")
+        if meta.get("base") != base:
+            raise SnapshotError(f"changes of the snapshot of {meta.get('base')}, not of {base}")
         series = _untext(small("series"))
         counters = small("counters")
         if meta["recent_head"] is None:  # an empty store's snapshot
@@ -318,7 +401,7 @@ class Snapshots(WindowState):
         with self._lock:
             table = self._table
             now_slot = int(self._clock() // self.step_seconds)
-            recent_head = max(int(meta["recent_head"]), now_slot)
+            recent_head = max(int(meta["recent_head"]), now_slot, table.recent.head or 0)
             table.recent.head = recent_head
             table.long.head = recent_head // self._ratio
             rows = np.array(
@@ -330,6 +413,8 @@ class Snapshots(WindowState):
             )
             first_slot = meta["first_slot"]
             oldest = recent_head - table.long.n_slots * self._ratio + 1
+            if first_slot is not None and table.first_slot is not None:  # changes on a base
+                first_slot = min(int(first_slot), table.first_slot)
             table.first_slot = None if first_slot is None else max(int(first_slot), oldest)
             for name, ring, first, chosen in (
                 ("recent", table.recent, meta["recent_first"], rows),
@@ -354,11 +439,16 @@ class Snapshots(WindowState):
                 _untext(small("histograms")),
                 small("histogram_rings"),
                 small("histogram_counts"),
-                int(meta["recent_first"]),
+                int(meta.get("histogram_first", meta["recent_first"])),
             )
             held = None if table.first_slot is None else float(table.first_slot * self.step_seconds)
+            if base is None:  # the full snapshot on disk: the next changes complete it
+                self._snapshot_base = _Base(
+                    float(meta["written_at"]), int(meta["recent_head"]), int(meta["long_head"])
+                )
+            series_count = self._series_count() - len(self._histograms)
         return Restored(
-            series=len(rows),
+            series=series_count,
             histograms=histograms,
             written_at=float(meta["written_at"]),
             held_since=held,
@@ -414,6 +504,17 @@ def _held(ring: Ring, first_written: int | None) -> tuple[int, int]:
         return (0, 0)
     first = max(first_written, ring.head - ring.n_slots + 1)
     return (first, max(0, ring.head - first + 1))
+
+
+def _earliest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _after(held: tuple[int, int], since: int) -> tuple[int, int]:
+    """``held`` (``(first, count)``) from slot ``since`` on."""
+    first, count = held
+    start = max(first, since)
+    return (start, max(0, first + count - start))
 
 
 def _dt_block(
