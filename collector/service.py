@@ -182,6 +182,15 @@ class CollectorService:
                 restored.held_since,
             )
         self.restored = restored
+        if restored is not None:  # level_shift's fits, so its first cycle needs no new fits
+            from gpuwarden.collector.detect.fit_state import fits_path, read_fits
+            from gpuwarden.collector.detect.level_shift import new_fit_cache
+
+            fits = read_fits(
+                self.detection_view.cache(new_fit_cache), fits_path(self.snapshot_path)
+            )
+            if fits:
+                log.info("level-shift fits restored: %d", fits)
         return restored
 
     def warm_from_tsdb(self, reader: TsdbReader, lookback_seconds: float) -> WarmStart:
@@ -201,7 +210,11 @@ class CollectorService:
         (at shutdown): only what changed since the last full snapshot, in seconds, not minutes."""
         if self.snapshot_path is None:
             return None
+        from gpuwarden.collector.detect.fit_state import fits_path, write_fits
+        from gpuwarden.collector.detect.level_shift import new_fit_cache
+
         stats = self.store.write_snapshot(self.snapshot_path, changes_only=changes_only)
+        write_fits(self.detection_view.cache(new_fit_cache), fits_path(self.snapshot_path))
         log.info(
             "window snapshot%s: %d series, %.1f MB in %.2f s",
             " (changes since the last full one)" if stats.changes_only else "",
