@@ -15,7 +15,7 @@ from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect import level_shift
 from gpuwarden.collector.detect.findings import Verdict
-from gpuwarden.collector.detect.fit_state import fits_path, read_fits
+from gpuwarden.collector.detect.fit_state import fits_path, read_fits, write_fits
 from gpuwarden.collector.detect.numerics.confirm import FitCache
 from gpuwarden.collector.service import CollectorService
 from tests.detectors import run_rule
@@ -58,3 +58,9 @@ def test_fits_that_do_not_read_are_made_again(tmp_path: Path) -> None:
     cache = FitCache(16)
     assert read_fits(cache, path) == 0
     assert len(cache) == 0
+
+
+def test_no_fits_is_a_file_of_none(tmp_path: Path) -> None:
+    path = tmp_path / "window.npz.fits.npz"
+    assert write_fits(FitCache(16), path) == 0
+    assert read_fits(FitCache(16), path) == 0

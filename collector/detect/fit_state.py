@@ -58,7 +58,7 @@ def write_fits(cache: FitCache, path: Path) -> int:
             keys=np.frombuffer(json.dumps(keys).encode(), dtype=np.uint8),
             periods=np.array(periods, dtype=np.int64),
             uses=np.array(uses, dtype=np.int64),
-            params=np.array(params, dtype=np.float64).reshape(len(keys), -1),
+            params=np.stack(params) if params else np.zeros((0, 3)),
             lengths=np.array(lengths, dtype=np.int64),
             profiles=np.concatenate(profiles) if profiles else np.zeros(0),
         )
