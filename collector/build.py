@@ -309,7 +309,9 @@ def build_service(
     if settings is not None and settings.read_url is not None:
         # then what the snapshot does not cover (all of it without one), from the TSDB
         service.warm_from_tsdb(
-            build_reader(settings, http=http), settings.warm_start_lookback_seconds
+            build_reader(settings, http=http),
+            settings.warm_start_lookback_seconds,
+            settings.warm_start_long_lookback_seconds,
         )
     return service
 

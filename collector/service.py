@@ -10,6 +10,7 @@ and ``run_accounting`` as background tasks; tests and the demo call them directl
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -28,7 +29,12 @@ from gpuwarden.collector.ingest.rounds_seen import AgentRounds
 from gpuwarden.collector.ingest.scrape import ModelServerScraper
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.remote_write.reader import TsdbReader
-from gpuwarden.collector.remote_write.warm_start import WarmStart, warm_from_tsdb, warm_span
+from gpuwarden.collector.remote_write.warm_start import (
+    WarmStart,
+    warm_from_tsdb,
+    warm_long_from_tsdb,
+    warm_span,
+)
 from gpuwarden.collector.remote_write.writer import HistoryWriter
 from gpuwarden.collector.storage.base import Storage
 from gpuwarden.collector.storage.records import AccountingRow, Event
@@ -193,13 +199,25 @@ class CollectorService:
                 log.info("level-shift fits restored: %d", fits)
         return restored
 
-    def warm_from_tsdb(self, reader: TsdbReader, lookback_seconds: float) -> WarmStart:
+    def warm_from_tsdb(
+        self, reader: TsdbReader, lookback_seconds: float, long_lookback_seconds: float = 0.0
+    ) -> WarmStart:
         """Read back from the TSDB the span the snapshot does not cover (all of the lookback
-        without one) into the store, and tell the history writer what the TSDB holds."""
+        without one) into the store, and tell the history writer what the TSDB holds. Without
+        a snapshot, the long window is also filled ``long_lookback_seconds`` back, from the
+        TSDB's per-minute means."""
         now = self.clock()
         snapshot_at = None if self.restored is None else self.restored.written_at
         start = warm_span(self.store, now, lookback_seconds, snapshot_at)
+        long_slots, long_error = 0, None
+        if snapshot_at is None and long_lookback_seconds > 0:
+            store = self.store
+            long_start = now - min(long_lookback_seconds, store.long_seconds)
+            long_slots, long_error = warm_long_from_tsdb(
+                store, reader, start=long_start, end=now - store.recent_seconds
+            )
         warm = warm_from_tsdb(self.store, reader, start=start, end=now)
+        warm = dataclasses.replace(warm, long_slots=long_slots, error=warm.error or long_error)
         if self.history is not None:
             self.history.seed_newest(warm.newest_ms)
         self.warm = warm

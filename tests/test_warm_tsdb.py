@@ -28,10 +28,12 @@ from gpuwarden.collector.clients.http import HttpClient
 from gpuwarden.collector.ingest.otlp_transport import PROTOBUF
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.remote_write.inverse import Inverse, MetricOrigin
+from gpuwarden.collector.remote_write.naming import labels
 from gpuwarden.collector.remote_write.queue import DiskQueue
 from gpuwarden.collector.remote_write.reader import ReadApi, reader_for
 from gpuwarden.collector.remote_write.sender import RemoteWriteSender
 from gpuwarden.collector.remote_write.warm_start import warm_from_tsdb
+from gpuwarden.collector.remote_write.wire import Series, encode
 from gpuwarden.collector.remote_write.writer import HistoryWriter
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.sqlite import MEMORY, SqliteStorage
@@ -215,10 +217,10 @@ def test_resent_rounds_after_a_restart_reach_the_tsdb_once(tsdb, tmp_path):
     for name in ("hw_gpu_utilization", "hw_energy_joules_total", "gpuwarden_gpu_info"):
         samples = server.samples(name)
         assert len(samples) == len(NODES) * len(GPUS), (name, list(samples))
-        for labels, points in samples.items():
+        for series_labels, points in samples.items():
             times = [t for t, _ in points]
-            assert times == sorted(set(times)), (name, labels)  # no timestamp twice
-            assert len(times) == 30, (name, labels)  # none missing
+            assert times == sorted(set(times)), (name, series_labels)  # no timestamp twice
+            assert len(times) == 30, (name, series_labels)  # none missing
 
 
 def test_a_restarted_writer_does_not_queue_again_what_its_queue_holds(tmp_path):
@@ -254,3 +256,67 @@ def test_unknown_names_are_left_out_and_an_unreachable_tsdb_is_an_error_not_a_cr
     assert "no answer" in warm.error
     assert warm.series == 0
     assert store.series_count() == 0
+
+
+def test_the_long_window_comes_back_as_per_minute_means(tmp_path):
+    """Two days of one GPU in VictoriaMetrics (a sample a minute): a store with a 1 h recent and
+    a 2-day long window, warm-started without a snapshot, holds the long window's minutes
+    (gauge: the value; counter: its per-second rate) and says its data goes back two days."""
+    if binary("victoria-metrics") is None:
+        pytest.skip("victoria-metrics is not installed (scripts/system-packages.sh installs it)")
+    now = float(int(time.time()) // 60 * 60)
+    minutes = list(range(int(now) - 2 * 86400 + 60, int(now) - 60, 60))
+    util = [0.25 + 0.5 * ((t // 3600) % 2) for t in minutes]
+    energy = [1000.0 + 90.0 * i for i in range(len(minutes))]  # 1.5 W
+    host, gpu = [("host.name", "n1")], [("hw.id", "GPU-0")]
+    series = [
+        Series(
+            labels("hw_gpu_utilization", [*host, *gpu]),
+            tuple(t * 1000 for t in minutes),
+            tuple(util),
+        ),
+        Series(
+            labels("hw_energy_joules_total", [*host, *gpu]),
+            tuple(t * 1000 for t in minutes),
+            tuple(energy),
+        ),
+    ]
+    server = VictoriaMetrics()
+    with server:
+        request = urllib.request.Request(  # noqa: S310 - loopback
+            server.write_url,
+            data=encode(series),
+            headers={"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"},
+        )
+        with urllib.request.urlopen(request, timeout=30):  # noqa: S310
+            pass
+        searchable(server)
+        store = WindowStore(
+            step_seconds=10, recent_seconds=3600, long_seconds=2 * 86400, clock=lambda: now
+        )
+        reader = reader_for("victoriametrics", HttpClient(), server.url)
+        storage = SqliteStorage(MEMORY)
+        service = CollectorService(
+            store=store, storage=storage, registry=JobRegistry(storage, []), clock=lambda: now
+        )
+        warm = service.warm_from_tsdb(reader, 3600, 2 * 86400)
+    assert warm.error is None
+    assert warm.long_slots > 2 * (len(minutes) - 70)
+    held = store.held_since()
+    assert held is not None
+    assert held <= minutes[0] + 60  # two days back, not one hour
+    start, end = now - 2 * 86400, now - 3600
+    m = store.matrix("hw.gpu.utilization", start=start, end=end, resolution="long")
+    (row,) = m.values
+    want = dict(zip(minutes, util, strict=True))
+    compared = 0
+    for t, got in zip(m.times.tolist(), row.tolist(), strict=True):
+        if int(t) in want and not math.isnan(got):
+            assert got == pytest.approx(want[int(t)], abs=1e-6), t
+            compared += 1
+    assert compared > len(minutes) - 70  # every minute older than the recent window
+    e = store.matrix("hw.energy", start=start, end=end, resolution="long")
+    (rates,) = e.values
+    known = rates[~np.isnan(rates)]
+    assert known.size > len(minutes) - 70
+    assert np.allclose(known, 1.5, rtol=1e-3)

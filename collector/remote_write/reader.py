@@ -26,6 +26,8 @@ from gpuwarden.collector.remote_write.wire import Labels
 
 ReadApi = Literal["victoriametrics", "prometheus"]
 MAX_PAGE_BYTES = 256 << 20
+MAX_RANGE_POINTS = 10_000
+"""Steps per ``query_range`` request (Prometheus refuses more than 11,000)."""
 
 
 class ReadError(Exception):
@@ -42,11 +44,19 @@ class RawSeries:
 
 
 class TsdbReader(Protocol):
-    """Raw samples of the named metrics over ``[start_ms, end_ms]``, page by page, in time order."""
+    """What the collector wrote, read back from the TSDB."""
 
-    def pages(
-        self, names: Sequence[str], start_ms: int, end_ms: int
-    ) -> Iterator[list[RawSeries]]: ...
+    def pages(self, names: Sequence[str], start_ms: int, end_ms: int) -> Iterator[list[RawSeries]]:
+        """Raw samples of the named metrics over ``[start_ms, end_ms]``, page by page, oldest
+        first."""
+        ...
+
+    def means(
+        self, name: str, counter: bool, start_ms: int, end_ms: int, step_seconds: int
+    ) -> Iterator[list[RawSeries]]:
+        """One metric's per-``step_seconds`` means (a counter's per-second rate) over
+        ``[start_ms, end_ms)``, each stamped with its step's start, page by page."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +135,56 @@ class _HttpReader:
 
     def _page(self, selector: str, lo: int, hi: int) -> list[RawSeries]:
         raise NotImplementedError
+
+    def means(
+        self, name: str, counter: bool, start_ms: int, end_ms: int, step_seconds: int
+    ) -> Iterator[list[RawSeries]]:
+        """``/api/v1/query_range`` of ``avg_over_time`` (a counter: ``rate``) over each step,
+        which both VictoriaMetrics and Prometheus answer; at most ``MAX_RANGE_POINTS`` steps
+        per request. Evaluated at multiples of the step (VictoriaMetrics aligns them so anyway)
+        with ``offset 1ms``, the value at ``t`` covers ``[t - step, t)``, as the store's slot
+        that starts at ``t - step``, where it is stamped."""
+        step_ms = step_seconds * 1000
+        function = "rate" if counter else "avg_over_time"
+        query = f"{function}({name_regex([name])}[{step_seconds}s] offset 1ms)"
+        taken = 0
+        first = start_ms // step_ms
+        last = (end_ms - 1) // step_ms
+        while first <= last:
+            upto = min(last, first + MAX_RANGE_POINTS - 1)
+            body = self._get(
+                "/api/v1/query_range",
+                {
+                    "query": query,
+                    "start": str((first + 1) * step_seconds),
+                    "end": str((upto + 1) * step_seconds),
+                    "step": f"{step_seconds}s",
+                },
+            )
+            page = self._matrix(body, name, step_ms)
+            taken += sum(len(s.timestamps_ms) for s in page)
+            if taken > self._paging.max_samples:
+                raise ReadError(f"more than {self._paging.max_samples} samples (max_samples)")
+            yield page
+            first = upto + 1
+
+    def _matrix(self, body: bytes, name: str, step_ms: int) -> list[RawSeries]:
+        try:
+            answer = json.loads(body)
+            if answer.get("status") != "success":
+                raise ReadError(f"{self.url}/api/v1/query_range: {answer.get('error', answer)}")
+            out = []
+            for item in answer["data"]["result"]:
+                metric = {str(k): str(v) for k, v in item["metric"].items()}
+                metric["__name__"] = name  # functions drop the name
+                points = [(round(float(t) * 1000) - step_ms, float(v)) for t, v in item["values"]]
+                if points:
+                    out.append(_series(tuple(sorted(metric.items())), points))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ReadError(
+                f"{self.url}/api/v1/query_range: the answer does not parse: {exc}"
+            ) from None
+        return out
 
 
 class VictoriaMetricsReader(_HttpReader):

@@ -30,6 +30,9 @@ class RemoteWriteSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
             range selector through ``/api/v1/query``).
         warm_start_lookback_seconds: how far back a start without a snapshot reads (capped at
             the store's recent window); with a snapshot, only the time since it was written.
+        warm_start_long_lookback_seconds: without a snapshot, how far back the long window
+            (per-minute means) is filled from the TSDB (capped at the store's long window;
+            0: not at all).
         read_page_seconds: the span of one read request.
         read_max_samples: samples read at most (the start goes on with what it has, logged).
     """
@@ -46,6 +49,7 @@ class RemoteWriteSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
     read_url: str | None = None
     read_api: Literal["victoriametrics", "prometheus"] = "victoriametrics"
     warm_start_lookback_seconds: Annotated[float, msgspec.Meta(ge=0)] = 6 * 3600.0
+    warm_start_long_lookback_seconds: Annotated[float, msgspec.Meta(ge=0)] = 14 * 86400.0
     read_page_seconds: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
     read_max_samples: Annotated[int, msgspec.Meta(gt=0)] = 50_000_000
 

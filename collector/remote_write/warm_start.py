@@ -50,6 +50,8 @@ class WarmStart:
     """Series whose name this collector does not write (left out)."""
     error: str | None = None
     """Why the read stopped early (the store keeps what came before), or None."""
+    long_slots: int = 0
+    """Long-ring slots filled from the TSDB's per-minute means (before the recent window)."""
     seconds: float = 0.0
     newest_ms: dict[Labels, int] = field(default_factory=dict, repr=False)
     """Each series' newest sample in the TSDB (milliseconds), by its labels."""
@@ -134,3 +136,46 @@ def warm_from_tsdb(
         result.seconds,
     )
     return result
+
+
+def warm_long_from_tsdb(
+    store: WindowStore,
+    reader: TsdbReader,
+    *,
+    start: float,
+    end: float,
+    inverse: Inverse | None = None,
+) -> tuple[int, str | None]:
+    """Fill the long ring over ``[start, end)`` (older than the recent window) from the TSDB's
+    per-long-step means, metric by metric; return the slots written and the error that stopped
+    it (None: none). What cannot be read is logged; the start goes on without it."""
+    inverse = Inverse() if inverse is None else inverse
+    step = store.long_step_seconds
+    written = 0
+    try:
+        for name, origin in sorted(inverse.names.items()):
+            for page in reader.means(
+                name, origin.counter, int(start * 1000), int(end * 1000), step
+            ):
+                blocks = []
+                for raw in page:
+                    found = inverse.origin(raw.labels)
+                    if found is None:
+                        continue
+                    blocks.append(
+                        SeriesBlock(
+                            metric=found.metric.metric,
+                            host=found.host,
+                            attributes=found.attributes,
+                            unit=found.metric.unit,
+                            counter=found.metric.counter,
+                            times_ns=np.asarray(raw.timestamps_ms, dtype=np.int64) * _NS_PER_MS,
+                            values=np.asarray(raw.values, dtype=np.float64),
+                        )
+                    )
+                written += store.fill_long(blocks)
+    except ReadError as exc:
+        log.error("warm start of the long window from the TSDB stopped: %s", exc)
+        return written, str(exc)
+    log.info("warm start from the TSDB: %d long-window slots (per-%d s means)", written, step)
+    return written, None

@@ -15,6 +15,7 @@ import numpy.typing as npt
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.ingest.otlp_columns import NumberColumns
 from gpuwarden.collector.store.histograms import HistogramSeries
+from gpuwarden.collector.store.ring import encode
 from gpuwarden.collector.store.types import (
     HOST_NAME,
     AttrValue,
@@ -213,6 +214,50 @@ class PointIngest(WindowState):
                 self._ratio,
                 counts,
             )
+
+    def fill_long(self, blocks: Sequence[SeriesBlock]) -> int:
+        """Write long-ring slots directly (a warm start's history older than the recent window,
+        read back as per-long-step means; counters as per-second rates, as the long ring holds
+        them); return the slots written.
+
+        ``times_ns`` are the long slots' starts. Only slots the long ring holds that are older
+        than the recent window are written: the recent window's long slots are computed from the
+        recent ring, as always. Series are created as needed (their newest point: the newest
+        slot written).
+        """
+        with self._lock:
+            table = self._table
+            long_step_ns = self.long_step_seconds * NS
+            now_slot = int(self._clock() // self.step_seconds)
+            head = table.advance(max(now_slot, table.recent.head or now_slot), self._ratio)
+            long_head = head // self._ratio
+            oldest = long_head - table.long.n_slots + 1
+            recent_first = (head - table.recent.n_slots + 1 + self._ratio - 1) // self._ratio
+            written = 0
+            for block in blocks:
+                slots = block.times_ns // long_step_ns
+                keep = (slots >= oldest) & (slots < recent_first) & np.isfinite(block.values)
+                if not keep.any():
+                    continue
+                alias = (block.metric, block.host, tuple(block.attributes.items()))
+                row = table.aliases.get(alias)
+                if row is None:
+                    row = table.resolve(
+                        alias,
+                        unit=block.unit,
+                        counter=block.counter,
+                        time_ns=int(block.times_ns[keep].max()),
+                        total=len(self._histograms),
+                    )
+                    if row < 0:
+                        continue
+                chosen = slots[keep]
+                table.long.bits[row, chosen % table.long.n_slots] = encode(block.values[keep])
+                first = int(chosen.min()) * self._ratio
+                if table.first_slot is None or first < table.first_slot:
+                    table.first_slot = first
+                written += int(chosen.size)
+            return written
 
     def ingest_histogram(
         self,
