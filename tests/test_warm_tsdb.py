@@ -320,3 +320,27 @@ def test_the_long_window_comes_back_as_per_minute_means(tmp_path):
     known = rates[~np.isnan(rates)]
     assert known.size > len(minutes) - 70
     assert np.allclose(known, 1.5, rtol=1e-3)
+
+
+def test_over_the_sample_bound_the_newest_data_comes_back(tsdb, tmp_path):
+    server, api = tsdb
+    clock = Clock()
+    first = Collector(server.write_url, tmp_path / "queue", clock)
+    t0 = start_ns()
+    first.take(t0, range(STEPS))
+    first.drain()
+    searchable(server)
+    fresh = new_store()
+    per_page = 7 * len(NODES) * len(GPUS) * 3  # 70 s pages: 7 rounds of 12 series
+    reader = reader_for(api, HttpClient(), server.url, page_seconds=70, max_samples=2 * per_page)
+    warm = warm_from_tsdb(fresh, reader, start=t0 / NS - 30, end=time.time())
+    assert warm.error is not None
+    assert "max_samples" in warm.error
+    newest_ms = (t0 + (STEPS - 1) * 10 * NS) // 1_000_000
+    assert set(warm.newest_ms.values()) == {newest_ms}  # the writer knows the newest of each
+    latest = fresh.latest("hw.gpu.utilization")
+    assert latest.times.size == len(NODES) * len(GPUS)
+    assert set(latest.times.tolist()) == {newest_ms / 1000}
+    held = fresh.held_since()
+    assert held is not None
+    assert held > t0 / NS + 60  # the oldest rounds were left out, not the newest

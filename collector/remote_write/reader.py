@@ -21,6 +21,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from gpuwarden.collector.clients.http import HttpClient
 from gpuwarden.collector.remote_write.wire import Labels
 
@@ -34,21 +37,23 @@ class ReadError(Exception):
     """The TSDB could not be read (unreachable, an error answer, an answer over a bound)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class RawSeries:
     """One series' raw samples in one page: labels (sorted), milliseconds and values in order."""
 
     labels: Labels
-    timestamps_ms: tuple[int, ...]
-    values: tuple[float, ...]
+    timestamps_ms: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float64]
 
 
 class TsdbReader(Protocol):
     """What the collector wrote, read back from the TSDB."""
 
-    def pages(self, names: Sequence[str], start_ms: int, end_ms: int) -> Iterator[list[RawSeries]]:
+    def pages(
+        self, names: Sequence[str], start_ms: int, end_ms: int, *, newest_first: bool = False
+    ) -> Iterator[list[RawSeries]]:
         """Raw samples of the named metrics over ``[start_ms, end_ms]``, page by page, oldest
-        first."""
+        first (or newest first)."""
         ...
 
     def means(
@@ -65,9 +70,19 @@ class _Paging:
     max_samples: int
     max_page_bytes: int
 
-    def windows(self, start_ms: int, end_ms: int) -> Iterator[tuple[int, int]]:
-        """``[lo, hi]`` millisecond windows covering ``[start_ms, end_ms]``, oldest first."""
+    def windows(
+        self, start_ms: int, end_ms: int, *, newest_first: bool = False
+    ) -> Iterator[tuple[int, int]]:
+        """``[lo, hi]`` millisecond windows covering ``[start_ms, end_ms]``, oldest first (or
+        newest first)."""
         step = max(1, int(self.page_seconds * 1000))
+        if newest_first:
+            hi = end_ms
+            while hi >= start_ms:
+                lo = max(start_ms, hi - step + 1)
+                yield lo, hi
+                hi = lo - 1
+            return
         lo = start_ms
         while lo <= end_ms:
             hi = min(end_ms, lo + step - 1)
@@ -120,15 +135,18 @@ class _HttpReader:
             )
         return result.body
 
-    def pages(self, names: Sequence[str], start_ms: int, end_ms: int) -> Iterator[list[RawSeries]]:
-        """Each page's series, oldest page first; raises :class:`ReadError` past the bounds."""
+    def pages(
+        self, names: Sequence[str], start_ms: int, end_ms: int, *, newest_first: bool = False
+    ) -> Iterator[list[RawSeries]]:
+        """Each page's series, oldest page first (or newest first); raises :class:`ReadError`
+        past the bounds."""
         if not names:
             return
         taken = 0
         selector = name_regex(names)
-        for lo, hi in self._paging.windows(start_ms, end_ms):
+        for lo, hi in self._paging.windows(start_ms, end_ms, newest_first=newest_first):
             page = self._page(selector, lo, hi)
-            taken += sum(len(s.timestamps_ms) for s in page)
+            taken += sum(s.timestamps_ms.size for s in page)
             if taken > self._paging.max_samples:
                 raise ReadError(f"more than {self._paging.max_samples} samples (max_samples)")
             yield page
@@ -162,7 +180,7 @@ class _HttpReader:
                 },
             )
             page = self._matrix(body, name, step_ms)
-            taken += sum(len(s.timestamps_ms) for s in page)
+            taken += sum(s.timestamps_ms.size for s in page)
             if taken > self._paging.max_samples:
                 raise ReadError(f"more than {self._paging.max_samples} samples (max_samples)")
             yield page
@@ -237,7 +255,11 @@ class PrometheusReader(_HttpReader):
 
 def _series(labels: Labels, points: list[tuple[int, float]]) -> RawSeries:
     points.sort()
-    return RawSeries(labels, tuple(t for t, _ in points), tuple(v for _, v in points))
+    return RawSeries(
+        labels,
+        np.fromiter((t for t, _ in points), dtype=np.int64, count=len(points)),
+        np.fromiter((v for _, v in points), dtype=np.float64, count=len(points)),
+    )
 
 
 def reader_for(

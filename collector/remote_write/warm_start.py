@@ -22,8 +22,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from gpuwarden.collector.remote_write.inverse import Inverse
 from gpuwarden.collector.remote_write.reader import ReadError, TsdbReader
 from gpuwarden.collector.remote_write.wire import Labels
@@ -89,8 +87,13 @@ def warm_from_tsdb(
     samples = stored = 0
     newest: dict[Labels, int] = {}
     error = None
+    # Newest page first, so the bound (``read_max_samples``) leaves out the oldest data, never
+    # the newest; stored oldest first afterwards (a counter's increases need its points in order).
+    pages: list[list[SeriesBlock]] = []
     try:
-        for page in reader.pages(sorted(inverse.names), int(start * 1000), int(end * 1000)):
+        for page in reader.pages(
+            sorted(inverse.names), int(start * 1000), int(end * 1000), newest_first=True
+        ):
             blocks = []
             for raw in page:
                 origin = inverse.origin(raw.labels)
@@ -98,8 +101,8 @@ def warm_from_tsdb(
                     unknown.add(raw.labels)
                     continue
                 series.add(raw.labels)
-                samples += len(raw.timestamps_ms)
-                newest[raw.labels] = max(newest.get(raw.labels, -1), raw.timestamps_ms[-1])
+                samples += raw.timestamps_ms.size
+                newest[raw.labels] = max(newest.get(raw.labels, -1), int(raw.timestamps_ms[-1]))
                 blocks.append(
                     SeriesBlock(
                         metric=origin.metric.metric,
@@ -107,14 +110,16 @@ def warm_from_tsdb(
                         attributes=origin.attributes,
                         unit=origin.metric.unit,
                         counter=origin.metric.counter,
-                        times_ns=np.asarray(raw.timestamps_ms, dtype=np.int64) * _NS_PER_MS,
-                        values=np.asarray(raw.values, dtype=np.float64),
+                        times_ns=raw.timestamps_ms * _NS_PER_MS,
+                        values=raw.values,
                     )
                 )
-            stored += store.ingest_series(blocks).accepted
+            pages.append(blocks)
     except ReadError as exc:
         error = str(exc)
         log.error("warm start from the TSDB stopped: %s (starting with what was read)", exc)
+    for blocks in reversed(pages):
+        stored += store.ingest_series(blocks).accepted
     result = WarmStart(
         start=start,
         end=end,
@@ -169,8 +174,8 @@ def warm_long_from_tsdb(
                             attributes=found.attributes,
                             unit=found.metric.unit,
                             counter=found.metric.counter,
-                            times_ns=np.asarray(raw.timestamps_ms, dtype=np.int64) * _NS_PER_MS,
-                            values=np.asarray(raw.values, dtype=np.float64),
+                            times_ns=raw.timestamps_ms * _NS_PER_MS,
+                            values=raw.values,
                         )
                     )
                 written += store.fill_long(blocks)
