@@ -171,3 +171,32 @@ def test_without_a_full_snapshot_the_changes_are_the_whole_store(tmp_path: Path)
     fresh = store_on(clock)
     assert fresh.read_snapshot(path) is not None
     assert same(picture(fresh, clock.now), picture(store, clock.now))
+
+
+def test_changes_read_at_start_are_in_the_next_changes(tmp_path: Path) -> None:
+    """Two restarts in a row without a full snapshot between them keep a late point."""
+    clock = Clock(T0)
+    store = store_on(clock)
+    path = tmp_path / "window.npz"
+    feed(store, clock, T0, T0 + 30 * 60, HOSTS[:2])
+    store.write_snapshot(path)
+    feed(store, clock, T0 + 30 * 60 + STEP, T0 + 32 * 60, HOSTS[:2])
+    late = NumberPoint(
+        {"host.name": "n0"},
+        "hw.gpu.utilization",
+        "1",
+        "gauge",
+        False,
+        {"hw.id": "GPU-late"},
+        int((T0 + 10 * 60) * 1e9),
+        0.5,
+    )
+    assert store.ingest([late]).accepted == 1
+    store.write_snapshot(path, changes_only=True)
+    want = picture(store, clock.now)
+    second = store_on(clock)
+    assert second.read_snapshot(path) is not None
+    second.write_snapshot(path, changes_only=True)  # the second shutdown, nothing new
+    third = store_on(clock)
+    assert third.read_snapshot(path) is not None
+    assert same(picture(third, clock.now), want)

@@ -446,6 +446,8 @@ class Snapshots(WindowState):
                 self._snapshot_base = _Base(
                     float(meta["written_at"]), int(meta["recent_head"]), int(meta["long_head"])
                 )
+            else:  # the next changes must hold these again, late slots included
+                table.changed_from = _earliest(table.changed_from, int(meta["recent_first"]))
             series_count = self._series_count() - len(self._histograms)
         return Restored(
             series=series_count,
