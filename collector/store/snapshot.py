@@ -24,22 +24,22 @@ resend for that time (their spools) land in it as usual.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from gpuwarden.collector.store import snapshot_arrays as arrays
 from gpuwarden.collector.store.histograms import HistogramSeries
-from gpuwarden.collector.store.ring import Ring, encode
+from gpuwarden.collector.store.ring import encode
 from gpuwarden.collector.store.rows import SeriesTable
+from gpuwarden.collector.store.snapshot_arrays import SnapshotError
 from gpuwarden.collector.store.types import Kind, SeriesKey
 from gpuwarden.collector.store.window_state import WindowState
 
@@ -50,10 +50,6 @@ FORMAT = 1
 CHUNK_BYTES = 8 << 20
 """Bytes of ring rows copied per hold of the store's lock (a 14-day long ring row is 80 KB:
 about 100 rows), so ingest waits milliseconds, not the whole copy."""
-
-
-class SnapshotError(Exception):
-    """A snapshot that cannot be used: another shape, another format, or a broken file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,53 +84,6 @@ def _shape(state: WindowState) -> dict[str, int]:
         "long_step_seconds": state.long_step_seconds,
         "long_seconds": state.long_seconds,
     }
-
-
-def _text(value: object) -> npt.NDArray[np.uint8]:
-    return np.frombuffer(json.dumps(value, separators=(",", ":")).encode(), dtype=np.uint8)
-
-
-def _untext(array: npt.NDArray[Any]) -> Any:
-    return json.loads(np.asarray(array, dtype=np.uint8).tobytes().decode())
-
-
-def _put(archive: zipfile.ZipFile, name: str, array: npt.NDArray[Any]) -> None:
-    with archive.open(name + ".npy", "w", force_zip64=True) as member:
-        np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
-
-
-def _put_rows(
-    archive: zipfile.ZipFile, name: str, dtype: type[np.generic], shape: tuple[int, int]
-) -> IO[bytes]:
-    """An open ``.npy`` member of ``shape`` whose rows the caller writes in order (C order)."""
-    member = archive.open(name + ".npy", "w", force_zip64=True)
-    header = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": shape}
-    np.lib.format.write_array_header_2_0(member, header)
-    return member
-
-
-def _rows_of(archive: zipfile.ZipFile, name: str, chunk_bytes: int) -> Iterator[npt.NDArray[Any]]:
-    """Blocks of about ``chunk_bytes`` of rows of a 2-D ``.npy`` member, in order, as needed."""
-    with archive.open(name + ".npy") as member:
-        version = np.lib.format.read_magic(member)
-        if version not in ((1, 0), (2, 0)):
-            raise SnapshotError(f"{name}: unsupported .npy version {version}")
-        read_header = (
-            np.lib.format.read_array_header_1_0
-            if version == (1, 0)
-            else np.lib.format.read_array_header_2_0
-        )
-        shape, fortran, dtype = read_header(member)
-        if fortran or len(shape) != 2 or dtype.hasobject:
-            raise SnapshotError(f"{name}: not a plain 2-D array")
-        rows, cols = shape
-        chunk = max(1, chunk_bytes // max(1, cols * dtype.itemsize))
-        for start in range(0, rows, chunk):
-            n = min(chunk, rows - start)
-            data = member.read(n * cols * dtype.itemsize)
-            if len(data) != n * cols * dtype.itemsize:
-                raise SnapshotError(f"{name}: truncated")
-            yield np.frombuffer(data, dtype=dtype).reshape(n, cols)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +130,7 @@ class Snapshots(WindowState):
             if base is None:  # the changes since the old full snapshot still count
                 with self._lock:
                     now = self._table.changed_from
-                    self._table.changed_from = _earliest(changed_from, now)
+                    self._table.changed_from = arrays.earliest(changed_from, now)
             raise
         if base is None:
             self._snapshot_base = self._written_base
@@ -246,34 +195,36 @@ class Snapshots(WindowState):
             }
             # the slots written: from the oldest data to the heads as they are now (a head that
             # moves on while the chunks are copied adds slots the next snapshot takes)
-            recent = _held(table.recent, table.first_slot)
-            long = _held(
+            recent = arrays.held(table.recent, table.first_slot)
+            long = arrays.held(
                 table.long, None if table.first_slot is None else table.first_slot // self._ratio
             )
             histogram_slots = recent  # histograms are few: always whole
             if base is not None:  # from the base's heads, or the oldest slot written since
                 since = base.recent_head if changed_from is None else changed_from
                 since = min(since, base.recent_head)
-                recent = _after(recent, since)
-                long = _after(long, min(base.long_head, since // self._ratio))
+                recent = arrays.after(recent, since)
+                long = arrays.after(long, min(base.long_head, since // self._ratio))
             elif recent_head is not None and long_head is not None:
                 self._written_base = _Base(written_at, recent_head, long_head)
         meta["recent_first"], meta["long_first"] = recent[0], long[0]
         meta["histogram_first"] = histogram_slots[0]
         counters = np.flatnonzero(table.counter_row[rows] >= 0)
-        _put(archive, "meta", _text(meta))
-        _put(
+        arrays.put(archive, "meta", arrays.text(meta))
+        arrays.put(
             archive,
             "series",
-            _text([[i.key[0], i.key[1], i.unit, str(i.kind)] for i in infos if i is not None]),
+            arrays.text(
+                [[i.key[0], i.key[1], i.unit, str(i.kind)] for i in infos if i is not None]
+            ),
         )
-        _put(archive, "counters", counters)
+        arrays.put(archive, "counters", counters)
         for name, ring, (first, count), chosen, kind in (
             ("recent", table.recent, recent, rows, np.float32),
             ("long", table.long, long, rows, np.float32),
             ("counter_dt", table.recent, recent, rows[counters], np.uint16),
         ):
-            with _put_rows(archive, name, kind, (chosen.size, count)) as member:
+            with arrays.put_rows(archive, name, kind, (chosen.size, count)) as member:
                 chunk = max(1, chunk_bytes // max(1, count * 4))
                 for start in range(0, chosen.size, chunk):
                     part = chosen[start : start + chunk]
@@ -283,7 +234,7 @@ class Snapshots(WindowState):
                         table.flush_long(self._ratio)
                         block: npt.NDArray[Any]
                         if name == "counter_dt":
-                            block = _dt_block(table, part, first, count)
+                            block = arrays.dt_block(table, part, first, count)
                         else:
                             block = ring.read(part, first, count)
                     member.write(block.tobytes())
@@ -292,10 +243,10 @@ class Snapshots(WindowState):
                 raise SnapshotError("series evicted while writing; next time")
             # the raw state last: an increase between a chunk and here is lost (as in a gap),
             # never counted twice after the restart
-            _put(archive, "last_seen_ns", table.last_seen_ns[rows])
-            _put(archive, "raw_time_ns", table.raw_time_ns[rows])
-            _put(archive, "raw_value", table.raw_value[rows])
-            _put(archive, "debt", table.debt[table.counter_row[rows[counters]]])
+            arrays.put(archive, "last_seen_ns", table.last_seen_ns[rows])
+            arrays.put(archive, "raw_time_ns", table.raw_time_ns[rows])
+            arrays.put(archive, "raw_value", table.raw_value[rows])
+            arrays.put(archive, "debt", table.debt[table.counter_row[rows[counters]]])
             histograms = self._write_histograms(archive, histogram_slots)
         return len(infos), histograms
 
@@ -322,13 +273,13 @@ class Snapshots(WindowState):
             rings.append(series.ring.read(rows, first, count))
             if series.last_counts is not None:
                 counts.append(series.last_counts)
-        _put(archive, "histograms", _text(described))
-        _put(
+        arrays.put(archive, "histograms", arrays.text(described))
+        arrays.put(
             archive,
             "histogram_rings",
             np.concatenate(rings) if rings else np.zeros((0, count), dtype=np.float32),
         )
-        _put(archive, "histogram_counts", np.concatenate(counts) if counts else np.zeros(0))
+        arrays.put(archive, "histogram_counts", np.concatenate(counts) if counts else np.zeros(0))
         return len(described)
 
     def read_snapshot(self, path: Path, *, chunk_bytes: int = CHUNK_BYTES) -> Restored | None:
@@ -386,7 +337,7 @@ class Snapshots(WindowState):
             with archive.open(name + ".npy") as member:
                 return np.lib.format.read_array(member, allow_pickle=False)
 
-        meta = _untext(small("meta"))
+        meta = arrays.untext(small("meta"))
         if meta.get("format") != FORMAT:
             raise SnapshotError(f"format {meta.get('format')!r}, this collector reads {FORMAT}")
         theirs = {k: meta.get(k) for k in _shape(self)}
@@ -394,7 +345,7 @@ class Snapshots(WindowState):
             raise SnapshotError(f"another store shape: {theirs}, this store is {_shape(self)}")
         if meta.get("base") != base:
             raise SnapshotError(f"changes of the snapshot of {meta.get('base')}, not of {base}")
-        series = _untext(small("series"))
+        series = arrays.untext(small("series"))
         counters = small("counters")
         if meta["recent_head"] is None:  # an empty store's snapshot
             return Restored(0, 0, float(meta["written_at"]), None)
@@ -422,13 +373,13 @@ class Snapshots(WindowState):
                 ("counter_dt", None, meta["recent_first"], rows[counters]),
             ):
                 done = 0
-                for block in _rows_of(archive, name, chunk_bytes):
+                for block in arrays.rows_of(archive, name, chunk_bytes):
                     part = chosen[done : done + block.shape[0]]
                     done += block.shape[0]
                     if ring is None:
-                        _put_dts(table, part, int(first), block)
+                        arrays.put_dts(table, part, int(first), block)
                     else:
-                        _put_block(ring, part, int(first), encode(block))
+                        arrays.put_block(ring, part, int(first), encode(block))
                 if done != chosen.size:
                     raise SnapshotError(f"{name}: {done} rows for {chosen.size} series")
             table.last_seen_ns[rows] = small("last_seen_ns")
@@ -436,7 +387,7 @@ class Snapshots(WindowState):
             table.raw_value[rows] = small("raw_value")
             table.debt[table.counter_row[rows[counters]]] = small("debt")
             histograms = self._read_histograms(
-                _untext(small("histograms")),
+                arrays.untext(small("histograms")),
                 small("histogram_rings"),
                 small("histogram_counts"),
                 int(meta.get("histogram_first", meta["recent_first"])),
@@ -447,7 +398,7 @@ class Snapshots(WindowState):
                     float(meta["written_at"]), int(meta["recent_head"]), int(meta["long_head"])
                 )
             else:  # the next changes must hold these again, late slots included
-                table.changed_from = _earliest(table.changed_from, int(meta["recent_first"]))
+                table.changed_from = arrays.earliest(table.changed_from, int(meta["recent_first"]))
             series_count = self._series_count() - len(self._histograms)
         return Restored(
             series=series_count,
@@ -489,7 +440,7 @@ class Snapshots(WindowState):
             block = rings[at_ring : at_ring + n]
             if block.shape[0] != n:
                 raise SnapshotError("histogram rings shorter than their buckets")
-            _put_block(series.ring, np.arange(n, dtype=np.int64), first, encode(block))
+            arrays.put_block(series.ring, np.arange(n, dtype=np.int64), first, encode(block))
             at_ring += n
             if has_counts:
                 series.last_counts = np.array(counts[at_counts : at_counts + len(bounds) + 1])
@@ -498,71 +449,3 @@ class Snapshots(WindowState):
             series.last_time_ns, series.last_seen_ns = int(last_time), int(last_seen)
             self._histograms[key] = series
         return len(described)
-
-
-def _held(ring: Ring, first_written: int | None) -> tuple[int, int]:
-    """The absolute slots worth writing: ``(first, count)`` from the oldest data to the head."""
-    if ring.head is None or first_written is None:
-        return (0, 0)
-    first = max(first_written, ring.head - ring.n_slots + 1)
-    return (first, max(0, ring.head - first + 1))
-
-
-def _earliest(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else min(a, b)
-
-
-def _after(held: tuple[int, int], since: int) -> tuple[int, int]:
-    """``held`` (``(first, count)``) from slot ``since`` on."""
-    first, count = held
-    start = max(first, since)
-    return (start, max(0, first + count - start))
-
-
-def _dt_block(
-    table: SeriesTable, rows: npt.NDArray[np.int64], first: int, count: int
-) -> npt.NDArray[np.uint16]:
-    """Counter rows' covered-time codes over ``[first, first + count)``, 0 outside the ring."""
-    out = np.zeros((rows.size, count), dtype=np.uint16)
-    lo, hi = table.recent.span(first, first + count)
-    if lo < hi and rows.size:
-        slots = np.arange(lo, hi)
-        out[:, lo - first : hi - first] = table.dts[
-            table.counter_row[rows][:, None], slots % table.recent.n_slots
-        ]
-    return out
-
-
-def _runs(ring: Ring, first: int, count: int) -> list[tuple[int, int, int]]:
-    """The held part of absolute slots ``[first, first + count)`` as at most two runs of
-    adjacent ring columns: ``(column, offset in the block, length)``."""
-    lo, hi = ring.span(first, first + count)
-    if lo >= hi:
-        return []
-    col, length = lo % ring.n_slots, hi - lo
-    head = min(length, ring.n_slots - col)
-    runs = [(col, lo - first, head)]
-    if head < length:
-        runs.append((0, lo - first + head, length - head))
-    return runs
-
-
-def _put_dts(
-    table: SeriesTable, rows: npt.NDArray[np.int64], first: int, block: npt.NDArray[np.uint16]
-) -> None:
-    crows = table.counter_row[rows]
-    for col, at, length in _runs(table.recent, first, block.shape[1]):
-        table.dts[crows, col : col + length] = block[:, at : at + length]
-
-
-def _put_block(
-    ring: Ring, rows: npt.NDArray[np.int64], first: int, bits: npt.NDArray[np.uint32]
-) -> None:
-    """Write stored bits of ``rows`` over absolute slots from ``first``; slots the ring no
-    longer holds (older than its window at restart) are dropped."""
-    if not rows.size:
-        return
-    contiguous = rows.size == int(rows[-1]) - int(rows[0]) + 1 and bool(np.all(np.diff(rows) == 1))
-    target = slice(int(rows[0]), int(rows[-1]) + 1) if contiguous else rows
-    for col, at, length in _runs(ring, first, bits.shape[1]):
-        ring.bits[target, col : col + length] = bits[:, at : at + length]
