@@ -19,6 +19,12 @@ does not parse is logged and ignored (the store starts empty, as without a snaps
 retention no longer covers at restart are dropped; the heads move to now, so the time between
 the snapshot and the restart reads as missing (NaN), never interpolated. Points the agents
 resend for that time (their spools) land in it as usual.
+
+The changes (``changes_path``): at shutdown, writing the whole store would take minutes for a
+large fleet, so only the slots written since the last full snapshot (late points of agents'
+spools included: the table tracks the oldest slot written since, ``changed_from``), with the raw
+state and the histograms, go to ``<snapshot>.changes``, in the same layout, naming the full
+snapshot they complete (its time). Read after it at start, and only if they name it.
 """
 
 from __future__ import annotations
