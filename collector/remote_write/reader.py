@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -205,6 +206,17 @@ class _HttpReader:
         return out
 
 
+class _ExportLine(msgspec.Struct):
+    """One line of ``/api/v1/export`` (msgspec: several times faster than ``json`` here)."""
+
+    metric: dict[str, str]
+    values: list[float]
+    timestamps: list[int]
+
+
+_EXPORT_LINE = msgspec.json.Decoder(_ExportLine)
+
+
 class VictoriaMetricsReader(_HttpReader):
     """VictoriaMetrics' ``/api/v1/export``: JSON lines ``{"metric", "values", "timestamps"}``."""
 
@@ -213,20 +225,30 @@ class VictoriaMetricsReader(_HttpReader):
             "/api/v1/export",
             {"match[]": selector, "start": str(lo / 1000), "end": str(hi / 1000)},
         )
-        merged: dict[Labels, list[tuple[int, float]]] = {}
+        parts: dict[Labels, list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]]] = {}
         for line in body.splitlines():
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-                labels = tuple(sorted((str(k), str(v)) for k, v in row["metric"].items()))
-                points = zip(row["timestamps"], row["values"], strict=True)
-                merged.setdefault(labels, []).extend(
-                    (int(t), float(v)) for t, v in points if lo <= int(t) <= hi
-                )
-            except (ValueError, KeyError, TypeError) as exc:
+                row = _EXPORT_LINE.decode(line)
+            except msgspec.DecodeError as exc:
                 raise ReadError(f"{self.url}/api/v1/export: a line does not parse: {exc}") from None
-        return [_series(labels, points) for labels, points in merged.items() if points]
+            if len(row.timestamps) != len(row.values):
+                raise ReadError(f"{self.url}/api/v1/export: timestamps and values differ")
+            labels = tuple(sorted(row.metric.items()))
+            times = np.asarray(row.timestamps, dtype=np.int64)
+            values = np.asarray(row.values, dtype=np.float64)
+            inside = (times >= lo) & (times <= hi)
+            parts.setdefault(labels, []).append((times[inside], values[inside]))
+        out = []
+        for labels, chunks in parts.items():
+            times = np.concatenate([t for t, _ in chunks])
+            if not times.size:
+                continue
+            values = np.concatenate([v for _, v in chunks])
+            order = np.argsort(times, kind="stable")
+            out.append(RawSeries(labels, times[order], values[order]))
+        return out
 
 
 class PrometheusReader(_HttpReader):
