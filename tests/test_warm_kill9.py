@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -118,6 +119,9 @@ class Collector:
 
     def get(self, path: str) -> bytes | None:
         return http_get(f"http://127.0.0.1:{self.port}{path}")
+
+    def log(self) -> str:
+        return self.stderr.read_text()
 
     def ready_rules(self) -> set[str]:
         body = http_get(f"http://127.0.0.1:{self.port}/readyz", token=False)
@@ -232,6 +236,12 @@ def test_kill_9_mid_push_comes_back_ready_with_its_accounting_and_every_point_on
         collector.start()  # same files: database, snapshot, remote-write queue
         # (a) ready again before any detection cycle ran in the new process
         assert ready_before <= collector.ready_rules()
+        # the snapshot was older than the kill: the TSDB gave back what came after it
+        starts = re.findall(
+            r"warm start from the TSDB: \d+ series, (\d+) samples read", collector.log()
+        )
+        assert len(starts) == 2
+        assert int(starts[1]) > 0
         assert sender.flush(timeout_seconds=60)
         gpus = len(list(agent.source.sample()))
 
