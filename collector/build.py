@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gpuwarden.collector.clients.http import HttpClient
     from gpuwarden.collector.remediate.actuators.base import Actuator
     from gpuwarden.collector.remediate.actuators.build import JobLookup
+    from gpuwarden.collector.remote_write.reader import TsdbReader
     from gpuwarden.collector.remote_write.writer import HistoryWriter
 
 
@@ -166,15 +167,7 @@ def build_history(
     from gpuwarden.collector.remote_write.sender import RemoteWriteSender
     from gpuwarden.collector.remote_write.writer import HistoryWriter
 
-    headers = dict(settings.headers)
-    if settings.bearer_token_file is not None:
-        try:
-            token = settings.bearer_token_file.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(
-                f"remote_write.bearer_token_file {settings.bearer_token_file}: {exc.strerror}"
-            ) from None
-        headers["Authorization"] = f"Bearer {token}"
+    headers = _remote_write_headers(settings)
     try:
         queue = DiskQueue(settings.queue_dir, max_bytes=settings.max_queue_bytes)
         log = IntakeLog(settings.queue_dir)
@@ -197,6 +190,20 @@ def build_history(
         limits=limits if limits is not None else IngestLimits(),
         cluster=cluster,
     )
+
+
+def _remote_write_headers(settings: RemoteWriteSettings) -> dict[str, str]:
+    """The configured headers plus the bearer token read from its file now (fail at start)."""
+    headers = dict(settings.headers)
+    if settings.bearer_token_file is not None:
+        try:
+            token = settings.bearer_token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"remote_write.bearer_token_file {settings.bearer_token_file}: {exc.strerror}"
+            ) from None
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
 
 
 def open_storage(config: CollectorConfig, *, clock: Callable[[], float] = time.time) -> Storage:
@@ -311,4 +318,33 @@ def build_service(
     if config.database_url is not None:  # other collectors may store this agent's rounds too
         service.intake.rounds_ledger = RoundsLedger(read_through=True)
     service.restore_snapshot()  # warm start: the window as the last snapshot left it
+    settings = config.remote_write
+    if settings is not None and settings.read_url is not None:
+        # then what the snapshot does not cover (all of it without one), from the TSDB
+        service.warm_from_tsdb(
+            build_reader(settings, http=http, cluster=config.cluster),
+            settings.warm_start_lookback_seconds,
+            settings.warm_start_long_lookback_seconds,
+        )
     return service
+
+
+def build_reader(
+    settings: RemoteWriteSettings, *, http: HttpClient | None = None, cluster: str | None = None
+) -> TsdbReader:
+    """The TSDB reader of ``remote_write.read_url`` (same headers and token as the writes), of
+    ``cluster``'s series only when given (the collector's own: its writes carry the label)."""
+    from gpuwarden.collector.remote_write.reader import reader_for
+
+    if settings.read_url is None:
+        raise ConfigError("remote_write.read_url is not set")
+    return reader_for(
+        settings.read_api,
+        http if http is not None else build_http_client(),
+        settings.read_url,
+        headers=_remote_write_headers(settings),
+        timeout_seconds=settings.timeout_seconds,
+        page_seconds=settings.read_page_seconds,
+        max_samples=settings.read_max_samples,
+        cluster=cluster,
+    )

@@ -10,6 +10,7 @@ and ``run_accounting`` as background tasks; tests and the demo call them directl
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -27,6 +28,13 @@ from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
 from gpuwarden.collector.ingest.rounds_seen import AgentRounds
 from gpuwarden.collector.ingest.scrape import ModelServerScraper
 from gpuwarden.collector.jobs.registry import JobRegistry
+from gpuwarden.collector.remote_write.reader import TsdbReader
+from gpuwarden.collector.remote_write.warm_start import (
+    WarmStart,
+    warm_from_tsdb,
+    warm_long_from_tsdb,
+    warm_span,
+)
 from gpuwarden.collector.remote_write.writer import HistoryWriter
 from gpuwarden.collector.storage.base import Storage
 from gpuwarden.collector.storage.records import AccountingRow, Event
@@ -124,6 +132,8 @@ class CollectorService:
         """Where the store is snapshotted (None: never; ``store.snapshot``)."""
         self.restored: Restored | None = None
         """What the snapshot read at start gave the store (None: nothing)."""
+        self.warm: WarmStart | None = None
+        """What the read-back from the TSDB at start gave the store (None: none was done)."""
         #: writes the stored points to a TSDB by remote-write (``remote_write:``), if set
         self.history = history
         self._view: DetectionView | None = None
@@ -183,15 +193,54 @@ class CollectorService:
                 restored.held_since,
             )
         self.restored = restored
+        if restored is not None:  # level_shift's fits, so its first cycle needs no new fits
+            from gpuwarden.collector.detect.fit_state import fits_path, read_fits
+            from gpuwarden.collector.detect.level_shift import new_fit_cache
+
+            fits = read_fits(
+                self.detection_view.cache(new_fit_cache), fits_path(self.snapshot_path)
+            )
+            if fits:
+                log.info("level-shift fits restored: %d", fits)
         return restored
 
-    def save_snapshot(self) -> SnapshotStats | None:
-        """Write the store's snapshot (blocking); None when snapshots are off."""
+    def warm_from_tsdb(
+        self, reader: TsdbReader, lookback_seconds: float, long_lookback_seconds: float = 0.0
+    ) -> WarmStart:
+        """Read back from the TSDB the span the snapshot does not cover (all of the lookback
+        without one) into the store, and tell the history writer what the TSDB holds. Without
+        a snapshot, the long window is also filled ``long_lookback_seconds`` back, from the
+        TSDB's per-minute means."""
+        now = self.clock()
+        snapshot_at = None if self.restored is None else self.restored.written_at
+        start = warm_span(self.store, now, lookback_seconds, snapshot_at)
+        long_slots, long_error = 0, None
+        if snapshot_at is None and long_lookback_seconds > 0:
+            store = self.store
+            long_start = now - min(long_lookback_seconds, store.long_seconds)
+            long_slots, long_error = warm_long_from_tsdb(
+                store, reader, start=long_start, end=now - store.recent_seconds
+            )
+        warm = warm_from_tsdb(self.store, reader, start=start, end=now)
+        warm = dataclasses.replace(warm, long_slots=long_slots, error=warm.error or long_error)
+        if self.history is not None:
+            self.history.seed_newest(warm.newest_ms)
+        self.warm = warm
+        return warm
+
+    def save_snapshot(self, *, changes_only: bool = False) -> SnapshotStats | None:
+        """Write the store's snapshot (blocking); None when snapshots are off. ``changes_only``
+        (at shutdown): only what changed since the last full snapshot, in seconds, not minutes."""
         if self.snapshot_path is None:
             return None
-        stats = self.store.write_snapshot(self.snapshot_path)
+        from gpuwarden.collector.detect.fit_state import fits_path, write_fits
+        from gpuwarden.collector.detect.level_shift import new_fit_cache
+
+        stats = self.store.write_snapshot(self.snapshot_path, changes_only=changes_only)
+        write_fits(self.detection_view.cache(new_fit_cache), fits_path(self.snapshot_path))
         log.info(
-            "window snapshot: %d series, %.1f MB in %.2f s",
+            "window snapshot%s: %d series, %.1f MB in %.2f s",
+            " (changes since the last full one)" if stats.changes_only else "",
             stats.series,
             stats.size_bytes / 1e6,
             stats.write_seconds,

@@ -1,6 +1,6 @@
 """Warm start end to end: ``gpuwarden collector`` as a real process reads its snapshot at start,
-``gpuwarden rules status`` (a real process) shows its rules ready, and SIGTERM writes the
-snapshot again before the process exits.
+``gpuwarden rules status`` (a real process) shows its rules ready, and SIGTERM writes what
+changed since that snapshot before the process exits.
 
 The snapshot the first collector reads is written by a real WindowStore of the collector's
 shape holding the last 2 h (real time: the process's clock is the wall clock).
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.store.snapshot import changes_path
 from gpuwarden.collector.store.types import AttrValue
 from gpuwarden.collector.store.window import WindowStore
 from tests.collector_server import free_port
@@ -125,7 +126,9 @@ def test_a_collector_process_starts_warm_and_snapshots_at_sigterm(tmp_path: Path
         _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
     assert "window restored from" in stderr
-    assert snapshot.stat().st_mtime_ns > before  # written again at the shutdown
+    # at the shutdown, only what changed since the snapshot it read: the full one stays
+    assert snapshot.stat().st_mtime_ns == before
+    assert changes_path(snapshot).exists()
     again = WindowStore(step_seconds=STEP, recent_seconds=6 * 3600).read_snapshot(snapshot)
     assert again is not None
     assert again.series == 2

@@ -20,6 +20,12 @@ there: waiting longer would not bring more data. ``distribution_drift`` keeps it
 memory, rebuilt at start from the recent window only (histograms are not kept longer), so its
 data goes back at most one recent window before the collector started. Rules of detectors that
 read only stored events or pushed alerts need no history.
+
+Histograms (model latencies) are kept in the store's recent window and its snapshot, but never
+written to the TSDB, so a warm start from the TSDB (``remote_write.read_url``) brings back the
+gauges and counters only: a rule that reads a histogram (:data:`HISTOGRAM_METRICS`, in its
+detector's signals or its selector's metrics) counts its data from when the histograms' history
+starts (the snapshot's data, or this collector's start), and says so in its ``note``.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Any
 
 from gpuwarden.collector.detect.catalog import DETECTORS
 from gpuwarden.collector.detect.contract import Detector
+from gpuwarden.collector.ingest.scrape import MODEL_METRICS
 from gpuwarden.collector.rules.model import Rule, RuleProblem
 from gpuwarden.collector.store.window import WindowStore
 
@@ -49,6 +56,8 @@ NO_HISTORY = frozenset({"preemption", "alertmanager"})
 """Detectors that read stored events or pushed alerts, not the store's history."""
 MEMORY_KEPT = frozenset({"distribution_drift"})
 """Detectors whose history lives in their own state, rebuilt from the recent window at start."""
+HISTOGRAM_METRICS = frozenset(m.name for m in MODEL_METRICS if m.source_type == "histogram")
+"""Metrics that arrive as histograms: kept by the snapshot, never by the TSDB."""
 
 
 class State(StrEnum):
@@ -71,18 +80,22 @@ class RuleReadiness:
     """When a warming-up rule's lookback will be covered (None: not known yet)."""
     reason: str | None = None
     """Why a rule is skipped."""
+    note: str | None = None
+    """What part of its data could not come back after a restart (histograms from the TSDB)."""
 
     def text(self) -> str:
-        """``ready``, ``warming up until <UTC time>`` or ``skipped: <reason>``."""
+        """``ready``, ``warming up until <UTC time>`` or ``skipped: <reason>`` (then the note)."""
         if self.state is State.SKIPPED:
             return f"skipped: {self.reason}"
         if self.state is State.WARMING_UP:
-            return (
+            text = (
                 "warming up (no data yet)"
                 if self.until is None
                 else f"warming up until {_utc(self.until)}"
             )
-        return "ready"
+        else:
+            text = "ready"
+        return text if self.note is None else f"{text} ({self.note})"
 
     def as_json(self) -> dict[str, Any]:
         """The JSON form ``/readyz`` shows."""
@@ -97,6 +110,8 @@ class RuleReadiness:
             out["until"] = self.until
         if self.reason is not None:
             out["reason"] = self.reason
+        if self.note is not None:
+            out["note"] = self.note
         return out
 
 
@@ -133,6 +148,10 @@ class Coverage:
     """How far back it keeps full resolution and histograms."""
     started_at: float
     """When this collector started (its in-memory detector state began then)."""
+    histograms_since: float | None = None
+    """After a warm start from the TSDB, the start of the histograms' history (what the
+    snapshot restored, else the collector's start): gauges and counters came back from the
+    TSDB, histograms did not. None: no warm start from the TSDB (all data starts alike)."""
 
 
 def readiness(
@@ -170,14 +189,22 @@ def _one(
         return RuleReadiness(rule.id, name, State.READY)
     lookback = lookback_seconds(detector.bind(rule))
     since = coverage.held_since
+    note = None
+    histograms = sorted(
+        HISTOGRAM_METRICS.intersection((*detector.spec.signals, *rule.selector.metrics))
+    )
+    start = coverage.histograms_since
+    if histograms and since is not None and start is not None and start > since:
+        since = start
+        note = f"{', '.join(histograms)}: histograms, not in the TSDB, held since {_utc(start)}"
     if name in MEMORY_KEPT and since is not None:
         since = max(since, coverage.started_at - coverage.recent_seconds)
     elif name not in MEMORY_KEPT:
         lookback = min(lookback, coverage.long_seconds)
     until = None if since is None else since + lookback
     if lookback <= 0 or (until is not None and until <= now):
-        return RuleReadiness(rule.id, name, State.READY, lookback)
-    return RuleReadiness(rule.id, name, State.WARMING_UP, lookback, until=until)
+        return RuleReadiness(rule.id, name, State.READY, lookback, note=note)
+    return RuleReadiness(rule.id, name, State.WARMING_UP, lookback, until=until, note=note)
 
 
 def summary(states: Sequence[RuleReadiness]) -> dict[str, int]:
@@ -200,7 +227,9 @@ class RuleBoard:
         started_at: float,
         clock: Callable[[], float],
         detectors: Mapping[str, Detector[Any]] = DETECTORS,
+        histograms_since: float | None = None,
     ) -> None:
+        self._histograms_since = histograms_since
         self._rules = tuple(rules)
         self._problems = tuple(problems)
         self._store = store
@@ -216,5 +245,6 @@ class RuleBoard:
             long_seconds=float(store.long_seconds),
             recent_seconds=float(store.recent_seconds),
             started_at=self._started_at,
+            histograms_since=self._histograms_since,
         )
         return readiness(self._rules, self._problems, self._detectors, coverage, self._clock())

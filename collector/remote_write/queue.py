@@ -127,6 +127,21 @@ class DiskQueue:
             self._cursor = (record.segment, record.end)
             self._write_cursor()
 
+    def kept_payloads(self, max_bytes: int = 64 << 20) -> list[bytes]:
+        """The intact records of the newest segments still on disk (sent or not, at most about
+        ``max_bytes``), oldest first: what the collector queued last before a restart
+        (``HistoryWriter`` does not queue it again). The newest are enough: a resend or a
+        re-queued flush is recent, and older samples of a series are before its newest."""
+        with self._lock:
+            chosen: list[int] = []
+            size = 0
+            for segment in reversed(self._segments):
+                if chosen and size + self._size(segment) > max_bytes:
+                    break
+                chosen.append(segment)
+                size += self._size(segment)
+            return [r.payload for segment in reversed(chosen) for r in self._records(segment, 0)]
+
     # --- sizes --------------------------------------------------------------------------------
 
     def pending_bytes(self) -> int:

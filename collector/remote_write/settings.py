@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -28,6 +28,17 @@ class RemoteWriteSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
             (``POST /api/v1/write``). Off by default: they usually come from the same TSDB's
             scrapes, and writing them back would loop; turn it on only when ``url`` is
             another TSDB than the one that feeds the collector.
+        read_url: the TSDB's base URL to read back from at start (warm start; None: no
+            read-back), e.g. ``http://victoria:8428`` or ``http://prometheus:9090``.
+        read_api: ``victoriametrics`` (``/api/v1/export``) or ``prometheus`` (raw samples of a
+            range selector through ``/api/v1/query``).
+        warm_start_lookback_seconds: how far back a start without a snapshot reads (capped at
+            the store's recent window); with a snapshot, only the time since it was written.
+        warm_start_long_lookback_seconds: without a snapshot, how far back the long window
+            (per-minute means) is filled from the TSDB (capped at the store's long window;
+            0: not at all).
+        read_page_seconds: the span of one read request.
+        read_max_samples: samples read at most (the start goes on with what it has, logged).
     """
 
     url: str
@@ -40,7 +51,17 @@ class RemoteWriteSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
     flush_seconds: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     max_backoff_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     forward_received: bool = False
+    read_url: str | None = None
+    read_api: Literal["victoriametrics", "prometheus"] = "victoriametrics"
+    warm_start_lookback_seconds: Annotated[float, msgspec.Meta(ge=0)] = 6 * 3600.0
+    warm_start_long_lookback_seconds: Annotated[float, msgspec.Meta(ge=0)] = 14 * 86400.0
+    read_page_seconds: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
+    read_max_samples: Annotated[int, msgspec.Meta(gt=0)] = 50_000_000
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError("url: an http:// or https:// URL")
+        if self.read_url is not None and not self.read_url.startswith(("http://", "https://")):
+            raise ValueError("read_url: an http:// or https:// URL (the TSDB's base URL)")
+        if self.read_url is not None and "/api/" in self.read_url:
+            raise ValueError("read_url: the TSDB's base URL, without /api/v1/...")

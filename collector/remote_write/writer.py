@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from gpuwarden.collector.ingest.otlp import NumberPoint
@@ -29,7 +29,7 @@ from gpuwarden.collector.remote_write.intake_log import IntakeLog
 from gpuwarden.collector.remote_write.naming import labels, metric_name, with_cluster
 from gpuwarden.collector.remote_write.queue import DiskQueue
 from gpuwarden.collector.remote_write.sender import RemoteWriteSender, SendStats
-from gpuwarden.collector.remote_write.wire import Labels, Series, encode
+from gpuwarden.collector.remote_write.wire import Labels, Series, WireError, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +87,30 @@ class HistoryWriter:
         self._payload_bytes = 0
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
+        # What a stopped collector queued is not queued again: each series' newest sample in
+        # the queue's files is where it goes on (a resend after a restart is left out).
+        for body in queue.kept_payloads():
+            try:
+                decoded = decode(body)
+            except WireError:
+                continue
+            self.seed_newest(
+                {one.labels: one.timestamps_ms[-1] for one in decoded if one.timestamps_ms}
+            )
         if log is not None:  # what a stopped collector took but had not queued yet
             self._payloads.extend(log.recover())
             self._payload_bytes = sum(len(body) for body, _ in self._payloads)
+
+    def seed_newest(self, newest_ms: Mapping[Labels, int]) -> None:
+        """Take these series' newest samples as written already (the TSDB or the queue holds
+        them): a point at or before is left out as ``out_of_order``, so a resend after a
+        restart reaches the TSDB once."""
+        with self._lock:
+            for series, t_ms in newest_ms.items():
+                sid = self._id_of_labels.get(series)
+                if sid is None:
+                    sid = self._number(series, series)
+                self._newest[sid] = max(self._newest[sid], t_ms)
 
     @property
     def stats(self) -> SendStats:

@@ -60,6 +60,9 @@ class RowIdentity:
         and a sender's spent budget of new series never refuses them."""
         self.first_slot: int | None = None
         """The oldest recent slot any number point was written to: how far back data goes."""
+        self.changed_from: int | None = None
+        """The oldest recent slot written since the last full snapshot began (None: none):
+        late points land before the head, and a snapshot of the changes must take them."""
         self.evictions = 0
         """Bumped whenever rows are freed: row numbers cached outside the table go stale."""
         self._pending: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []

@@ -90,6 +90,8 @@ class RowWrites(RowIdentity):
             oldest_written = int(w_slots.min())
             if self.first_slot is None or oldest_written < self.first_slot:
                 self.first_slot = oldest_written
+            if self.changed_from is None or oldest_written < self.changed_from:
+                self.changed_from = oldest_written
         self._pending.append((w_rows, w_slots))
         self._pending_size += w_rows.size
         if self._pending_size > PENDING_LIMIT:

@@ -19,27 +19,33 @@ does not parse is logged and ignored (the store starts empty, as without a snaps
 retention no longer covers at restart are dropped; the heads move to now, so the time between
 the snapshot and the restart reads as missing (NaN), never interpolated. Points the agents
 resend for that time (their spools) land in it as usual.
+
+The changes (``changes_path``): at shutdown, writing the whole store would take minutes for a
+large fleet, so only the slots written since the last full snapshot (late points of agents'
+spools included: the table tracks the oldest slot written since, ``changed_from``), with the raw
+state and the histograms, go to ``<snapshot>.changes``, in the same layout, naming the full
+snapshot they complete (its time). Read after it at start, and only if they name it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from gpuwarden.collector.store import snapshot_arrays as arrays
 from gpuwarden.collector.store.histograms import HistogramSeries
-from gpuwarden.collector.store.ring import Ring, encode
+from gpuwarden.collector.store.ring import encode
 from gpuwarden.collector.store.rows import SeriesTable
+from gpuwarden.collector.store.snapshot_arrays import SnapshotError
 from gpuwarden.collector.store.types import Kind, SeriesKey
 from gpuwarden.collector.store.window_state import WindowState
 
@@ -52,10 +58,6 @@ CHUNK_BYTES = 8 << 20
 about 100 rows), so ingest waits milliseconds, not the whole copy."""
 
 
-class SnapshotError(Exception):
-    """A snapshot that cannot be used: another shape, another format, or a broken file."""
-
-
 @dataclass(frozen=True, slots=True)
 class SnapshotStats:
     """What one written snapshot holds and cost."""
@@ -65,6 +67,8 @@ class SnapshotStats:
     histograms: int
     size_bytes: int
     write_seconds: float
+    changes_only: bool = False
+    """Only what changed since the last full snapshot (``changes_path``), not the whole store."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,61 +92,65 @@ def _shape(state: WindowState) -> dict[str, int]:
     }
 
 
-def _text(value: object) -> npt.NDArray[np.uint8]:
-    return np.frombuffer(json.dumps(value, separators=(",", ":")).encode(), dtype=np.uint8)
+@dataclass(frozen=True, slots=True)
+class _Base:
+    """The full snapshot on disk that a snapshot of the changes completes."""
+
+    written_at: float
+    recent_head: int
+    long_head: int
 
 
-def _untext(array: npt.NDArray[Any]) -> Any:
-    return json.loads(np.asarray(array, dtype=np.uint8).tobytes().decode())
-
-
-def _put(archive: zipfile.ZipFile, name: str, array: npt.NDArray[Any]) -> None:
-    with archive.open(name + ".npy", "w", force_zip64=True) as member:
-        np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
-
-
-def _put_rows(
-    archive: zipfile.ZipFile, name: str, dtype: type[np.generic], shape: tuple[int, int]
-) -> IO[bytes]:
-    """An open ``.npy`` member of ``shape`` whose rows the caller writes in order (C order)."""
-    member = archive.open(name + ".npy", "w", force_zip64=True)
-    header = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": shape}
-    np.lib.format.write_array_header_2_0(member, header)
-    return member
-
-
-def _rows_of(archive: zipfile.ZipFile, name: str, chunk_bytes: int) -> Iterator[npt.NDArray[Any]]:
-    """Blocks of about ``chunk_bytes`` of rows of a 2-D ``.npy`` member, in order, as needed."""
-    with archive.open(name + ".npy") as member:
-        version = np.lib.format.read_magic(member)
-        if version not in ((1, 0), (2, 0)):
-            raise SnapshotError(f"{name}: unsupported .npy version {version}")
-        read_header = (
-            np.lib.format.read_array_header_1_0
-            if version == (1, 0)
-            else np.lib.format.read_array_header_2_0
-        )
-        shape, fortran, dtype = read_header(member)
-        if fortran or len(shape) != 2 or dtype.hasobject:
-            raise SnapshotError(f"{name}: not a plain 2-D array")
-        rows, cols = shape
-        chunk = max(1, chunk_bytes // max(1, cols * dtype.itemsize))
-        for start in range(0, rows, chunk):
-            n = min(chunk, rows - start)
-            data = member.read(n * cols * dtype.itemsize)
-            if len(data) != n * cols * dtype.itemsize:
-                raise SnapshotError(f"{name}: truncated")
-            yield np.frombuffer(data, dtype=dtype).reshape(n, cols)
+def changes_path(path: Path) -> Path:
+    """Where the snapshot of the changes since the full snapshot ``path`` is written."""
+    return path.with_name(f"{path.name}.changes")
 
 
 class Snapshots(WindowState):
     """``write_snapshot`` and ``read_snapshot`` of the whole store (see the module)."""
 
-    def write_snapshot(self, path: Path, *, chunk_bytes: int = CHUNK_BYTES) -> SnapshotStats:
+    _snapshot_base: _Base | None = None
+    """The full snapshot this store wrote or read last (None: none)."""
+    _written_base: _Base | None = None
+
+    def write_snapshot(
+        self, path: Path, *, chunk_bytes: int = CHUNK_BYTES, changes_only: bool = False
+    ) -> SnapshotStats:
         """Write the store to ``path`` atomically (temporary file, fsync, rename), copying
-        about ``chunk_bytes`` of ring rows per hold of the lock."""
+        about ``chunk_bytes`` of ring rows per hold of the lock.
+
+        ``changes_only`` (the snapshot at shutdown): when this store wrote or read the full
+        snapshot at ``path``, write only the slots changed since then, to ``changes_path(path)``
+        (seconds of data instead of days; ``read_snapshot`` applies it on the full one). Without
+        such a base, the whole store is written as usual. A full snapshot deletes the changes.
+        """
         started = time.monotonic()
         path.parent.mkdir(parents=True, exist_ok=True)
+        base = self._snapshot_base if changes_only and path.exists() else None
+        target = path if base is None else changes_path(path)
+        changed_from = self._table.changed_from
+        self._written_base = None
+        try:
+            series, histograms = self._write_file(target, chunk_bytes, base)
+        except BaseException:
+            if base is None:  # the changes since the old full snapshot still count
+                with self._lock:
+                    now = self._table.changed_from
+                    self._table.changed_from = arrays.earliest(changed_from, now)
+            raise
+        if base is None:
+            self._snapshot_base = self._written_base
+            changes_path(path).unlink(missing_ok=True)  # it completed the snapshot replaced
+        return SnapshotStats(
+            path=target,
+            series=series,
+            histograms=histograms,
+            size_bytes=target.stat().st_size,
+            write_seconds=time.monotonic() - started,
+            changes_only=base is not None,
+        )
+
+    def _write_file(self, path: Path, chunk_bytes: int, base: _Base | None) -> tuple[int, int]:
         # One fixed name: a temporary left by a crash mid-write is overwritten by the next write,
         # not left to pile up. Owner-only, like the telemetry it holds.
         temporary = path.with_name(f".{path.name}.tmp")
@@ -151,7 +159,7 @@ class Snapshots(WindowState):
             os.fchmod(descriptor, 0o600)  # a leftover temporary keeps its mode otherwise
             with os.fdopen(descriptor, "wb") as file:
                 with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-                    series, histograms = self._write_archive(archive, chunk_bytes)
+                    series, histograms = self._write_archive(archive, chunk_bytes, base)
                 file.flush()
                 os.fsync(file.fileno())
             temporary.replace(path)
@@ -164,53 +172,65 @@ class Snapshots(WindowState):
             os.fsync(directory)  # the rename itself survives a power cut
         finally:
             os.close(directory)
-        return SnapshotStats(
-            path=path,
-            series=series,
-            histograms=histograms,
-            size_bytes=path.stat().st_size,
-            write_seconds=time.monotonic() - started,
-        )
+        return series, histograms
 
-    def _write_archive(self, archive: zipfile.ZipFile, chunk_bytes: int) -> tuple[int, int]:
+    def _write_archive(
+        self, archive: zipfile.ZipFile, chunk_bytes: int, base: _Base | None
+    ) -> tuple[int, int]:
         table = self._table
         with self._lock:
             table.flush_long(self._ratio)
+            changed_from = table.changed_from
+            if base is None:  # what is written from now on goes in the next changes
+                table.changed_from = None
             rows = np.array(
                 [r for r in range(table.next_row) if table.infos[r] is not None], dtype=np.int64
             )
             infos = [table.infos[r] for r in rows.tolist()]
             recent_head, long_head = table.recent.head, table.long.head
             evictions = table.evictions
+            written_at = self._clock()
             meta = {
                 "format": FORMAT,
                 **_shape(self),
-                "written_at": self._clock(),
+                "written_at": written_at,
                 "recent_head": recent_head,
                 "long_head": long_head,
                 "first_slot": table.first_slot,
+                "base": None if base is None else base.written_at,
             }
             # the slots written: from the oldest data to the heads as they are now (a head that
             # moves on while the chunks are copied adds slots the next snapshot takes)
-            recent = _held(table.recent, table.first_slot)
-            long = _held(
+            recent = arrays.held(table.recent, table.first_slot)
+            long = arrays.held(
                 table.long, None if table.first_slot is None else table.first_slot // self._ratio
             )
+            histogram_slots = recent  # histograms are few: always whole
+            if base is not None:  # from the base's heads, or the oldest slot written since
+                since = base.recent_head if changed_from is None else changed_from
+                since = min(since, base.recent_head)
+                recent = arrays.after(recent, since)
+                long = arrays.after(long, min(base.long_head, since // self._ratio))
+            elif recent_head is not None and long_head is not None:
+                self._written_base = _Base(written_at, recent_head, long_head)
         meta["recent_first"], meta["long_first"] = recent[0], long[0]
+        meta["histogram_first"] = histogram_slots[0]
         counters = np.flatnonzero(table.counter_row[rows] >= 0)
-        _put(archive, "meta", _text(meta))
-        _put(
+        arrays.put(archive, "meta", arrays.text(meta))
+        arrays.put(
             archive,
             "series",
-            _text([[i.key[0], i.key[1], i.unit, str(i.kind)] for i in infos if i is not None]),
+            arrays.text(
+                [[i.key[0], i.key[1], i.unit, str(i.kind)] for i in infos if i is not None]
+            ),
         )
-        _put(archive, "counters", counters)
+        arrays.put(archive, "counters", counters)
         for name, ring, (first, count), chosen, kind in (
             ("recent", table.recent, recent, rows, np.float32),
             ("long", table.long, long, rows, np.float32),
             ("counter_dt", table.recent, recent, rows[counters], np.uint16),
         ):
-            with _put_rows(archive, name, kind, (chosen.size, count)) as member:
+            with arrays.put_rows(archive, name, kind, (chosen.size, count)) as member:
                 chunk = max(1, chunk_bytes // max(1, count * 4))
                 for start in range(0, chosen.size, chunk):
                     part = chosen[start : start + chunk]
@@ -220,7 +240,7 @@ class Snapshots(WindowState):
                         table.flush_long(self._ratio)
                         block: npt.NDArray[Any]
                         if name == "counter_dt":
-                            block = _dt_block(table, part, first, count)
+                            block = arrays.dt_block(table, part, first, count)
                         else:
                             block = ring.read(part, first, count)
                     member.write(block.tobytes())
@@ -229,11 +249,11 @@ class Snapshots(WindowState):
                 raise SnapshotError("series evicted while writing; next time")
             # the raw state last: an increase between a chunk and here is lost (as in a gap),
             # never counted twice after the restart
-            _put(archive, "last_seen_ns", table.last_seen_ns[rows])
-            _put(archive, "raw_time_ns", table.raw_time_ns[rows])
-            _put(archive, "raw_value", table.raw_value[rows])
-            _put(archive, "debt", table.debt[table.counter_row[rows[counters]]])
-            histograms = self._write_histograms(archive, recent)
+            arrays.put(archive, "last_seen_ns", table.last_seen_ns[rows])
+            arrays.put(archive, "raw_time_ns", table.raw_time_ns[rows])
+            arrays.put(archive, "raw_value", table.raw_value[rows])
+            arrays.put(archive, "debt", table.debt[table.counter_row[rows[counters]]])
+            histograms = self._write_histograms(archive, histogram_slots)
         return len(infos), histograms
 
     def _write_histograms(self, archive: zipfile.ZipFile, recent: tuple[int, int]) -> int:
@@ -259,31 +279,44 @@ class Snapshots(WindowState):
             rings.append(series.ring.read(rows, first, count))
             if series.last_counts is not None:
                 counts.append(series.last_counts)
-        _put(archive, "histograms", _text(described))
-        _put(
+        arrays.put(archive, "histograms", arrays.text(described))
+        arrays.put(
             archive,
             "histogram_rings",
             np.concatenate(rings) if rings else np.zeros((0, count), dtype=np.float32),
         )
-        _put(archive, "histogram_counts", np.concatenate(counts) if counts else np.zeros(0))
+        arrays.put(archive, "histogram_counts", np.concatenate(counts) if counts else np.zeros(0))
         return len(described)
 
     def read_snapshot(self, path: Path, *, chunk_bytes: int = CHUNK_BYTES) -> Restored | None:
-        """Fill an empty store from ``path``; None (logged) when there is none or it is unusable."""
+        """Fill an empty store from ``path``, then from the changes written after it (if they
+        complete this very snapshot); None (logged) when there is none or it is unusable. A
+        changes file that does not read is logged and left out: the full snapshot stays."""
         if not path.exists():
             return None
         with self._lock:
             if self._series_count():
                 log.warning("snapshot %s not read: the store already holds series", path)
                 return None
+        restored = self._read_file(path, chunk_bytes, None)
+        if restored is None:
+            self._empty_again()
+            return None
+        changes = changes_path(path)
+        if changes.exists():
+            completed = self._read_file(changes, chunk_bytes, restored.written_at)
+            if completed is not None:
+                return completed
+        return restored
+
+    def _read_file(self, path: Path, chunk_bytes: int, base: float | None) -> Restored | None:
         try:
             with zipfile.ZipFile(path) as archive:
-                return self._read_archive(archive, chunk_bytes)
+                return self._read_archive(archive, chunk_bytes, base)
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
             log.warning("snapshot %s ignored: cannot read it: %s", path, exc)
         except SnapshotError as exc:
             log.warning("snapshot %s ignored: %s", path, exc)
-        self._empty_again()
         return None
 
     def _empty_again(self) -> None:
@@ -300,25 +333,32 @@ class Snapshots(WindowState):
             self._shapes.clear()
             self._shape_bytes = 0
 
-    def _read_archive(self, archive: zipfile.ZipFile, chunk_bytes: int) -> Restored:
+    def _read_archive(
+        self, archive: zipfile.ZipFile, chunk_bytes: int, base: float | None
+    ) -> Restored:
+        """Read a full snapshot (``base`` None) into the empty store, or the changes written
+        after the full snapshot of time ``base`` into the store that snapshot filled."""
+
         def small(name: str) -> npt.NDArray[Any]:
             with archive.open(name + ".npy") as member:
                 return np.lib.format.read_array(member, allow_pickle=False)
 
-        meta = _untext(small("meta"))
+        meta = arrays.untext(small("meta"))
         if meta.get("format") != FORMAT:
             raise SnapshotError(f"format {meta.get('format')!r}, this collector reads {FORMAT}")
         theirs = {k: meta.get(k) for k in _shape(self)}
         if theirs != _shape(self):
             raise SnapshotError(f"another store shape: {theirs}, this store is {_shape(self)}")
-        series = _untext(small("series"))
+        if meta.get("base") != base:
+            raise SnapshotError(f"changes of the snapshot of {meta.get('base')}, not of {base}")
+        series = arrays.untext(small("series"))
         counters = small("counters")
         if meta["recent_head"] is None:  # an empty store's snapshot
             return Restored(0, 0, float(meta["written_at"]), None)
         with self._lock:
             table = self._table
             now_slot = int(self._clock() // self.step_seconds)
-            recent_head = max(int(meta["recent_head"]), now_slot)
+            recent_head = max(int(meta["recent_head"]), now_slot, table.recent.head or 0)
             table.recent.head = recent_head
             table.long.head = recent_head // self._ratio
             rows = np.array(
@@ -330,6 +370,8 @@ class Snapshots(WindowState):
             )
             first_slot = meta["first_slot"]
             oldest = recent_head - table.long.n_slots * self._ratio + 1
+            if first_slot is not None and table.first_slot is not None:  # changes on a base
+                first_slot = min(int(first_slot), table.first_slot)
             table.first_slot = None if first_slot is None else max(int(first_slot), oldest)
             for name, ring, first, chosen in (
                 ("recent", table.recent, meta["recent_first"], rows),
@@ -337,13 +379,13 @@ class Snapshots(WindowState):
                 ("counter_dt", None, meta["recent_first"], rows[counters]),
             ):
                 done = 0
-                for block in _rows_of(archive, name, chunk_bytes):
+                for block in arrays.rows_of(archive, name, chunk_bytes):
                     part = chosen[done : done + block.shape[0]]
                     done += block.shape[0]
                     if ring is None:
-                        _put_dts(table, part, int(first), block)
+                        arrays.put_dts(table, part, int(first), block)
                     else:
-                        _put_block(ring, part, int(first), encode(block))
+                        arrays.put_block(ring, part, int(first), encode(block))
                 if done != chosen.size:
                     raise SnapshotError(f"{name}: {done} rows for {chosen.size} series")
             table.last_seen_ns[rows] = small("last_seen_ns")
@@ -351,14 +393,21 @@ class Snapshots(WindowState):
             table.raw_value[rows] = small("raw_value")
             table.debt[table.counter_row[rows[counters]]] = small("debt")
             histograms = self._read_histograms(
-                _untext(small("histograms")),
+                arrays.untext(small("histograms")),
                 small("histogram_rings"),
                 small("histogram_counts"),
-                int(meta["recent_first"]),
+                int(meta.get("histogram_first", meta["recent_first"])),
             )
             held = None if table.first_slot is None else float(table.first_slot * self.step_seconds)
+            if base is None:  # the full snapshot on disk: the next changes complete it
+                self._snapshot_base = _Base(
+                    float(meta["written_at"]), int(meta["recent_head"]), int(meta["long_head"])
+                )
+            else:  # the next changes must hold these again, late slots included
+                table.changed_from = arrays.earliest(table.changed_from, int(meta["recent_first"]))
+            series_count = self._series_count() - len(self._histograms)
         return Restored(
-            series=len(rows),
+            series=series_count,
             histograms=histograms,
             written_at=float(meta["written_at"]),
             held_since=held,
@@ -397,7 +446,7 @@ class Snapshots(WindowState):
             block = rings[at_ring : at_ring + n]
             if block.shape[0] != n:
                 raise SnapshotError("histogram rings shorter than their buckets")
-            _put_block(series.ring, np.arange(n, dtype=np.int64), first, encode(block))
+            arrays.put_block(series.ring, np.arange(n, dtype=np.int64), first, encode(block))
             at_ring += n
             if has_counts:
                 series.last_counts = np.array(counts[at_counts : at_counts + len(bounds) + 1])
@@ -406,60 +455,3 @@ class Snapshots(WindowState):
             series.last_time_ns, series.last_seen_ns = int(last_time), int(last_seen)
             self._histograms[key] = series
         return len(described)
-
-
-def _held(ring: Ring, first_written: int | None) -> tuple[int, int]:
-    """The absolute slots worth writing: ``(first, count)`` from the oldest data to the head."""
-    if ring.head is None or first_written is None:
-        return (0, 0)
-    first = max(first_written, ring.head - ring.n_slots + 1)
-    return (first, max(0, ring.head - first + 1))
-
-
-def _dt_block(
-    table: SeriesTable, rows: npt.NDArray[np.int64], first: int, count: int
-) -> npt.NDArray[np.uint16]:
-    """Counter rows' covered-time codes over ``[first, first + count)``, 0 outside the ring."""
-    out = np.zeros((rows.size, count), dtype=np.uint16)
-    lo, hi = table.recent.span(first, first + count)
-    if lo < hi and rows.size:
-        slots = np.arange(lo, hi)
-        out[:, lo - first : hi - first] = table.dts[
-            table.counter_row[rows][:, None], slots % table.recent.n_slots
-        ]
-    return out
-
-
-def _runs(ring: Ring, first: int, count: int) -> list[tuple[int, int, int]]:
-    """The held part of absolute slots ``[first, first + count)`` as at most two runs of
-    adjacent ring columns: ``(column, offset in the block, length)``."""
-    lo, hi = ring.span(first, first + count)
-    if lo >= hi:
-        return []
-    col, length = lo % ring.n_slots, hi - lo
-    head = min(length, ring.n_slots - col)
-    runs = [(col, lo - first, head)]
-    if head < length:
-        runs.append((0, lo - first + head, length - head))
-    return runs
-
-
-def _put_dts(
-    table: SeriesTable, rows: npt.NDArray[np.int64], first: int, block: npt.NDArray[np.uint16]
-) -> None:
-    crows = table.counter_row[rows]
-    for col, at, length in _runs(table.recent, first, block.shape[1]):
-        table.dts[crows, col : col + length] = block[:, at : at + length]
-
-
-def _put_block(
-    ring: Ring, rows: npt.NDArray[np.int64], first: int, bits: npt.NDArray[np.uint32]
-) -> None:
-    """Write stored bits of ``rows`` over absolute slots from ``first``; slots the ring no
-    longer holds (older than its window at restart) are dropped."""
-    if not rows.size:
-        return
-    contiguous = rows.size == int(rows[-1]) - int(rows[0]) + 1 and bool(np.all(np.diff(rows) == 1))
-    target = slice(int(rows[0]), int(rows[-1]) + 1) if contiguous else rows
-    for col, at, length in _runs(ring, first, bits.shape[1]):
-        ring.bits[target, col : col + length] = bits[:, at : at + length]

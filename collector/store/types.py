@@ -106,6 +106,23 @@ class LatestValues:
     values: npt.NDArray[np.float32]
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class SeriesBlock:
+    """Points of one gauge or counter series at once (``WindowStore.ingest_series``).
+
+    ``attributes`` are the point attributes without ``host.name`` (that is ``host``), as an
+    OTLP point carries them; ``times_ns`` and ``values`` are equally long.
+    """
+
+    metric: str
+    host: str | None
+    attributes: Mapping[str, AttrValue]
+    unit: str
+    counter: bool
+    times_ns: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float64]
+
+
 @dataclass(frozen=True, slots=True)
 class IngestCounts:
     """What became of one ingest call's points.

@@ -10,15 +10,18 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.ingest.otlp_columns import NumberColumns
 from gpuwarden.collector.store.histograms import HistogramSeries
+from gpuwarden.collector.store.ring import encode
 from gpuwarden.collector.store.types import (
     HOST_NAME,
     AttrValue,
     IngestCounts,
     Kind,
+    SeriesBlock,
     series_key,
 )
 from gpuwarden.collector.store.window_state import NS, WindowState
@@ -190,6 +193,106 @@ class PointIngest(WindowState):
                 counts,
             )
         return counts, point_rows
+
+    def ingest_series(self, blocks: Sequence[SeriesBlock]) -> IngestCounts:
+        """Store whole series at once (a warm start's read-back): one identity per series, then
+        one vectorised write of all their points in time order. Points the recent window no
+        longer holds count as ``rejected_old``, as in ``ingest``."""
+        with self._lock:
+            table = self._table
+            future_ns = int((self._clock() + self._max_future_seconds) * NS)
+            created_before = table.created
+            rows: list[npt.NDArray[np.int64]] = []
+            times: list[npt.NDArray[np.int64]] = []
+            values: list[npt.NDArray[np.float64]] = []
+            limit = 0
+            for block in blocks:
+                if not block.times_ns.size:
+                    continue
+                alias = (block.metric, block.host, tuple(block.attributes.items()))
+                row = table.aliases.get(alias)
+                if row is None:
+                    row = table.resolve(
+                        alias,
+                        unit=block.unit,
+                        counter=block.counter,
+                        time_ns=int(block.times_ns[0]),
+                        total=len(self._histograms),
+                    )
+                    if row < 0:
+                        limit += int(block.times_ns.size)
+                        continue
+                rows.append(np.full(block.times_ns.size, row, dtype=np.int64))
+                times.append(block.times_ns.astype(np.int64, copy=False))
+                values.append(block.values.astype(np.float64, copy=False))
+            if not rows:
+                return IngestCounts(rejected_limit=limit)
+            all_rows, all_times = np.concatenate(rows), np.concatenate(times)
+            all_values = np.concatenate(values)
+            finite = np.isfinite(all_values)
+            timely = all_times <= future_ns
+            keep = finite & timely
+            order = np.argsort(all_times[keep], kind="stable")
+            counts = IngestCounts(
+                rejected_nonfinite=int((~finite).sum()),
+                rejected_future=int((finite & ~timely).sum()),
+                rejected_limit=limit,
+                new_series=table.created - created_before,
+            )
+            if not order.size:
+                return counts
+            return table.write(
+                all_rows[keep][order],
+                all_times[keep][order],
+                all_values[keep][order],
+                self._step_ns,
+                self._ratio,
+                counts,
+            )
+
+    def fill_long(self, blocks: Sequence[SeriesBlock]) -> int:
+        """Write long-ring slots directly (a warm start's history older than the recent window,
+        read back as per-long-step means; counters as per-second rates, as the long ring holds
+        them); return the slots written.
+
+        ``times_ns`` are the long slots' starts. Only slots the long ring holds that are older
+        than the recent window are written: the recent window's long slots are computed from the
+        recent ring, as always. Series are created as needed (their newest point: the newest
+        slot written).
+        """
+        with self._lock:
+            table = self._table
+            long_step_ns = self.long_step_seconds * NS
+            now_slot = int(self._clock() // self.step_seconds)
+            head = table.advance(max(now_slot, table.recent.head or now_slot), self._ratio)
+            long_head = head // self._ratio
+            oldest = long_head - table.long.n_slots + 1
+            recent_first = (head - table.recent.n_slots + 1 + self._ratio - 1) // self._ratio
+            written = 0
+            for block in blocks:
+                slots = block.times_ns // long_step_ns
+                keep = (slots >= oldest) & (slots < recent_first) & np.isfinite(block.values)
+                if not keep.any():
+                    continue
+                alias = (block.metric, block.host, tuple(block.attributes.items()))
+                row = table.aliases.get(alias)
+                if row is None:
+                    row = table.resolve(
+                        alias,
+                        unit=block.unit,
+                        counter=block.counter,
+                        time_ns=int(block.times_ns[keep].max()),
+                        total=len(self._histograms),
+                    )
+                    if row < 0:
+                        continue
+                chosen = slots[keep]
+                table.long.bits[row, chosen % table.long.n_slots] = encode(block.values[keep])
+                first = int(chosen.min()) * self._ratio
+                if table.first_slot is None or first < table.first_slot:
+                    table.first_slot = first
+                written += int(chosen.size)
+            return written
 
     def ingest_histogram(
         self,

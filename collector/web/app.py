@@ -141,8 +141,21 @@ def create_app(
         if rules is None:
             rules = RuleSet(tuple(detection.rules) if detection is not None else ())
         problems: tuple[RuleProblem | str, ...] = rules.problems or tuple(rule_problems)
+        histograms_since = None
+        if service.warm is not None:  # gauges came back from the TSDB, histograms cannot
+            restored = service.restored
+            histograms_since = (
+                restored.held_since
+                if restored is not None and restored.histograms and restored.held_since
+                else service.clock()
+            )
         app[RULE_BOARD] = RuleBoard(
-            rules.rules, problems, service.store, started_at=service.clock(), clock=service.clock
+            rules.rules,
+            problems,
+            service.store,
+            started_at=service.clock(),
+            clock=service.clock,
+            histograms_since=histograms_since,
         )
     else:
         app[SINK] = sink if sink is not None else SeriesLog()

@@ -169,7 +169,8 @@ def background(
             await asyncio.to_thread(history.flush)
         if snapshots:
             try:
-                await asyncio.to_thread(service.save_snapshot)
+                # only the changes since the last full snapshot: an exit within seconds
+                await asyncio.to_thread(lambda: service.save_snapshot(changes_only=True))
             except Exception:  # the shutdown goes on: the last periodic snapshot stays
                 log.exception("the snapshot at shutdown failed")
 

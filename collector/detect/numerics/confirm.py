@@ -154,6 +154,17 @@ class FitCache:
         """Number of kept fits."""
         return len(self._items)
 
+    def entries(self) -> list[tuple[Hashable, HistoryFit]]:
+        """The kept fits, least recently used first (to save them across a restart)."""
+        return list(self._items.items())
+
+    def restore(self, key: Hashable, fit: HistoryFit) -> None:
+        """Keep a fit saved before a restart (not counted as fitted), as most recently used."""
+        self._items[key] = fit
+        self._items.move_to_end(key)
+        while len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+
 
 def _seasonal_period(period: int | None, length: int) -> int | None:
     """``period`` when STL can use it on ``length`` points (two full periods), else None."""
