@@ -57,6 +57,10 @@ INFO = metric_name("gpuwarden.gpu.info", "1", counter=False)
 UTIL_ROW = rows_by_name()["hw.gpu.utilization"][0]
 
 
+CLUSTER = "default"
+"""The collector's cluster (its config's default): its writes, and its read-back, carry it."""
+
+
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     """Poll an external process's observable state until a deadline."""
     deadline = time.monotonic() + timeout
@@ -162,8 +166,9 @@ def write_history(tsdb: VictoriaMetrics, gpus: list[GpuSample], end: float) -> N
     series = []
     for gpu in gpus:
         host = [("host.name", NODE)]
-        util = labels(UTIL, [*host, *gpu_attributes(gpu).items(), *UTIL_ROW.attributes.items()])
-        info = labels(INFO, [*host, *info_attributes(gpu).items()])
+        util_attrs = [*host, *gpu_attributes(gpu).items(), *UTIL_ROW.attributes.items()]
+        util = labels(UTIL, util_attrs, cluster=CLUSTER)  # every write carries the cluster
+        info = labels(INFO, [*host, *info_attributes(gpu).items()], cluster=CLUSTER)
         busy = [0.1 + 0.8 * ((t // 1000 // 600) % 2) for t in times]
         series.append(Series(util, tuple(times), tuple(busy)))
         series.append(Series(info, tuple(times), tuple(1.0 for _ in times)))

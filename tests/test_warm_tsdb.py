@@ -103,11 +103,11 @@ def new_store() -> WindowStore:
 class Collector:
     """A service with a history writer on ``queue_dir``, sending to ``url``."""
 
-    def __init__(self, url: str, queue_dir: Path, clock: Clock) -> None:
+    def __init__(self, url: str, queue_dir: Path, clock: Clock, cluster: str | None = None) -> None:
         storage = SqliteStorage(MEMORY)
         queue = DiskQueue(queue_dir, max_bytes=64 << 20)
         sender = RemoteWriteSender(queue, HttpClient(), url, timeout_seconds=10, clock=clock)
-        self.writer = HistoryWriter(queue, sender, batch_samples=50)
+        self.writer = HistoryWriter(queue, sender, batch_samples=50, cluster=cluster)
         self.service = CollectorService(
             store=new_store(),
             storage=storage,
@@ -196,6 +196,34 @@ def test_a_store_read_back_from_the_tsdb_is_the_store_that_wrote_it(tsdb, tmp_pa
         dict(k[1])["gpuwarden.gpu.index"] for k in rows_of(fresh, "gpuwarden.gpu.info", start, end)
     }
     assert keys == {0, 1}
+
+
+def test_a_warm_start_reads_only_its_own_clusters_series(tsdb, tmp_path):
+    """Two clusters with the same node names write to one TSDB; each reads back only its own
+    series, and without the ``cluster`` label (the agents' points never carry it)."""
+    server, api = tsdb
+    clock = Clock()
+    east = Collector(server.write_url, tmp_path / "east", clock, cluster="east")
+    west = Collector(server.write_url, tmp_path / "west", clock, cluster="west")
+    t0 = start_ns()
+    east.take(t0, range(STEPS))
+    west.take(t0, range(0, STEPS, 2))  # half of east's rounds: the two must not mix
+    east.drain()
+    west.drain()
+    searchable(server)
+
+    start, end = t0 / NS - 60, time.time() + 10
+    for cluster, source in (("east", east), ("west", west)):
+        fresh = new_store()
+        reader = reader_for(api, HttpClient(), server.url, page_seconds=70, cluster=cluster)
+        warm = warm_from_tsdb(fresh, reader, start=t0 / NS - 30, end=time.time())
+        assert warm.error is None
+        assert warm.unknown_series == 0
+        for metric in ("hw.gpu.utilization", "gpuwarden.gpu.info"):
+            want = rows_of(source.service.store, metric, start, end)
+            got = rows_of(fresh, metric, start, end)
+            assert same(got, want), (cluster, metric)
+            assert all("cluster" not in dict(key[1]) for key in got)
 
 
 def test_resent_rounds_after_a_restart_reach_the_tsdb_once(tsdb, tmp_path):
