@@ -45,6 +45,9 @@ from gpuwarden.collector.views import DetectionView
 __all__ = ["Accepted", "CollectorService", "DetectionView", "IngestTotals"]
 
 T = TypeVar("T")
+
+FOLLOW_OVERLAP_SECONDS = 60.0
+"""How much of what a standby read last time it reads again (see ``follow_tsdb``)."""
 log = logging.getLogger(__name__)
 
 
@@ -134,6 +137,9 @@ class CollectorService:
         """What the snapshot read at start gave the store (None: nothing)."""
         self.warm: WarmStart | None = None
         """What the read-back from the TSDB at start gave the store (None: none was done)."""
+        self.tsdb_reader: TsdbReader | None = None
+        """The TSDB this collector reads back from (``remote_write.read_url``; None: none)."""
+        self._followed_until: float | None = None
         #: writes the stored points to a TSDB by remote-write (``remote_write:``), if set
         self.history = history
         self._view: DetectionView | None = None
@@ -226,6 +232,32 @@ class CollectorService:
         if self.history is not None:
             self.history.seed_newest(warm.newest_ms)
         self.warm = warm
+        self.tsdb_reader = reader
+        self._followed_until = now
+        return warm
+
+    def follow_tsdb(self, overlap_seconds: float = FOLLOW_OVERLAP_SECONDS) -> WarmStart | None:
+        """A standby's catch-up (``collector.ha``): read from the TSDB what the leader stored
+        since the last read, so that the standby's window is warm when it takes over.
+
+        Agents send to the leader, so a standby's own window holds little; the leader writes
+        everything it stores to the TSDB (``remote_write``), and the standby reads it back every
+        so often. The last ``overlap_seconds`` are read again, because a point reaches the TSDB
+        a few seconds after its time (the leader's flush, the TSDB's own indexing); a point read
+        twice lands in the same slot. None without a reader (no ``read_url``: a standby then
+        takes over with what it holds, and its rules say so on ``/readyz``)."""
+        reader = self.tsdb_reader
+        if reader is None:
+            return None
+        now = self.clock()
+        last = self._followed_until
+        start = now - self.store.recent_seconds if last is None else last - overlap_seconds
+        start = max(start, now - self.store.recent_seconds + self.store.step_seconds)
+        warm = warm_from_tsdb(self.store, reader, start=start, end=now)
+        if warm.error is None:
+            self._followed_until = now
+        if self.history is not None:  # what the TSDB holds is never written again
+            self.history.seed_newest(warm.newest_ms)
         return warm
 
     def save_snapshot(self, *, changes_only: bool = False) -> SnapshotStats | None:

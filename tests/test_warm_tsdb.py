@@ -372,3 +372,46 @@ def test_over_the_sample_bound_the_newest_data_comes_back(tsdb, tmp_path):
     held = fresh.held_since()
     assert held is not None
     assert held > t0 / NS + 60  # the oldest rounds were left out, not the newest
+
+
+def test_a_standby_following_the_tsdb_holds_what_the_leader_stored(tsdb, tmp_path):
+    """Active/standby: agents send to the leader only; the standby reads back what the leader
+    wrote to the TSDB (at start, then ``follow_tsdb`` every so often) and so holds the leader's
+    window when it takes over. Its clock is set to the rounds' times: the leader's points reach
+    the TSDB as they happen."""
+    server, api = tsdb
+    leader = Collector(server.write_url, tmp_path / "leader", Clock())
+    t0 = start_ns()
+    half = STEPS // 2
+    leader.take(t0, range(half))
+    leader.drain()
+    searchable(server)
+
+    standby_clock = Clock()
+    standby_clock.now = t0 / NS + half * 10 + 5
+    storage = SqliteStorage(MEMORY)
+    standby = CollectorService(
+        store=new_store(),
+        storage=storage,
+        registry=JobRegistry(storage, []),
+        clock=lambda: standby_clock.now,
+    )
+    reader = reader_for(api, HttpClient(), server.url, page_seconds=70)
+    assert standby.follow_tsdb() is None  # no reader until the start-up read-back set it
+    assert standby.warm_from_tsdb(reader, 3600.0).error is None
+
+    leader.take(t0, range(half, STEPS))  # the standby's own window has none of these
+    leader.drain()
+    searchable(server)
+    start, end = t0 / NS - 60, time.time() + 10
+    want = rows_of(leader.service.store, "hw.gpu.utilization", start, end)
+    assert not same(rows_of(standby.store, "hw.gpu.utilization", start, end), want)
+
+    standby_clock.now = time.time()
+    followed = standby.follow_tsdb()
+    assert followed is not None
+    assert followed.error is None
+    assert followed.samples > 0
+    for metric in ("hw.gpu.utilization", "hw.energy", "gpuwarden.gpu.info"):
+        got = rows_of(standby.store, metric, start, end)
+        assert same(got, rows_of(leader.service.store, metric, start, end)), metric

@@ -24,11 +24,15 @@ from gpuwarden.collector.ha.leadership import Leadership, LeaseElection
 from gpuwarden.collector.notify.dispatcher import AlertDispatcher
 from gpuwarden.collector.remediate.remediator import Remediator
 from gpuwarden.collector.remote_write.derived import job_samples
+from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.sql_base import FencedError
 from gpuwarden.collector.web.keys import SERVICE
 
 log = logging.getLogger(__name__)
 
+
+FOLLOW_SECONDS = 30.0
+"""How often a standby reads from the TSDB what the leader wrote (see ``background``)."""
 
 STOP_TIMEOUT_SECONDS = 30.0
 """How long stopping waits for a step already running (a detection cycle) before giving up on it."""
@@ -80,6 +84,33 @@ async def _stop(loops: dict[asyncio.Task[None], str], timeout_seconds: float) ->
             await task
 
 
+def _election_loops(
+    service: CollectorService,
+    election: LeaseElection,
+    election_seconds: float,
+    follow_seconds: float,
+    stop: asyncio.Event,
+) -> dict[asyncio.Task[None], str]:
+    """The election's loop and, with a TSDB to read back from, the standby's following of it
+    (a standby reads what the leader wrote there, so it takes over warm)."""
+    loops = {
+        asyncio.create_task(
+            _every("leader election", election_seconds, election.step, stop)
+        ): "leader election"
+    }
+    if service.tsdb_reader is not None:
+        follow = _every(
+            "following the TSDB",
+            follow_seconds,
+            service.follow_tsdb,
+            stop,
+            first_after_seconds=follow_seconds,
+            gate=lambda: not election.leading(),
+        )
+        loops[asyncio.create_task(follow)] = "following the TSDB"
+    return loops
+
+
 def background(
     *,
     job_poll_seconds: float,
@@ -97,6 +128,7 @@ def background(
     leadership: Leadership | None = None,
     election: LeaseElection | None = None,
     election_seconds: float = 10.0 / 3,
+    follow_seconds: float = FOLLOW_SECONDS,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """A ``cleanup_ctx`` entry that runs the service's loops while the app serves.
 
@@ -105,7 +137,9 @@ def background(
     polling, eviction, model scraping, remote-write of what this replica ingested, snapshots)
     run on every replica. With an ``election`` (active/standby, ``collector.ha``) it runs every
     ``election_seconds`` (first at once), and at the end, after the loops stopped, it gives
-    the lease up so a standby takes over at once.
+    the lease up so a standby takes over at once; a standby whose service reads back from a
+    TSDB (``remote_write.read_url``) reads what the leader wrote there every
+    ``follow_seconds`` (``CollectorService.follow_tsdb``), so it takes over warm.
 
     With ``snapshot_seconds`` (and a service with a ``snapshot_path``) the store is written to
     its snapshot every so often, first one interval after the start, and once more when the
@@ -148,8 +182,7 @@ def background(
         for name, seconds, step in leader_steps:
             loops[asyncio.create_task(_every(name, seconds, step, stop, gate=gate))] = name
         if election is not None:
-            elect = _every("leader election", election_seconds, election.step, stop)
-            loops[asyncio.create_task(elect)] = "leader election"
+            loops.update(_election_loops(service, election, election_seconds, follow_seconds, stop))
         snapshots = snapshot_seconds > 0 and service.snapshot_path is not None
         if snapshots:
             snapshot = _every(
