@@ -18,6 +18,7 @@ import msgspec
 from gpuwarden.agent.schema import ConfigError, check_value, convert, read_yaml, redacted_repr
 
 __all__ = [
+    "DEFAULT_TIMEOUT_SECONDS",
     "ENV",
     "AgentConfig",
     "CollectorConfig",
@@ -38,6 +39,10 @@ ENV: Mapping[str, str] = MappingProxyType(
         "GPUWARDEN_SPOOL_DIR": "spool.directory",
     }
 )
+
+#: How long the agent waits for the collector's answer to one push (``collector.timeout_seconds``);
+#: the collector sheds requests that would wait longer than half of it (``max_queue_wait_seconds``).
+DEFAULT_TIMEOUT_SECONDS = 10.0
 
 Source = Literal["nvml", "simulated", "replay"]
 PriceTier = Literal["on-demand", "spot", "reserved"]
@@ -65,7 +70,7 @@ class CollectorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     endpoint: Endpoint | None = "http://127.0.0.1:4318/v1/metrics"
     token: str | None = None
     token_file: Path | None = None
-    timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = DEFAULT_TIMEOUT_SECONDS
     gzip_level: int = 6
     ca_file: Path | None = None
     cert_file: Path | None = None

@@ -33,6 +33,7 @@ from gpuwarden.collector.web.keys import (
     AUTH_STATS,
     CONFIG,
     CREDENTIAL_SOURCES,
+    LOOP_LAG,
     RELOADER,
     REMEDIATION,
     ROUTE_ACCESS,
@@ -51,6 +52,7 @@ from gpuwarden.collector.web.receiver import setup_receiver
 from gpuwarden.collector.web.reload import LiveTokens, Reloader
 from gpuwarden.collector.web.remediation import setup_remediation
 from gpuwarden.collector.web.remediation_setup import Remediation
+from gpuwarden.collector.web.shed import LoopLag, lag_monitor
 from gpuwarden.collector.web.silences import setup_silences
 from gpuwarden.collector.web.static import setup_static
 from gpuwarden.collector.web.status_page import setup_status_page
@@ -102,6 +104,8 @@ def create_app(
     app.on_response_prepare.append(security_headers)  # CSP & co. on every response
     app[CONFIG] = config
     app[STATS] = IngestStats()
+    app[LOOP_LAG] = LoopLag()
+    app.cleanup_ctx.append(lag_monitor(app[LOOP_LAG]))  # what ingest's shedding reads
     app[ROUTE_ACCESS] = {}
     app[AUTH_STATS] = AuthStats()
     app[CREDENTIAL_SOURCES] = []

@@ -25,6 +25,7 @@ from gpuwarden.collector.ingest.sink import MetricsSink
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.reload import LiveTokens, Reloader
 from gpuwarden.collector.web.remediation_setup import Remediation
+from gpuwarden.collector.web.shed import LoopLag
 from gpuwarden.collector.web.throttle import FailureThrottle
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "CALLER",
     "CONFIG",
     "CREDENTIAL_SOURCES",
+    "LOOP_LAG",
     "METRICS_REGISTRY",
     "OPERATORS",
     "PAGES",
@@ -81,6 +83,11 @@ class IngestStats:
     inflight: int = 0
     """Requests being decoded and stored (their bodies read): the slots in use."""
     inflight_by_caller: Counter[str] = field(default_factory=Counter)
+    shed: Counter[str] = field(default_factory=Counter)
+    """Requests answered 503 by reason: ``wait`` (queued longer than ``max_queue_wait_seconds``),
+    ``slots`` (``max_inflight_requests``), ``caller`` (``max_inflight_per_token``)."""
+    gone: int = 0
+    """Requests not worked on because their client had closed the connection (no answer)."""
 
 
 @dataclass
@@ -152,6 +159,7 @@ closed)."""
 
 CONFIG = web.AppKey("config", CollectorConfig)
 STATS = web.AppKey("stats", IngestStats)
+LOOP_LAG = web.AppKey("loop_lag", LoopLag)
 SINK = web.AppKey("sink", MetricsSink)
 SERVICE = web.AppKey("service", CollectorService)
 READINESS: web.AppKey[list[str]] = web.AppKey("readiness")
