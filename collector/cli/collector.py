@@ -167,7 +167,9 @@ def run_collector(
     """Run the collector in the foreground; return the exit code.
 
     SIGINT or SIGTERM stops it: the loops finish a running step (up to
-    ``tasks.STOP_TIMEOUT_SECONDS``), then the database closes; exit code 0. SIGHUP reads the
+    ``tasks.STOP_TIMEOUT_SECONDS``, then it is abandoned), remote-write flushes and the snapshot
+    is written (up to ``tasks.FINAL_SAVE_SECONDS``), then the database closes; exit code 0.
+    SIGHUP reads the
     configuration file again and swaps in its tokens and rules, and with ``tls`` (HTTPS) reloads
     the certificate and key, like ``POST /v1/admin/reload``. A busy port is one line and exit
     code 1, a configuration it refuses (a certificate that does not load too) exit code 2.
