@@ -149,6 +149,7 @@ def create_app(
     )
     setup_admin(app)
     if service is not None and background:
+        app.on_shutdown.append(tasks.announce_stop)
         app.cleanup_ctx.append(
             tasks.background(
                 job_poll_seconds=config.job_poll_seconds,

@@ -4,17 +4,17 @@ remediation, alerting, remote-write and the store's snapshots.
 Each loop runs its blocking step in a thread of its own, on a monotonic deadline, and survives its
 own failures (one broad except per iteration, logged with the traceback). When the app stops, the
 loops are told to stop and a step already running is waited for, up to ``stop_timeout_seconds``
-(5 s). A thread cannot be cancelled: a step still running then (a detection cycle over a large
+(4 s). A thread cannot be cancelled: a step still running then (a detection cycle over a large
 fleet) is abandoned. Its thread is a daemon thread, so the process does not wait for it at exit
 (the default executor's threads are joined at exit: a cycle of 55 s kept SIGTERM waiting 90 s),
 and what it had not committed is never written (each storage write is one transaction). Then
 remote-write's buffer is flushed to its durable queue and the store's snapshot written, within
-``final_save_seconds`` (3 s) together, so a restart sends what it held and starts warm; a
+``final_save_seconds`` (4 s) together, so a restart sends what it held and starts warm; a
 snapshot still being written then is abandoned too (it is written to a temporary file and
 renamed, so the previous snapshot stays whole). The storage closes right after (the app's
 ``on_cleanup``). So a collector stops within about 10 s of SIGTERM, whatever it was doing:
 aiohttp's own shutdown (``run_app``'s ``shutdown_timeout``, answering the requests in progress),
-the loops' 5 s, the final saves' 3 s.
+the loops' 4 s, the final saves' 4 s; the CLI then leaves without the interpreter's teardown.
 """
 
 from __future__ import annotations
@@ -37,10 +37,14 @@ from gpuwarden.collector.web.keys import SERVICE
 log = logging.getLogger(__name__)
 
 
-STOP_TIMEOUT_SECONDS = 5.0
+STOP_TIMEOUT_SECONDS = 4.0
 """How long stopping waits for a step already running (a detection cycle) before abandoning it."""
 
-FINAL_SAVE_SECONDS = 3.0
+TIMED_STEPS = frozenset({"detection"})
+"""Steps whose every duration is logged at INFO (``detection took 12.345 s``: what an operator
+and ``bench/capacity.py`` read the cycle time from); the others' at DEBUG."""
+
+FINAL_SAVE_SECONDS = 4.0
 """How long stopping waits for remote-write's last flush and the last snapshot, together."""
 
 
@@ -76,6 +80,12 @@ async def in_daemon_thread(name: str, step: Callable[[], object]) -> object:
     return await done
 
 
+async def announce_stop(_app: web.Application) -> None:
+    """An ``on_shutdown`` hook: the stop's first moment in the log (listening has ended; aiohttp
+    answers the requests in progress, then the loops are stopped)."""
+    log.info("stopping: no new connections, answering the requests in progress")
+
+
 async def _every(
     name: str,
     interval_seconds: float,
@@ -89,10 +99,14 @@ async def _every(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), first_after_seconds)
     while not stop.is_set():
+        started = time.monotonic()
         try:
             await in_daemon_thread(name, step)
         except Exception:  # one broad except per iteration: the loop must go on
             log.exception("%s failed; retrying in %.0f s", name, interval_seconds)
+        else:
+            level = logging.INFO if name in TIMED_STEPS else logging.DEBUG
+            log.log(level, "%s took %.3f s", name, time.monotonic() - started)
         deadline += interval_seconds
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), max(0.0, deadline - time.monotonic()))
