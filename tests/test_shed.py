@@ -153,6 +153,8 @@ def header(answer: bytes, name: bytes) -> bytes:
 async def test_a_request_that_waited_past_the_limit_is_shed_then_one_on_time_is_stored():
     sink = SeriesLog()
     app = create_app(config(max_queue_wait_seconds=LIMIT_SECONDS), sink)
+    # the stall counts for 5 s: the request is handled within that on any loaded machine
+    app[LOOP_LAG].window_seconds = 5.0
     async with served(app) as port:
         late = Client(port, body(host="node-late"))
         late.start()
@@ -260,3 +262,17 @@ def test_the_default_limit_is_half_the_agents_default_timeout():
     from gpuwarden.agent.config import CollectorConfig as AgentCollectorConfig
 
     assert CollectorConfig().max_queue_wait_seconds == AgentCollectorConfig().timeout_seconds / 2
+
+
+async def test_a_stall_counts_for_the_window_after_the_loop_caught_up():
+    lag = LoopLag(window_seconds=60.0)
+    lag.start(asyncio.get_running_loop())
+    try:
+        await asyncio.sleep(0.3)  # a few timers on time
+        time.sleep(BLOCK_SECONDS)  # the stall: no timer can fire
+        await asyncio.sleep(0.3)  # timers on time again
+        # the timer due during the stall fired at least BLOCK - period late; it still counts
+        assert lag.seconds() >= BLOCK_SECONDS - lag.period_seconds
+    finally:
+        lag.stop()
+    assert lag.seconds() == 0.0

@@ -8,7 +8,9 @@ on an older commit: 0 x 503 while 70-80 % of the agents' requests timed out and 
 up to 60 s late). What it does show is the event loop's lag: :class:`LoopLag` schedules a timer
 every ``period_seconds`` and records how late it fired; a timer overdue right now counts too.
 That lag is the time a request arriving now waits before its handler runs (within a loop
-iteration), the same signal as Node's ``toobusy``. The receiver answers 503 with ``Retry-After``
+iteration), the same signal as Node's ``toobusy``; the largest measured in the last second
+counts, so requests that waited through a stall are still shed when they are handled a few
+iterations later. The receiver answers 503 with ``Retry-After``
 when it exceeds ``CollectorConfig.max_queue_wait_seconds``: a 503 costs a fraction of storing a
 round, so the next batch is smaller and the lag falls again.
 
@@ -22,12 +24,17 @@ from __future__ import annotations
 import asyncio
 import math
 import select
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
 LAG_PERIOD_SECONDS = 0.1
 """How often the lag timer is scheduled: ten cheap callbacks a second."""
+
+LAG_WINDOW_SECONDS = 1.0
+"""How long a measured lag counts: requests that waited through a stall may be handled a few
+loop iterations after the timer that measured it, and the next timer may already be on time."""
 
 MAX_RETRY_AFTER_SECONDS = 30
 """Bound on the ``Retry-After`` a shed request is given (the lag, rounded up, at least 2)."""
@@ -37,14 +44,20 @@ _GONE_EVENTS = _RDHUP | select.POLLHUP | select.POLLERR
 
 
 class LoopLag:
-    """How far behind its timers the event loop runs, in seconds (0 until started)."""
+    """How far behind its timers the event loop runs, in seconds (0 until started): the
+    largest lag measured within the last ``window_seconds``, or the pending timer's delay."""
 
-    def __init__(self, period_seconds: float = LAG_PERIOD_SECONDS) -> None:
+    def __init__(
+        self,
+        period_seconds: float = LAG_PERIOD_SECONDS,
+        window_seconds: float = LAG_WINDOW_SECONDS,
+    ) -> None:
         self.period_seconds = period_seconds
+        self.window_seconds = window_seconds
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._due = 0.0
-        self._last = 0.0
+        self._recent: deque[tuple[float, float]] = deque()  # (fired at, lag), oldest first
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start measuring on ``loop`` (the running loop)."""
@@ -59,10 +72,16 @@ class LoopLag:
         self._loop = None
 
     def seconds(self) -> float:
-        """The lag now: how late the last timer fired, or how overdue the pending one is."""
+        """The lag now: the largest measured within the window, or how overdue the pending
+        timer is, whichever is larger."""
         if self._loop is None:
             return 0.0
-        return max(self._last, self._loop.time() - self._due)
+        now = self._loop.time()
+        measured = max(
+            (lag for fired, lag in list(self._recent) if fired >= now - self.window_seconds),
+            default=0.0,
+        )
+        return max(measured, now - self._due)
 
     def _schedule(self) -> None:
         if self._loop is None:  # stopped
@@ -73,7 +92,10 @@ class LoopLag:
     def _fire(self) -> None:
         if self._loop is None:
             return
-        self._last = max(0.0, self._loop.time() - self._due)
+        now = self._loop.time()
+        self._recent.append((now, max(0.0, now - self._due)))
+        while self._recent and self._recent[0][0] < now - self.window_seconds:
+            self._recent.popleft()
         self._schedule()
 
 
