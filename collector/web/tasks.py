@@ -6,8 +6,9 @@ own failures (one broad except per iteration, logged with the traceback). When t
 loops are told to stop and a step already running is waited for, up to ``stop_timeout_seconds``
 (4 s). A thread cannot be cancelled: a step still running then (a detection cycle over a large
 fleet) is abandoned. Its thread is a daemon thread, so the process does not wait for it at exit
-(the default executor's threads are joined at exit: a cycle of 55 s kept SIGTERM waiting 90 s),
-and what it had not committed is never written (each storage write is one transaction). Then
+(the default executor's threads are joined at exit: a cycle of 55 s kept SIGTERM waiting 90 s).
+It runs on, unwaited, until the process ends: what it commits before the database closes is
+whole (each storage write is one transaction), what it has not committed by then is lost. Then
 remote-write's buffer is flushed to its durable queue and the store's snapshot written, within
 ``final_save_seconds`` (4 s) together, so a restart sends what it held and starts warm; a
 snapshot still being written then is abandoned too (it is written to a temporary file and
@@ -119,8 +120,8 @@ async def _stop(loops: dict[asyncio.Task[None], str], timeout_seconds: float) ->
     if busy:
         names = ", ".join(sorted(loops[task] for task in busy))
         log.warning(
-            "still running after %g s, abandoned at shutdown (nothing of it is committed "
-            "after this): %s",
+            "still running after %g s, abandoned at shutdown (not waited for; what it has not "
+            "committed when the database closes is lost): %s",
             timeout_seconds,
             names,
         )
