@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
@@ -42,6 +43,8 @@ STEP_SECONDS = 10
 MAX_ROUNDS = 1500
 """Slots a load thread may fill, going back from now: 4 h 10 min, inside the 6 h window."""
 ANSWERS_BEFORE_SIGNAL = 20
+
+pytestmark = pytest.mark.slow  # a collector process, about 15 s
 
 
 def held_cycle(_engine: DetectionEngine, _now: float | None = None) -> CycleResult:
