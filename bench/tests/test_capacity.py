@@ -18,7 +18,7 @@ NS = 1_000_000_000
 
 
 def point_times(request: ExportMetricsServiceRequest) -> set[int]:
-    times = set()
+    times: set[int] = set()
     for rm in request.resource_metrics:
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
