@@ -25,6 +25,7 @@ from gpuwarden.agent.schema import (
 )
 
 __all__ = [
+    "DEFAULT_TIMEOUT_SECONDS",
     "ENV",
     "AgentConfig",
     "CollectorConfig",
@@ -50,6 +51,9 @@ ENV: Mapping[str, str] = MappingProxyType(
 #: Variables holding a list: comma-separated (``http://a:4318/v1/metrics,http://b:4318/...``).
 LIST_ENV = frozenset({"GPUWARDEN_COLLECTOR_ENDPOINTS"})
 DEFAULT_ENDPOINT = "http://127.0.0.1:4318/v1/metrics"
+#: How long the agent waits for the collector's answer to one push (``collector.timeout_seconds``);
+#: the collector sheds requests that would wait longer than half of it (``max_queue_wait_seconds``).
+DEFAULT_TIMEOUT_SECONDS = 10.0
 
 Source = Literal["nvml", "simulated", "replay"]
 PriceTier = Literal["on-demand", "spot", "reserved"]
@@ -83,7 +87,7 @@ class CollectorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     endpoints: Annotated[tuple[Endpoint, ...], ONE_OR_MANY] = ()
     token: str | None = None
     token_file: Path | None = None
-    timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = DEFAULT_TIMEOUT_SECONDS
     gzip_level: int = 6
     ca_file: Path | None = None
     cert_file: Path | None = None

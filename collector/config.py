@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from gpuwarden.agent.config import DEFAULT_TIMEOUT_SECONDS as AGENT_TIMEOUT_SECONDS
 from gpuwarden.agent.schema import ONE_OR_MANY, ConfigError, convert, read_yaml, redacted_repr
 from gpuwarden.collector.accounting.prices import PricesSection, PriceTable
 from gpuwarden.collector.credentials import CredentialsError, TokenTable
@@ -218,6 +219,11 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     #: requests of one token processed at once (503 + Retry-After beyond), within
     #: max_inflight_requests: one caller cannot take every slot
     max_inflight_per_token: PositiveInt = 16
+    #: an OTLP request that would wait longer than this before it is worked on (the event
+    #: loop's lag, or its wait for a worker thread) is answered 503 + Retry-After. Half the
+    #: agent's default timeout: an answer after the agent's timeout reaches nobody, and the
+    #: lag is measured a timer period late (web.shed)
+    max_queue_wait_seconds: Positive = AGENT_TIMEOUT_SECONDS / 2
     #: new series one token may create per hour (a bucket refilling continuously); the
     #: series a node already has are never refused by it
     max_new_series_per_source_hour: PositiveInt = 100_000

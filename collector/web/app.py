@@ -36,6 +36,7 @@ from gpuwarden.collector.web.keys import (
     CONFIG,
     CREDENTIAL_SOURCES,
     LEADERSHIP,
+    LOOP_LAG,
     RELOADER,
     REMEDIATION,
     ROUTE_ACCESS,
@@ -55,6 +56,7 @@ from gpuwarden.collector.web.reload import LiveTokens, Reloader
 from gpuwarden.collector.web.remediation import setup_remediation
 from gpuwarden.collector.web.remediation_setup import Remediation
 from gpuwarden.collector.web.remote_write_receiver import Translator, setup_remote_write
+from gpuwarden.collector.web.shed import LoopLag, lag_monitor
 from gpuwarden.collector.web.silences import setup_silences
 from gpuwarden.collector.web.static import setup_static
 from gpuwarden.collector.web.status_page import setup_status_page
@@ -116,6 +118,8 @@ def create_app(
     app.on_response_prepare.append(security_headers)  # CSP & co. on every response
     app[CONFIG] = config
     app[STATS] = IngestStats()
+    app[LOOP_LAG] = LoopLag()
+    app.cleanup_ctx.append(lag_monitor(app[LOOP_LAG]))  # what ingest's shedding reads
     app[ROUTE_ACCESS] = {}
     app[AUTH_STATS] = AuthStats()
     app[CREDENTIAL_SOURCES] = []
@@ -178,6 +182,7 @@ def create_app(
     )
     setup_admin(app)
     if service is not None and background:
+        app.on_shutdown.append(tasks.announce_stop)
         app.cleanup_ctx.append(
             tasks.background(
                 job_poll_seconds=config.job_poll_seconds,

@@ -50,6 +50,7 @@ from gpuwarden.collector.web.gpus import GPU_READINGS, gpu_statuses
 from gpuwarden.collector.web.keys import (
     AUTH_STATS,
     LEADERSHIP,
+    LOOP_LAG,
     METRICS_REGISTRY,
     READERS,
     SERVICE,
@@ -59,6 +60,7 @@ from gpuwarden.collector.web.keys import (
     add_route,
 )
 from gpuwarden.collector.web.liveness import node_liveness
+from gpuwarden.collector.web.shed import LoopLag
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,7 @@ class FleetMetrics:
         *,
         stats: IngestStats | None = None,
         auth: AuthStats | None = None,
+        lag: LoopLag | None = None,
         accounting_window_seconds: float = DEFAULT_ACCOUNTING_WINDOW_SECONDS,
         max_jobs: int = DEFAULT_MAX_JOBS,
         clock: Callable[[], float] | None = None,
@@ -105,6 +108,7 @@ class FleetMetrics:
         self._service = service
         self._stats = stats
         self._auth = auth
+        self._lag = lag
         self._window = accounting_window_seconds
         self._max_jobs = max_jobs
         self._clock = clock if clock is not None else service.clock
@@ -364,6 +368,30 @@ class FleetMetrics:
         outcomes = dict(self._stats.remote_write_samples) if self._stats is not None else {}
         for outcome, count in sorted(outcomes.items()):
             received.add_metric([outcome], float(count))
+        shed = CounterMetricFamily(
+            "gpuwarden_collector_requests_shed",
+            "OTLP ingest requests answered 503 by reason: wait (they would wait longer than "
+            "max_queue_wait_seconds), slots (max_inflight_requests), caller "
+            "(max_inflight_per_token).",
+            labels=["reason"],
+        )
+        for reason, count in sorted(dict(self._stats.shed if self._stats else {}).items()):
+            shed.add_metric([reason], float(count))
+        gone = CounterMetricFamily(
+            "gpuwarden_collector_requests_abandoned",
+            "OTLP ingest requests not worked on because their client had closed the "
+            "connection (an agent that timed out).",
+            value=float(self._stats.gone if self._stats is not None else 0),
+        )
+        waits = [
+            GaugeMetricFamily(
+                "gpuwarden_collector_event_loop_lag_seconds",
+                "How late the event loop runs its timers: what an ingest request waits now "
+                "before it is worked on.",
+                value=lag.seconds(),
+            )
+            for lag in ([self._lag] if self._lag is not None else [])
+        ]
         refusals = CounterMetricFamily(
             "gpuwarden_collector_auth_refusals",
             "Requests refused by authentication or roles, by method, route template, status "
@@ -389,7 +417,7 @@ class FleetMetrics:
                 ("jobs", "Current jobs (schedulers and API).", len(service.registry.jobs())),
             )
         ]
-        return [points, duplicates, requests, received, refusals, *simple, lag]
+        return [points, duplicates, requests, received, shed, gone, *waits, refusals, *simple, lag]
 
 
 def _seconds(total: RollupTotal) -> tuple[float, float, float]:
@@ -423,6 +451,7 @@ def setup_metrics(
             service,
             stats=app.get(STATS),
             auth=app.get(AUTH_STATS),
+            lag=app.get(LOOP_LAG),
             accounting_window_seconds=accounting_window_seconds,
             max_jobs=max_jobs,
             clock=clock if clock is not None else service.clock,

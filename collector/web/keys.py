@@ -26,6 +26,7 @@ from gpuwarden.collector.ingest.sink import MetricsSink
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.reload import LiveTokens, Reloader
 from gpuwarden.collector.web.remediation_setup import Remediation
+from gpuwarden.collector.web.shed import LoopLag
 from gpuwarden.collector.web.throttle import FailureThrottle
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "CALLER",
     "CONFIG",
     "CREDENTIAL_SOURCES",
+    "LOOP_LAG",
     "METRICS_REGISTRY",
     "OPERATORS",
     "PAGES",
@@ -86,6 +88,11 @@ class IngestStats:
     """Samples of Prometheus remote-write requests by outcome (``stored``, ``nonfinite``,
     ``over_label_limits``, ``refused_by_store``, ``stale_markers``; ``unmapped_series`` counts
     series): ``gpuwarden_collector_remote_write_samples_total{outcome}``."""
+    shed: Counter[str] = field(default_factory=Counter)
+    """Requests answered 503 by reason: ``wait`` (queued longer than ``max_queue_wait_seconds``),
+    ``slots`` (``max_inflight_requests``), ``caller`` (``max_inflight_per_token``)."""
+    gone: int = 0
+    """Requests not worked on because their client had closed the connection (no answer)."""
 
 
 @dataclass
@@ -157,6 +164,7 @@ closed)."""
 
 CONFIG = web.AppKey("config", CollectorConfig)
 STATS = web.AppKey("stats", IngestStats)
+LOOP_LAG = web.AppKey("loop_lag", LoopLag)
 SINK = web.AppKey("sink", MetricsSink)
 SERVICE = web.AppKey("service", CollectorService)
 READINESS: web.AppKey[list[str]] = web.AppKey("readiness")

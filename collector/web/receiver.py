@@ -7,13 +7,18 @@ counted here all the same), 403 a node the agent's token is not bound to (nothin
 body too slow (``web.guard``, counted here too), 413 too large (body, inflated body, points), 415
 wrong content type or encoding, 503 with ``Retry-After`` when too many requests, or too many of
 one caller, are being processed (503 too while an earlier request of the same agent instance is
-being stored: see ``ingest.rounds_seen``). Never a 5xx for bad input.
+being stored: see ``ingest.rounds_seen``), and 503 too when requests wait longer than
+``max_queue_wait_seconds`` before they are worked on (``web.shed``: the event loop's lag, or a
+big body's wait for a worker thread). A request whose client has closed its connection (an agent
+that timed out) is not decoded nor stored: counted, and answered 499 to the access log only.
+Never a 5xx for bad input.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiohttp import web
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -40,6 +45,7 @@ from gpuwarden.collector.web.keys import (
     AUTH_STATS,
     CALLER,
     CONFIG,
+    LOOP_LAG,
     PROBE,
     SINK,
     STATS,
@@ -48,6 +54,7 @@ from gpuwarden.collector.web.keys import (
     Role,
     add_route,
 )
+from gpuwarden.collector.web.shed import client_gone, retry_after_seconds
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +72,10 @@ async def otlp_metrics(request: web.Request) -> web.Response:
     a slow client holds no slot. A small request (an agent's round) is then decoded and stored
     at once; a big one takes an in-flight slot for its decoding and storing only, which run in
     a worker thread while the event loop serves everyone else. Beyond
-    ``max_inflight_requests`` slots in use, or ``max_inflight_per_token`` of one caller, the
-    answer is 503 with ``Retry-After``.
+    ``max_inflight_requests`` slots in use, or ``max_inflight_per_token`` of one caller, or
+    when requests wait longer than ``max_queue_wait_seconds`` (checked before any slot), the
+    answer is 503 with ``Retry-After``. Before all that, a request whose client has gone is
+    dropped (``web.shed.client_gone``), and checked again when its worker thread starts.
     """
     config = request.app[CONFIG]
     stats = request.app[STATS]
@@ -81,11 +90,9 @@ async def otlp_metrics(request: web.Request) -> web.Response:
     except OtlpError as exc:
         stats.responses[exc.status] += 1
         return web.Response(status=exc.status, text=exc.message + "\n")
-    busy = _busy(config, stats, source)
-    if busy:
-        # Back-pressure: agents keep the batch in their spool and retry after the delay.
-        stats.responses[503] += 1
-        return web.Response(status=503, text=f"{busy}, retry later\n", headers={"Retry-After": "2"})
+    refused = _admission(request, config, stats, source)
+    if refused is not None:
+        return refused
     encoding = request.headers.get("Content-Encoding")
     try:
         small = _small_payload(body, encoding, config)
@@ -93,6 +100,8 @@ async def otlp_metrics(request: web.Request) -> web.Response:
             done = _store_payload(request.app[SINK], small, kind, caller, config, rounds)
         else:
             done = await _store_in_thread(request, body, kind, encoding, caller, rounds)
+    except _DroppedError as exc:
+        return exc.answer(stats)
     except OtlpError as exc:
         if isinstance(exc, UnboundNodesError):
             _log_unbound(request, caller, exc.nodes)
@@ -114,13 +123,81 @@ async def otlp_metrics(request: web.Request) -> web.Response:
     return web.Response(body=encode_response(response, kind), content_type=kind)
 
 
-def _busy(config: CollectorConfig, stats: IngestStats, source: str) -> str | None:
-    """Why the request cannot take a slot now (None: it can)."""
+def _admission(
+    request: web.Request, config: CollectorConfig, stats: IngestStats, source: str
+) -> web.Response | None:
+    """The answer to a request that is not worked on (None: work on it): a client that has gone
+    (an agent that timed out: nobody would read the answer), or a 503 (:func:`_busy`)."""
+    if client_gone(request):
+        return _gone(stats)
+    busy = _busy(config, stats, source, request.app[LOOP_LAG].seconds())
+    if busy is None:
+        return None
+    reason, retry_after = busy
+    return _shed(stats, reason, retry_after)
+
+
+def _busy(
+    config: CollectorConfig, stats: IngestStats, source: str, wait_seconds: float
+) -> tuple[str, int] | None:
+    """Why the request is not worked on now, and its ``Retry-After`` (None: it is).
+
+    ``wait_seconds`` is the event loop's lag (``web.shed.LoopLag``): what a request waits before
+    its handler runs. Past ``max_queue_wait_seconds`` the answer would come too late for the
+    agent, and working on it only makes the next requests wait longer."""
+    if wait_seconds > config.max_queue_wait_seconds:
+        stats.shed["wait"] += 1
+        reason = f"collector overloaded (requests wait {wait_seconds:.1f} s)"
+        return reason, retry_after_seconds(wait_seconds)
     if stats.inflight >= config.max_inflight_requests:
-        return "collector busy"
+        stats.shed["slots"] += 1
+        return "collector busy", 2
     if stats.inflight_by_caller[source] >= config.max_inflight_per_token:
-        return f"{config.max_inflight_per_token} requests of this caller in flight"
+        stats.shed["caller"] += 1
+        return f"{config.max_inflight_per_token} requests of this caller in flight", 2
     return None
+
+
+def _shed(stats: IngestStats, reason: str, retry_after: int) -> web.Response:
+    """Back-pressure: agents keep the batch in their spool and retry after the delay."""
+    stats.responses[503] += 1
+    headers = {"Retry-After": str(retry_after)}
+    return web.Response(status=503, text=f"{reason}, retry later\n", headers=headers)
+
+
+def _gone(stats: IngestStats) -> web.Response:
+    """A request whose client closed its connection: counted, not worked on. The 499 (nginx's
+    "client closed request") reaches only the access log: the connection is closed."""
+    stats.gone += 1
+    response = web.Response(status=499, text="client closed the connection\n")
+    response.force_close()
+    return response
+
+
+class _DroppedError(Exception):
+    """A big body not worked on when its worker thread started; ``answer`` says so."""
+
+    def answer(self, stats: IngestStats) -> web.Response:
+        raise NotImplementedError
+
+
+class _GoneError(_DroppedError):
+    """The client closed its connection while its body waited for a worker thread."""
+
+    def answer(self, stats: IngestStats) -> web.Response:
+        return _gone(stats)
+
+
+class _WaitedError(_DroppedError):
+    """A body waited for a worker thread longer than ``max_queue_wait_seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"waited {seconds:.1f} s for a worker thread")
+        self.seconds = seconds
+
+    def answer(self, stats: IngestStats) -> web.Response:
+        stats.shed["wait"] += 1
+        return _shed(stats, f"collector overloaded ({self})", retry_after_seconds(self.seconds))
 
 
 async def _store_in_thread(
@@ -136,10 +213,18 @@ async def _store_in_thread(
     source = caller.name
     stats.inflight += 1
     stats.inflight_by_caller[source] += 1
+    queued = time.monotonic()
+
+    def work() -> Accepted:
+        waited = time.monotonic() - queued  # the executor's queue: every worker was busy
+        if client_gone(request):
+            raise _GoneError
+        if waited > config.max_queue_wait_seconds:
+            raise _WaitedError(waited)
+        return _decode_and_store(request.app[SINK], body, kind, encoding, caller, config, rounds)
+
     try:
-        return await asyncio.to_thread(
-            _decode_and_store, request.app[SINK], body, kind, encoding, caller, config, rounds
-        )
+        return await asyncio.to_thread(work)
     finally:
         stats.inflight -= 1
         stats.inflight_by_caller[source] -= 1

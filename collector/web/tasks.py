@@ -1,12 +1,21 @@
 """Background work of the collector app: job polling, accounting, eviction, detection,
 remediation, alerting, remote-write and the store's snapshots.
 
-Each loop runs its blocking step in a worker thread, on a monotonic deadline, and survives its own
-failures (one broad except per iteration, logged with the traceback). When the app stops, the loops
-are told to stop and a step already running is waited for (up to ``stop_timeout_seconds``): a
-worker thread cannot be cancelled, and the storage closes right after (the app's ``on_cleanup``).
-Remote-write's buffer is flushed to its durable queue once more at the end, so a restart
-sends what it held.
+Each loop runs its blocking step in a thread of its own, on a monotonic deadline, and survives its
+own failures (one broad except per iteration, logged with the traceback). When the app stops, the
+loops are told to stop and a step already running is waited for, up to ``stop_timeout_seconds``
+(4 s). A thread cannot be cancelled: a step still running then (a detection cycle over a large
+fleet) is abandoned. Its thread is a daemon thread, so the process does not wait for it at exit
+(the default executor's threads are joined at exit: a cycle of 55 s kept SIGTERM waiting 90 s).
+It runs on, unwaited, until the process ends: what it commits before the database closes is
+whole (each storage write is one transaction), what it has not committed by then is lost. Then
+remote-write's buffer is flushed to its durable queue and the store's snapshot written, within
+``final_save_seconds`` (4 s) together, so a restart sends what it held and starts warm; a
+snapshot still being written then is abandoned too (it is written to a temporary file and
+renamed, so the previous snapshot stays whole). The storage closes right after (the app's
+``on_cleanup``). So a collector stops within about 10 s of SIGTERM, whatever it was doing:
+aiohttp's own shutdown (``run_app``'s ``shutdown_timeout``, answering the requests in progress),
+the loops' 4 s, the final saves' 4 s; the CLI then leaves without the interpreter's teardown.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -34,11 +44,57 @@ log = logging.getLogger(__name__)
 FOLLOW_SECONDS = 30.0
 """How often a standby reads from the TSDB what the leader wrote (see ``background``)."""
 
-STOP_TIMEOUT_SECONDS = 30.0
-"""How long stopping waits for a step already running (a detection cycle) before giving up on it."""
 GATE_POLL_SECONDS = 1.0
 """How often a leader-only loop of a standby looks whether this replica leads now: a new
 leader runs its first step within this time, not one interval later."""
+
+STOP_TIMEOUT_SECONDS = 4.0
+"""How long stopping waits for a step already running (a detection cycle) before abandoning it."""
+
+TIMED_STEPS = frozenset({"detection"})
+"""Steps whose every duration is logged at INFO (``detection took 12.345 s``: what an operator
+and ``bench/capacity.py`` read the cycle time from); the others' at DEBUG."""
+
+FINAL_SAVE_SECONDS = 4.0
+"""How long stopping waits for remote-write's last flush and the last snapshot, together."""
+
+
+async def in_daemon_thread(name: str, step: Callable[[], object]) -> object:
+    """Run ``step`` in a daemon thread of its own and wait for its result.
+
+    Unlike ``asyncio.to_thread`` (the default executor, whose threads the interpreter joins at
+    exit), a step that is abandoned (its waiter cancelled, or the loop closed) does not hold the
+    process: its result is dropped and the thread ends with the process.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[object] = loop.create_future()
+
+    def settle(result: object, error: Exception | None) -> None:
+        if done.done():  # abandoned: nobody waits any more
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def run() -> None:
+        result: object = None
+        error: Exception | None = None
+        try:
+            result = step()
+        except Exception as exc:  # noqa: BLE001 - handed to the waiter, which logs it
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed: the step was abandoned
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name=f"gpuwarden {name}", daemon=True).start()
+    return await done
+
+
+async def announce_stop(_app: web.Application) -> None:
+    """An ``on_shutdown`` hook: the stop's first moment in the log (listening has ended; aiohttp
+    answers the requests in progress, then the loops are stopped)."""
+    log.info("stopping: no new connections, answering the requests in progress")
 
 
 async def _every(
@@ -60,23 +116,33 @@ async def _every(
                 await asyncio.wait_for(stop.wait(), min(interval_seconds, GATE_POLL_SECONDS))
             deadline = time.monotonic()
             continue
+        started = time.monotonic()
         try:
-            await asyncio.to_thread(step)
+            await in_daemon_thread(name, step)
         except FencedError as exc:  # leadership lost mid-step: the standby's turn now
             log.warning("%s stopped: %s", name, exc)
         except Exception:  # one broad except per iteration: the loop must go on
             log.exception("%s failed; retrying in %.0f s", name, interval_seconds)
+        else:
+            level = logging.INFO if name in TIMED_STEPS else logging.DEBUG
+            log.log(level, "%s took %.3f s", name, time.monotonic() - started)
         deadline += interval_seconds
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), max(0.0, deadline - time.monotonic()))
 
 
 async def _stop(loops: dict[asyncio.Task[None], str], timeout_seconds: float) -> None:
-    """Let each loop finish its running step and end; cancel what is still busy at the deadline."""
+    """Let each loop finish its running step and end; abandon what is still busy at the deadline
+    (its daemon thread runs on unwaited, its uncommitted work is lost with the process)."""
     _, busy = await asyncio.wait(loops, timeout=timeout_seconds)
     if busy:
         names = ", ".join(sorted(loops[task] for task in busy))
-        log.warning("still running after %.0f s, stopping without it: %s", timeout_seconds, names)
+        log.warning(
+            "still running after %g s, abandoned at shutdown (not waited for; what it has not "
+            "committed when the database closes is lost): %s",
+            timeout_seconds,
+            names,
+        )
     for task in busy:
         task.cancel()
     for task in loops:
@@ -129,6 +195,7 @@ def background(
     election: LeaseElection | None = None,
     election_seconds: float = 10.0 / 3,
     follow_seconds: float = FOLLOW_SECONDS,
+    final_save_seconds: float = FINAL_SAVE_SECONDS,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """A ``cleanup_ctx`` entry that runs the service's loops while the app serves.
 
@@ -194,17 +261,43 @@ def background(
             )
             loops[asyncio.create_task(snapshot)] = "snapshot"
         yield
+        started = time.monotonic()
         stop.set()
         await _stop(loops, stop_timeout_seconds)
         if election is not None:  # after the loops: none of them acts any more
-            await asyncio.to_thread(election.release)
-        if history is not None:  # first: quick, and what it holds is not on disk elsewhere
-            await asyncio.to_thread(history.flush)
+            await _final_saves([election.release], final_save_seconds)
+        final: list[Callable[[], object]] = (
+            [history.flush] if history is not None else []
+        )  # first: not on disk elsewhere
         if snapshots:
-            try:
-                # only the changes since the last full snapshot: an exit within seconds
-                await asyncio.to_thread(lambda: service.save_snapshot(changes_only=True))
-            except Exception:  # the shutdown goes on: the last periodic snapshot stays
-                log.exception("the snapshot at shutdown failed")
+            # only the changes since the last full snapshot: an exit within seconds
+            final.append(lambda: service.save_snapshot(changes_only=True))
+        await _final_saves(final, final_save_seconds)
+        log.info("background work stopped in %.2f s", time.monotonic() - started)
 
     return context
+
+
+async def _final_saves(steps: list[Callable[[], object]], timeout_seconds: float) -> None:
+    """Run ``steps`` in order, all within ``timeout_seconds``; one that fails is logged and
+    the next still runs, and what is still running at the deadline is abandoned."""
+
+    async def in_order() -> None:
+        for step in steps:
+            try:
+                await in_daemon_thread("final save", step)
+            except Exception:  # the shutdown goes on: the last periodic save stays
+                log.exception("%s at shutdown failed", _step_name(step))
+
+    try:
+        await asyncio.wait_for(in_order(), timeout_seconds)
+    except TimeoutError:
+        log.warning(
+            "the final flush and snapshot did not finish within %g s, abandoned at shutdown "
+            "(the previous snapshot stays whole)",
+            timeout_seconds,
+        )
+
+
+def _step_name(step: Callable[[], object]) -> str:
+    return getattr(step, "__qualname__", None) or repr(step)
