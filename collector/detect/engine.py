@@ -1,5 +1,12 @@
 """The detection cycle: run every enabled rule through its detector, fold into incidents.
 
+Where a cycle runs: in the calling thread, or (``fork=True``, what the collector does) in a
+child process forked for the cycle (``detect.fork``): the child runs the rules on a
+copy-on-write view of the store and sends back the findings and the detectors' caches; this
+process folds the findings into incidents. A child has its own GIL and core, so a cycle of a large
+fleet never starves ingest and the web handlers of the collector's process; the price is the
+pages the collector writes during a cycle (copied) and a fork per cycle (docs/performance.md).
+
 Rules are compiled once: each is bound to its detector and its typed parameters. Rules of pushed
 detectors (Alertmanager's webhook) have nothing to run here. One failing rule never stops the
 others. The engine also applies the selector fields the engine honours for a detector (teams,
@@ -13,12 +20,13 @@ import fnmatch
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.collector.detect.catalog import DETECTORS
 from gpuwarden.collector.detect.contract import DetectionContext, Detector
 from gpuwarden.collector.detect.findings import Finding, Verdict
+from gpuwarden.collector.detect.fork import CycleStoppedError, ForkContext, ForkedCycles
 from gpuwarden.collector.detect.incidents import IncidentTracker
 from gpuwarden.collector.rules.model import Rule, RuleSet
 from gpuwarden.collector.storage.base import Storage
@@ -59,6 +67,20 @@ class CycleResult:
     opened: int
     resolved: int
     failed_rules: tuple[str, ...]
+    rule_seconds: Mapping[str, float] = field(default_factory=dict)
+    """Wall seconds each rule took, by rule id (where a cycle's time goes)."""
+    stopped: bool = False
+    """The engine was stopped during the cycle: nothing was judged or folded."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Detected:
+    """What running the rules gave (sent back from a forked child)."""
+
+    findings: list[Finding]
+    failed: list[str]
+    seconds: dict[str, float]
+    caches: dict[object, object] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +100,8 @@ class DetectionEngine:
         tracker: folds findings into incidents (default: one over ``storage``).
         clock: Unix seconds.
         detectors: the catalog, by name.
+        fork: run each cycle's rules in a forked child process (``detect.fork``; POSIX).
+        fork_timeout_seconds: a forked cycle still running after this long is killed.
     """
 
     def __init__(
@@ -89,7 +113,16 @@ class DetectionEngine:
         tracker: IncidentTracker | None = None,
         clock: Callable[[], float] = time.time,
         detectors: Mapping[str, Detector[Any]] = DETECTORS,
+        fork: bool = False,
+        fork_timeout_seconds: float = 600.0,
     ) -> None:
+        self._forked: ForkContext | None = None
+        self._cycles: ForkedCycles | None = None
+        if fork:
+            ctx = self._forked = ForkContext(ctx)
+            self._cycles = ForkedCycles(
+                self._forked.exclusive, timeout_seconds=fork_timeout_seconds
+            )
         self._ctx = ctx
         self._clock = clock
         self._tracker = tracker or IncidentTracker(storage, clock=clock)
@@ -112,27 +145,63 @@ class DetectionEngine:
         if self.not_implemented:
             log.warning("rules of unknown detectors skipped: %s", ", ".join(self.not_implemented))
 
+    def stop(self) -> None:
+        """Stop a cycle running in a forked child now (its child is killed), and every later
+        one; a cycle in this process finishes its rules (the collector is stopping)."""
+        if self._cycles is not None:
+            self._cycles.stop()
+
     def run_cycle(self, now: float | None = None) -> CycleResult:
         """Evaluate every runnable rule once and fold the findings into incidents."""
         current = self._clock() if now is None else now
-        findings: list[Finding] = []
-        failed = []
-        for bound in self._bound:
-            run = bound.detector.run
-            if run is None:  # pragma: no cover - filtered in __init__
-                continue
+        bound = self._bound  # the rules this cycle started with
+        forked, cycles = self._forked, self._cycles
+        if forked is None or cycles is None:
+            detected = self._detect(bound, current)
+        else:
+            forked.prefetch(current)
             try:
-                found = run(self._ctx, bound.rule, bound.params, current)
-            except Exception:  # one broad except per rule: the others still run
-                log.exception("rule %s failed in this cycle", bound.rule.id)
-                failed.append(bound.rule.id)
-                continue
-            findings.extend(f for f in found if selected(bound.rule, bound.detector, f))
+                detected = cycles.run(lambda: self._detect(bound, current, caches=forked.caches))
+            except CycleStoppedError:
+                return CycleResult(0, 0, 0, 0, (), stopped=True)
+            if detected.caches is not None:
+                forked.restore(detected.caches)
+        findings, seconds = detected.findings, dict(detected.seconds)
+        began = time.perf_counter()
         result = self._tracker.fold(findings)
+        seconds["(incidents)"] = time.perf_counter() - began
         return CycleResult(
             findings=len(findings),
             firing=sum(1 for f in findings if f.verdict is Verdict.FIRING),
             opened=len(result.opened),
             resolved=len(result.resolved),
-            failed_rules=tuple(failed),
+            failed_rules=tuple(detected.failed),
+            rule_seconds=seconds,
         )
+
+    def _detect(
+        self,
+        bound: list[_Bound],
+        current: float,
+        *,
+        caches: Callable[[], dict[object, object]] | None = None,
+    ) -> _Detected:
+        """Run the rules (in this process, or in a forked child: then with its caches)."""
+        findings: list[Finding] = []
+        failed = []
+        seconds: dict[str, float] = {}
+        for b in bound:
+            run = b.detector.run
+            if run is None:  # pragma: no cover - filtered in __init__
+                continue
+            began = time.perf_counter()
+            try:
+                found = run(self._ctx, b.rule, b.params, current)
+            except Exception:  # one broad except per rule: the others still run
+                log.exception("rule %s failed in this cycle", b.rule.id)
+                failed.append(b.rule.id)
+                continue
+            finally:
+                seconds[b.rule.id] = time.perf_counter() - began
+            findings.extend(f for f in found if selected(b.rule, b.detector, f))
+        return _Detected(findings, failed, seconds, None if caches is None else caches())

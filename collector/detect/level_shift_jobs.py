@@ -19,13 +19,19 @@ Three facts about who holds a GPU change what a level shift of its series means:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, GpuTimeline, ownership
+from gpuwarden.collector.accounting.gpu_time import (
+    UNALLOCATED,
+    GpuTimeline,
+    ended_at,
+    jobs_by_node,
+    ownership,
+)
 from gpuwarden.collector.detect.contract import DetectionContext
 from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
 from gpuwarden.collector.detect.model_series import model_of
@@ -54,9 +60,10 @@ class Tenure:
 
 
 def _holders(gpu: GpuTimeline, jobs: Sequence[Job], times: FloatVector, step: float,
-             now: float) -> list[str]:  # fmt: skip
-    """Per slot, the job holding the largest share of the GPU ("" for nobody)."""
-    shares = ownership(gpu, jobs, times, step, now)
+             now: float, ended: Mapping[str, float]) -> list[str]:  # fmt: skip
+    """Per slot, the job holding the largest share of the GPU ("" for nobody); ``jobs``: those
+    on the GPU's node, ``ended``: :func:`ended_at` of every job."""
+    shares = ownership(gpu, jobs, times, step, now, ended=ended)
     if not shares:
         return [""] * len(times)
     keys = list(shares)
@@ -81,6 +88,8 @@ def tenures(
     by_gpu = {(g.node, g.uuid): g for g in gpus}
     index = {round(float(t) / step): i for i, t in enumerate(slot_times)}
     jobs = ctx.jobs()
+    on_node, ended = jobs_by_node(jobs), ended_at(jobs)
+    grid = np.asarray(slot_times, dtype=np.float64)
     out = []
     for row, info in enumerate(infos):
         attrs = info.attributes
@@ -88,7 +97,7 @@ def tenures(
         if gpu is None or not len(times):
             out.append(Tenure("", np.ones(len(times), dtype=np.bool_)))
             continue
-        per_slot = _holders(gpu, jobs, np.asarray(slot_times, dtype=np.float64), step, end)
+        per_slot = _holders(gpu, on_node.get(gpu.node, []), grid, step, end, ended)
         holder = [per_slot[index[k]] if k in index else "" for k in
                   (round(float(t) / step) for t in times)]  # fmt: skip
         known = ~np.isnan(values[row])

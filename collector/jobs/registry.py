@@ -7,9 +7,10 @@ finished. Jobs are persisted on change so accounting and incidents survive a res
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.collector.jobs import JobSourceError
@@ -72,6 +73,13 @@ class JobRegistry:
         if changed:
             self._storage.upsert_jobs(changed)
         return len(changed)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the registry's lock: no other thread changes or reads it meanwhile (to fork a
+        process that reads it, ``detect.fork``)."""
+        with self._lock:
+            yield
 
     def jobs(self) -> list[Job]:
         """Current jobs: adapters' latest lists, then API jobs, by key (adapters win)."""
