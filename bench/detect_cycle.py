@@ -1,9 +1,9 @@
 """What one detection cycle costs: every default rule through ``DetectionEngine`` on a fleet.
 
 Run from the repository root: ``.venv/bin/python -m bench.detect_cycle --gpus 1000
-[--long-hours 24] [--models 16] [--cycles 3] [--fork] [--seed 0] [--profile]``. Not a test: it
-prints figures. About 1 min at 1,000 GPUs, 4 min at 4,000 on two cores (most of it building the
-fleet).
+[--long-hours 24] [--models 16] [--cycles 3] [--mode thread|fork|both] [--probe-ingest]
+[--seed 0] [--profile]``. Not a test: it prints figures. About 4 min at 1,000 GPUs on two busy
+cores, most of it building the fleet (the history's writes); the fleet's size scales it.
 
 The fleet. One real agent (``build_agent``, simulated source, scenario ``mixed``: 8 H100s, four
 Slurm jobs on seven of them, the host's own metrics) is sampled twice; its request's points are
@@ -22,8 +22,11 @@ queue gauge, a deploy event each. Storage is a real SQLite file.
 
 The cycle. The default rules (``rules/default.yaml``) through ``DetectionEngine.run_cycle``,
 incidents folded into the SQLite file, ``--cycles`` times one minute (6 slots of every series)
-apart. The first cycle fits what the fit caches hold; the later ones reuse the fits. ``--fork``
-runs each cycle in a forked child (``detect.fork``) as the collector does. Prints per cycle the
+apart. The first cycle fits what the fit caches hold; the later ones reuse the fits. ``--mode
+fork`` (the default) runs each cycle in a forked child (``detect.fork``) as the collector does,
+``thread`` in this process, ``both`` one of each per cycle. ``--probe-ingest`` times
+``CollectorService.accept`` of one node's request every 50 ms from another thread while a cycle
+runs (the event loop's place): what a cycle does to ingest latency. Prints per cycle the
 seconds of every rule and the total, then RSS (this process, ``VmRSS`` and ``VmHWM``) and bytes
 per GPU of the recent and long windows: allocated, and at full retention (14 days of long ring).
 """
@@ -329,12 +332,18 @@ def write(fleet: Fleet, t: int, rng: np.random.Generator, clock: list[float]) ->
 
 
 class IngestProbe:
-    """Another thread that stores one node's request every 50 ms and times each ``accept``."""
+    """Another thread that stores one node's request every 50 ms and times each ``accept``;
+    it also samples the memory of this process and of a forked cycle's child (PSS: a page
+    shared by both counts half in each, so the sum is what they hold together)."""
 
-    def __init__(self, service: CollectorService, template: list[NumberPoint], t: int) -> None:
-        self.points = node_points(template, 0, t * NS)
+    def __init__(
+        self, engine: DetectionEngine, service: CollectorService, points: list[NumberPoint]
+    ) -> None:
+        self.points = points
         self.service = service
+        self.engine = engine
         self.latencies: list[float] = []
+        self.peak_pss = pss(os.getpid())
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run)
         self.thread.start()
@@ -344,6 +353,10 @@ class IngestProbe:
             began = time.perf_counter()
             self.service.accept(self.points, "agent-0")
             self.latencies.append(time.perf_counter() - began)
+            cycles = self.engine._cycles
+            child = None if cycles is None else cycles._pid
+            total = pss(os.getpid()) + (pss(child) if child is not None else 0)
+            self.peak_pss = max(self.peak_pss, total)
 
     def finish(self) -> None:
         self.done.set()
@@ -355,7 +368,20 @@ class IngestProbe:
             return "    ingest probe: no request finished during the cycle"
         return (f"    ingest probe: {lat.size} requests of {len(self.points)} points during the "
                 f"cycle, p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms, "
-                f"max {lat.max():.1f} ms")  # fmt: skip
+                f"max {lat.max():.1f} ms; peak PSS (this process + a cycle's child) "
+                f"{self.peak_pss / 2**30:.2f} GiB")  # fmt: skip
+
+
+def pss(pid: int) -> int:
+    """Proportional set size of a process in bytes (0 when it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def rss() -> tuple[int, int]:
@@ -385,13 +411,52 @@ def memory_report(fleet: Fleet) -> None:
         f"({long_full / 2**30:,.1f} GiB for this fleet)")  # fmt: skip
 
 
+def run_one(
+    engine: DetectionEngine,
+    label: str,
+    profile: bool,
+    fleet: Fleet,
+    t: int,
+    template: list[NumberPoint] | None,
+) -> None:
+    """One cycle, its figures printed (and the ingest probe's, with a ``template``)."""
+    profiler = cProfile.Profile() if profile else None
+    began, cpu_began = time.perf_counter(), time.process_time()
+    if profiler is not None:
+        profiler.enable()
+    probe = None
+    if template is not None:
+        probe = IngestProbe(engine, fleet.service, node_points(template, 0, t * NS))
+    try:
+        result = engine.run_cycle()
+    finally:
+        if probe is not None:
+            probe.finish()
+    if profiler is not None:
+        profiler.disable()
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
+    failed = list(result.failed_rules) or "none"
+    say(f"{label}: {wall:.2f} s wall, {cpu:.2f} s CPU in this process, "
+        f"{result.findings} findings ({result.firing} firing), "
+        f"{result.opened} opened, failed: {failed}; RSS {rss()[0] / 2**30:.2f} GiB")  # fmt: skip
+    if probe is not None:
+        say(probe.report())
+    for rule, seconds in sorted(result.rule_seconds.items(), key=lambda kv: -kv[1]):
+        say(f"    {rule:32s} {seconds:7.2f} s")
+    if profiler is not None:
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=1000)
     parser.add_argument("--long-hours", type=float, default=24.0)
     parser.add_argument("--models", type=int, default=16)
     parser.add_argument("--cycles", type=int, default=3)
-    parser.add_argument("--fork", action="store_true", help="each cycle in a forked child")
+    parser.add_argument(
+        "--mode", choices=("thread", "fork", "both"), default="fork",
+        help="cycles in this process, in a forked child (detect.fork), or both in turn",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="cProfile the last cycle")
     parser.add_argument(
@@ -408,10 +473,17 @@ def main(argv: list[str] | None = None) -> int:
         fleet, template = build_fleet(args, clock, Path(tmp))
         service = fleet.service
         rules = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
-        engine = DetectionEngine(
-            service.detection_view, rules, storage=service.storage, clock=lambda: clock[0],
-            fork=args.fork,
-        )  # fmt: skip
+        modes = ("thread", "fork") if args.mode == "both" else (args.mode,)
+        engines = {
+            mode: DetectionEngine(
+                service.detection_view,
+                rules,
+                storage=service.storage,
+                clock=lambda: clock[0],
+                fork=mode == "fork",
+            )
+            for mode in modes
+        }
         memory_report(fleet)
         rng = np.random.default_rng(args.seed + 1)
         t = T_END
@@ -421,29 +493,10 @@ def main(argv: list[str] | None = None) -> int:
                     write(fleet, t, rng, clock)
                     t += STEP
             clock[0] = float(t)
-            profiler = cProfile.Profile() if args.profile and cycle == args.cycles - 1 else None
-            began, cpu_began = time.perf_counter(), time.process_time()
-            if profiler is not None:
-                profiler.enable()
-            probe = IngestProbe(service, template, t) if args.probe_ingest else None
-            try:
-                result = engine.run_cycle()
-            finally:
-                if probe is not None:
-                    probe.finish()
-            if profiler is not None:
-                profiler.disable()
-            wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
-            failed = list(result.failed_rules) or "none"
-            say(f"cycle {cycle}: {wall:.2f} s wall, {cpu:.2f} s CPU here, "
-                f"{result.findings} findings ({result.firing} firing), "
-                f"{result.opened} opened, failed: {failed}")  # fmt: skip
-            if probe is not None:
-                say(probe.report())
-            for rule, seconds in sorted(result.rule_seconds.items(), key=lambda kv: -kv[1]):
-                say(f"    {rule:32s} {seconds:7.2f} s")
-            if profiler is not None:
-                pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
+            for mode, engine in engines.items():
+                last = cycle == args.cycles - 1
+                run_one(engine, f"cycle {cycle} ({mode})", args.profile and last, fleet, t,
+                        template if args.probe_ingest else None)  # fmt: skip
         memory_report(fleet)
         service.storage.close()
     return 0

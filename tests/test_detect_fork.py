@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import threading
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from gpuwarden.collector.detect.catalog import DETECTORS, load_rules
 from gpuwarden.collector.detect.contract import DetectionContext, Detector
@@ -17,6 +19,8 @@ from gpuwarden.collector.detect.findings import Finding, Verdict, new_finding
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import Rule, RuleSet
 from gpuwarden.collector.storage.records import IncidentState
+from gpuwarden.collector.web.keys import SERVICE
+from gpuwarden.collector.web.tasks import background
 from tests.test_accounting_scenario import T0, service  # noqa: F401 - the fixture
 
 NOW = T0 + 4200
@@ -132,3 +136,32 @@ def test_a_child_past_its_timeout_is_killed_and_the_cycle_fails(service):  # noq
     finally:
         for fd in (started_r, started_w, never_r, never_w):
             os.close(fd)
+
+
+async def test_stopping_the_app_kills_the_cycle_its_child_runs(service, caplog):  # noqa: F811
+    started_r, started_w = os.pipe()
+    never_r, never_w = os.pipe()
+    engine = engine_with(blocking(started_w, never_r), service)
+    app = web.Application()
+    app[SERVICE] = service
+    hour = 3600.0
+    app.cleanup_ctx.append(
+        background(
+            job_poll_seconds=hour,
+            accounting_seconds=hour,
+            evict_seconds=hour,
+            detection=engine,
+            detection_seconds=hour,
+        )
+    )
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, os.read, started_r, 1) == b"1"
+    finally:
+        await runner.cleanup()  # without the kill, it would wait STOP_TIMEOUT_SECONDS for it
+        for fd in (started_r, started_w, never_r, never_w):
+            os.close(fd)
+    assert "still running" not in caplog.text
+    assert "detection failed" not in caplog.text

@@ -65,12 +65,18 @@ class IncidentTracker:
     _pending: dict[str, int] = field(default_factory=dict)
 
     def fold(self, findings: Sequence[Finding]) -> FoldResult:
-        """Apply one cycle's findings; return the incidents opened, updated and resolved."""
+        """Apply one cycle's findings; return the incidents opened, updated and resolved.
+
+        The open incidents are read once per cycle, not once per finding (a large fleet's
+        cycle has thousands of findings, nearly all about subjects with no incident), and kept
+        up to date as this fold changes them.
+        """
         now = self.clock()
         opened, updated, resolved = [], [], []
+        open_now = {i.fingerprint: i for i in self.storage.incidents(state=IncidentState.OPEN)}
         for finding in findings:
             fp = finding.fingerprint
-            current = self.storage.open_incident_for(fp)
+            current = open_now.get(fp)
             if finding.verdict is Verdict.FIRING:
                 if current is None:
                     streak = self._pending.get(fp, 0) + 1
@@ -79,6 +85,7 @@ class IncidentTracker:
                         incident = self._open(finding, now, streak)
                         if incident is not None:
                             opened.append(incident)
+                            open_now[fp] = incident
                         self._pending.pop(fp, None)
                 else:
                     incident = replace(
@@ -91,6 +98,7 @@ class IncidentTracker:
                     )
                     self.storage.update_incident(incident)
                     updated.append(incident)
+                    open_now[fp] = incident
             elif finding.verdict is Verdict.CLEAR:
                 self._pending.pop(fp, None)
                 if current is None:
@@ -105,10 +113,12 @@ class IncidentTracker:
                         consecutive_breaches=0,
                     )
                     resolved.append(incident)
+                    open_now.pop(fp, None)
                     log.info("incident %s (%s) resolved", fp, finding.subject)
                 else:
                     incident = replace(current, consecutive_clears=clears)
                     updated.append(incident)
+                    open_now[fp] = incident
                 self.storage.update_incident(incident)
         return FoldResult(tuple(opened), tuple(updated), tuple(resolved))
 

@@ -131,6 +131,8 @@ def background(
             loops[asyncio.create_task(snapshot)] = "snapshot"
         yield
         stop.set()
+        if detection is not None:  # a cycle in its forked child is killed, not waited for
+            detection.stop()
         await _stop(loops, stop_timeout_seconds)
         if history is not None:  # first: quick, and what it holds is not on disk elsewhere
             await asyncio.to_thread(history.flush)
