@@ -436,11 +436,15 @@ def run_one(
         profiler.disable()
     wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
     failed = list(result.failed_rules) or "none"
-    say(f"{label}: {wall:.2f} s wall, {cpu:.2f} s CPU in this process, "
+    say(f"{label}: {wall:.2f} s wall, {result.cpu_seconds:.2f} s CPU of the rules, "
+        f"{cpu:.2f} s CPU in this process, "
         f"{result.findings} findings ({result.firing} firing), "
         f"{result.opened} opened, failed: {failed}; RSS {rss()[0] / 2**30:.2f} GiB")  # fmt: skip
     if probe is not None:
         say(probe.report())
+    if engine._cycles is not None:
+        say(f"    fork: {engine._cycles.fork_seconds * 1000:.1f} ms with the locks held; "
+            f"result {engine._cycles.result_bytes / 2**20:.1f} MiB pickled")  # fmt: skip
     for rule, seconds in sorted(result.rule_seconds.items(), key=lambda kv: -kv[1]):
         say(f"    {rule:32s} {seconds:7.2f} s")
     if profiler is not None:

@@ -37,6 +37,7 @@ def test_a_forked_cycle_opens_what_a_cycle_in_process_opens(service):  # noqa: F
     result = engine.run_cycle(now=NOW)
     assert result.failed_rules == ()
     assert not result.stopped
+    assert result.cpu_seconds > 0  # the child's, from its resource usage
     assert set(result.rule_seconds) >= {r.id for r in engine.rules}
     found = sorted(
         (i.rule_id, str(i.evidence["gpu"]))

@@ -71,6 +71,8 @@ class CycleResult:
     """Wall seconds each rule took, by rule id (where a cycle's time goes)."""
     stopped: bool = False
     """The engine was stopped during the cycle: nothing was judged or folded."""
+    cpu_seconds: float = 0.0
+    """CPU the rules took: this thread's, or the forked child's (user + system)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +158,10 @@ class DetectionEngine:
         current = self._clock() if now is None else now
         bound = self._bound  # the rules this cycle started with
         forked, cycles = self._forked, self._cycles
+        cpu_began = time.thread_time()
         if forked is None or cycles is None:
             detected = self._detect(bound, current)
+            cpu = time.thread_time() - cpu_began
         else:
             forked.prefetch(current)
             try:
@@ -166,6 +170,7 @@ class DetectionEngine:
                 return CycleResult(0, 0, 0, 0, (), stopped=True)
             if detected.caches is not None:
                 forked.restore(detected.caches)
+            cpu = cycles.child_cpu_seconds
         findings, seconds = detected.findings, dict(detected.seconds)
         began = time.perf_counter()
         result = self._tracker.fold(findings)
@@ -177,6 +182,7 @@ class DetectionEngine:
             resolved=len(result.resolved),
             failed_rules=tuple(detected.failed),
             rule_seconds=seconds,
+            cpu_seconds=cpu,
         )
 
     def _detect(

@@ -213,6 +213,12 @@ class ForkedCycles:
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._stopped = False
+        self.child_cpu_seconds = 0.0
+        """CPU seconds (user + system) of the last child, once it ended."""
+        self.fork_seconds = 0.0
+        """How long the last fork held the locks (``exclusive`` taken, then ``os.fork``)."""
+        self.result_bytes = 0
+        """Size of the last child's pickled result."""
 
     def stop(self) -> None:
         """Kill the running child, if any, and refuse to start another."""
@@ -236,8 +242,11 @@ class ForkedCycles:
                 os.close(read_fd)
                 os.close(write_fd)
                 raise CycleStoppedError
+            began = time.perf_counter()
             with self._exclusive():
                 pid = os.fork()
+            if pid:
+                self.fork_seconds = time.perf_counter() - began
             if pid == 0:  # the child: no return from this branch
                 os.close(read_fd)
                 self._child(work, write_fd)
@@ -247,7 +256,8 @@ class ForkedCycles:
             data = self._read(read_fd, pid)
         finally:
             os.close(read_fd)
-            _, status = os.waitpid(pid, 0)
+            _, status, usage = os.wait4(pid, 0)
+            self.child_cpu_seconds = usage.ru_utime + usage.ru_stime
             with self._lock:
                 self._pid = None
                 stopped = self._stopped
@@ -255,6 +265,7 @@ class ForkedCycles:
             raise CycleStoppedError
         if data is None:
             raise RuntimeError(f"the detection child ran past {self._timeout:.0f} s: killed")
+        self.result_bytes = len(data)
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
             text = data.decode(errors="replace") if code == 1 else ""
