@@ -74,10 +74,13 @@ def run_orphaned_memory(
         where[i] for i in range(n) if not np.isnan(memory[i])
     }
     win = Window(start, end, times, step, [], [], np.zeros((0, 0), dtype=bool))
+    orphans_on: dict[tuple[str, str], list[int]] = {}  # GPU → its orphan processes, in order
+    for i in np.flatnonzero(orphan).tolist():
+        orphans_on.setdefault(where[i], []).append(i)
     findings = []
     for ref in ctx.gpus():
         key2 = (ref.node, ref.uuid)
-        mine = [i for i in range(n) if where[i] == key2 and orphan[i]]
+        mine = orphans_on.get(key2, [])
         total = float(sum(memory[i] for i in mine))
         if total > memory_above_bytes:
             verdict = Verdict.FIRING
