@@ -336,6 +336,10 @@ def slot_sets(masks: Mapping[str, np.ndarray], n: int) -> tuple[frozenset[str], 
     """Per slot, the keys whose presence mask is set there, as one shared frozenset object
     per distinct set of keys (``n`` slots; masks are boolean arrays of length ``n``)."""
     keys = sorted(masks)
+    if len(keys) == 1:  # the common case: one job's processes on the GPU
+        (only,) = keys
+        sets = [frozenset(), frozenset(keys)]
+        return tuple(map(sets.__getitem__, masks[only].astype(np.int64).tolist()))
     if len(keys) > 62:  # more than a code holds: a set per slot (never seen on one GPU)
         return tuple(frozenset(k for k in keys if masks[k][slot]) for slot in range(n))
     codes = np.zeros(n, dtype=np.int64)
