@@ -16,6 +16,7 @@ from gpuwarden.collector.detect.catalog import DETECTORS, load_rules
 from gpuwarden.collector.detect.contract import DetectionContext, Detector
 from gpuwarden.collector.detect.engine import CycleResult, DetectionEngine
 from gpuwarden.collector.detect.findings import Finding, Verdict, new_finding
+from gpuwarden.collector.detect.incidents import MAX_PLOT_POINTS, incident_evidence, plot_points
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import Rule, RuleSet
 from gpuwarden.collector.storage.records import IncidentState
@@ -166,3 +167,15 @@ async def test_stopping_the_app_kills_the_cycle_its_child_runs(service, caplog):
             os.close(fd)
     assert "still running" not in caplog.text
     assert "detection failed" not in caplog.text
+
+
+@pytest.mark.parametrize("n", [0, 5, 120, 121, 1000, 8640])
+def test_points_thinned_in_the_child_give_the_incident_the_same_evidence(n):
+    rule = default_rules().rules[0]
+    points = tuple((float(t), float(t % 7)) for t in range(n))
+    finding = new_finding(
+        rule, subject="s", verdict=Verdict.FIRING, window=(0.0, 1.0), points=points
+    )
+    thinned = dataclasses.replace(finding, points=plot_points(points))
+    assert len(thinned.points) == min(n, MAX_PLOT_POINTS)
+    assert incident_evidence(thinned) == incident_evidence(finding)

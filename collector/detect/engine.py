@@ -20,14 +20,14 @@ import fnmatch
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwarden.collector.detect.catalog import DETECTORS
 from gpuwarden.collector.detect.contract import DetectionContext, Detector
 from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.fork import CycleStoppedError, ForkContext, ForkedCycles
-from gpuwarden.collector.detect.incidents import IncidentTracker
+from gpuwarden.collector.detect.incidents import IncidentTracker, plot_points
 from gpuwarden.collector.rules.model import Rule, RuleSet
 from gpuwarden.collector.storage.base import Storage
 
@@ -210,4 +210,9 @@ class DetectionEngine:
             finally:
                 seconds[b.rule.id] = time.perf_counter() - began
             findings.extend(f for f in found if selected(b.rule, b.detector, f))
-        return _Detected(findings, failed, seconds, None if caches is None else caches())
+        if caches is None:
+            return _Detected(findings, failed, seconds)
+        # from a child, only the points an incident keeps cross the pipe (the fold would thin
+        # them the same way): a large fleet's findings carry hundreds of points each
+        thin = [replace(f, points=plot_points(f.points)) for f in findings]
+        return _Detected(thin, failed, seconds, caches())

@@ -28,16 +28,22 @@ MAX_PLOT_POINTS = 120
 def incident_evidence(finding: Finding) -> dict[str, object]:
     """What an incident keeps of its latest finding: subject, summary, evidence and the points
     to plot (``[[unix_seconds, value], ...]``, at most ``MAX_PLOT_POINTS``)."""
-    points = finding.points
-    if len(points) > MAX_PLOT_POINTS:
-        stride = (len(points) - 1) / (MAX_PLOT_POINTS - 1)
-        points = tuple(points[round(i * stride)] for i in range(MAX_PLOT_POINTS))
+    points = plot_points(finding.points)
     return {
         "subject": finding.subject,
         "summary": finding.summary,
         **{key: _finite(value) for key, value in finding.evidence.items()},
         "points": [[round(t, 3), round(v, 6)] for t, v in points if math.isfinite(v)],
     }
+
+
+def plot_points(points: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+    """The points an incident keeps: at most ``MAX_PLOT_POINTS``, evenly thinned (the same
+    selection again on points already thinned)."""
+    if len(points) <= MAX_PLOT_POINTS:
+        return points
+    stride = (len(points) - 1) / (MAX_PLOT_POINTS - 1)
+    return tuple(points[round(i * stride)] for i in range(MAX_PLOT_POINTS))
 
 
 def _finite(value: object) -> object:

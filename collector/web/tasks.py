@@ -5,6 +5,8 @@ Each loop runs its blocking step in a worker thread, on a monotonic deadline, an
 failures (one broad except per iteration, logged with the traceback). When the app stops, the loops
 are told to stop and a step already running is waited for (up to ``stop_timeout_seconds``): a
 worker thread cannot be cancelled, and the storage closes right after (the app's ``on_cleanup``).
+A detection cycle that runs in a forked child (``detect.fork``) is not waited for: its child is
+killed, so a cycle over a large fleet never holds up the stop.
 Remote-write's buffer is flushed to its durable queue once more at the end, so a restart
 sends what it held.
 """
