@@ -7,8 +7,8 @@ process folds the findings into incidents. A child has its own GIL and core, so 
 fleet never starves ingest and the web handlers of the collector's process (measured at 4,000
 GPUs: ingest p99 9-16 ms while a forked cycle runs, 48-148 ms while one runs in a thread). The
 price: the pages the collector writes during a cycle are copied (+0.17-0.34 GiB peak at 1,000
-GPUs), the fork holds the store's lock for 50-230 ms at 1,000 GPUs, and findings and caches are pickled back
-(docs/performance.md, "The collector's detection cycle").
+GPUs), the fork holds the store's lock (50-230 ms at 1,000 GPUs), and findings and caches are
+pickled back (docs/performance.md, "The collector's detection cycle").
 
 Rules are compiled once: each is bound to its detector and its typed parameters. Rules of pushed
 detectors (Alertmanager's webhook) have nothing to run here. One failing rule never stops the
