@@ -38,6 +38,7 @@ import signal
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from types import MappingProxyType
@@ -243,7 +244,10 @@ class ForkedCycles:
                 os.close(write_fd)
                 raise CycleStoppedError
             began = time.perf_counter()
-            with self._exclusive():
+            with self._exclusive(), warnings.catch_warnings():
+                # Python 3.12+ warns that forking a threaded process may deadlock the child on a
+                # lock another thread held: the locks the child uses are held here (module doc)
+                warnings.filterwarnings("ignore", ".*fork", DeprecationWarning)
                 pid = os.fork()
             if pid:
                 self.fork_seconds = time.perf_counter() - began
