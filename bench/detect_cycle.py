@@ -60,6 +60,7 @@ from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.detect.fork import dumps
 from gpuwarden.collector.ingest.otlp import NumberPoint, number_points
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
@@ -442,9 +443,14 @@ def run_one(
         f"{result.opened} opened, failed: {failed}; RSS {rss()[0] / 2**30:.2f} GiB")  # fmt: skip
     if probe is not None:
         say(probe.report())
-    if engine._cycles is not None:
+    if engine._cycles is not None and engine._forked is not None:
+        caches = ", ".join(
+            f"{getattr(kind, '__qualname__', kind)} {len(dumps(cache)) / 2**20:.1f}"
+            for kind, cache in engine._forked.caches().items()
+        )
         say(f"    fork: {engine._cycles.fork_seconds * 1000:.1f} ms with the locks held; "
-            f"result {engine._cycles.result_bytes / 2**20:.1f} MiB pickled")  # fmt: skip
+            f"result {engine._cycles.result_bytes / 2**20:.1f} MiB pickled; "
+            f"caches, MiB: {caches}")  # fmt: skip
     for rule, seconds in sorted(result.rule_seconds.items(), key=lambda kv: -kv[1]):
         say(f"    {rule:32s} {seconds:7.2f} s")
     if profiler is not None:
