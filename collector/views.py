@@ -8,9 +8,10 @@ of NaN with no jobs seen on it, so detectors' coverage checks make it UNKNOWN.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import replace
 from typing import TypeVar, cast
 
@@ -82,6 +83,13 @@ class DetectionView:
     def default_price_tier(self) -> str:
         """The tier of GPUs and jobs that name none."""
         return self._fleet.accounting.default_price_tier
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the store's and the job registry's locks (forking a detection child,
+        ``detect.fork``: no other thread is half-way through them in the child's copy)."""
+        with self._fleet.store.exclusive(), self._fleet.registry.exclusive():
+            yield
 
     def cache(self, kind: Callable[[], C]) -> C:
         """The detector state of this kind, made on first use."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -105,7 +105,7 @@ class Fleet:
                     ref,
                     by_gpu_util.get(key, np.full(n, np.nan)).astype(np.float64),
                     by_gpu_energy.get(key, np.full(n, np.nan)).astype(np.float64),
-                    seen.get(key, []),
+                    seen.get(key, ()),
                 )
             )
         return times, timelines
@@ -115,7 +115,7 @@ class Fleet:
         ref: GpuRef,
         utilization: np.ndarray,
         energy: np.ndarray,
-        jobs: Sequence[Collection[str]],
+        jobs: Sequence[frozenset[str]],
         *,
         present: np.ndarray | None = None,
     ) -> GpuTimeline:
@@ -129,7 +129,7 @@ class Fleet:
             price_tier=tier or self.accounting.default_price_tier,
             utilization_ratio=utilization,
             energy_joules=energy,
-            process_jobs=tuple(frozenset(s) for s in jobs),
+            process_jobs=tuple(jobs),
             cluster=ref.cluster,
             region=ref.region,
             present=present,
@@ -137,10 +137,17 @@ class Fleet:
 
     def _process_jobs(
         self, start: float, end: float, n: int
-    ) -> dict[tuple[str, str], list[set[str]]]:
-        """The job keys seen on each GPU in each of the ``n`` slots (from process memory)."""
+    ) -> dict[tuple[str, str], tuple[frozenset[str], ...]]:
+        """The job keys seen on each GPU in each of the ``n`` slots (from process memory).
+
+        Vectorised: one presence mask per (GPU, job), then one frozenset object per distinct
+        set of jobs (a GPU's slots mostly share one), so a 24 h window of a large fleet does not
+        build a set per GPU and slot.
+        """
         procs = self.store.matrix("gpuwarden.gpu.process.memory.usage", start=start, end=end)
-        seen: dict[tuple[str, str], list[set[str]]] = {}
+        masks: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+        resolved: dict[tuple[str, str, str], str] = {}
+        present = ~np.isnan(procs.values)
         for i, s in enumerate(procs.series):
             attrs = s.attributes
             scheduler = attrs.get("gpuwarden.job.scheduler")
@@ -148,11 +155,13 @@ class Fleet:
             if scheduler is None or ident is None:
                 continue
             node, uuid = _gpu_key(attrs)
-            job_key = self.registry.resolve(str(scheduler), str(ident), node)
-            slots = seen.setdefault((node, uuid), [set() for _ in range(n)])
-            for slot in np.flatnonzero(~np.isnan(procs.values[i])):
-                slots[slot].add(job_key)
-        return seen
+            asked = (str(scheduler), str(ident), node)
+            job_key = resolved.get(asked)
+            if job_key is None:
+                job_key = resolved[asked] = self.registry.resolve(*asked)
+            jobs = masks.setdefault((node, uuid), {})
+            jobs[job_key] = jobs[job_key] | present[i] if job_key in jobs else present[i]
+        return {key: slot_sets(jobs, n) for key, jobs in masks.items()}
 
     def charged_timelines(self, start: float, end: float) -> tuple[np.ndarray, list[GpuTimeline]]:
         """Each physical GPU over ``[start, end)`` as accounting charges it (see the module).
@@ -196,7 +205,7 @@ class Fleet:
                     ref,
                     _padded(u[window], pad, np.nan),
                     _padded(joules[window], pad, np.nan),
-                    seen.get(key, []),
+                    seen.get(key, ()),
                     present=_padded(present[window], pad, False),
                 )
             )
@@ -321,3 +330,23 @@ def _padded(values: np.ndarray, pad: int, fill: float | bool) -> np.ndarray:
 
 def _gpu_key(attrs: Mapping[str, object]) -> tuple[str, str]:
     return str(attrs.get("host.name", "")), str(attrs.get("hw.id", ""))
+
+
+def slot_sets(masks: Mapping[str, np.ndarray], n: int) -> tuple[frozenset[str], ...]:
+    """Per slot, the keys whose presence mask is set there, as one shared frozenset object
+    per distinct set of keys (``n`` slots; masks are boolean arrays of length ``n``)."""
+    keys = sorted(masks)
+    if len(keys) == 1:  # the common case: one job's processes on the GPU
+        (only,) = keys
+        sets = [frozenset(), frozenset(keys)]
+        return tuple(map(sets.__getitem__, masks[only].astype(np.int64).tolist()))
+    if len(keys) > 62:  # more than a code holds: a set per slot (never seen on one GPU)
+        return tuple(frozenset(k for k in keys if masks[k][slot]) for slot in range(n))
+    codes = np.zeros(n, dtype=np.int64)
+    for bit, key in enumerate(keys):
+        codes |= masks[key].astype(np.int64) << bit
+    distinct, inverse = np.unique(codes, return_inverse=True)
+    sets = [
+        frozenset(k for bit, k in enumerate(keys) if code >> bit & 1) for code in distinct.tolist()
+    ]
+    return tuple(map(sets.__getitem__, inverse.tolist()))

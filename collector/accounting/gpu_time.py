@@ -142,7 +142,7 @@ ENDED_STATES = frozenset(
 )
 
 
-def _ended_at(jobs: Sequence[Job]) -> dict[str, float]:
+def ended_at(jobs: Sequence[Job]) -> dict[str, float]:
     """Job key → end time, for the jobs the scheduler reports ended with a known end time."""
     return {
         job.key: job.end_time
@@ -159,7 +159,13 @@ def _alive(end_time: float | None, slot_start: float, step_seconds: float) -> fl
 
 
 def ownership(
-    gpu: GpuTimeline, jobs: Sequence[Job], times: FloatArray, step_seconds: float, now: float
+    gpu: GpuTimeline,
+    jobs: Sequence[Job],
+    times: FloatArray,
+    step_seconds: float,
+    now: float,
+    *,
+    ended: Mapping[str, float] | None = None,
 ) -> dict[str, FloatArray]:
     """Job key → per-slot share of this GPU the job held (scheduler allocations first).
 
@@ -181,8 +187,12 @@ def ownership(
         if share.any():
             shares[job.key] = shares.get(job.key, np.zeros(len(times))) + share
             covered += share
-    ended = _ended_at(jobs)
-    for slot, keys in enumerate(gpu.process_jobs):
+    if ended is None:
+        ended = ended_at(jobs)
+    process_jobs = gpu.process_jobs
+    # only slots with free share can go to a process's job: skip the others without a loop
+    for slot in np.flatnonzero(covered[: len(process_jobs)] < 1.0).tolist():
+        keys = process_jobs[slot]
         free = 1.0 - covered[slot]
         if not keys or free <= 0:
             continue
@@ -202,6 +212,17 @@ def ownership(
     return shares
 
 
+def jobs_by_node(jobs: Sequence[Job]) -> dict[str, list[Job]]:
+    """The jobs with an allocation on each node, in their order in ``jobs`` (a job on several
+    nodes is under each): what :func:`ownership` needs of a GPU's allocations, without looking
+    through every job of the fleet for every GPU."""
+    out: dict[str, list[Job]] = {}
+    for job in jobs:
+        for node in dict.fromkeys(alloc.node for alloc in job.allocations):
+            out.setdefault(node, []).append(job)
+    return out
+
+
 def main_holders(
     gpus: Sequence[GpuTimeline],
     jobs: Sequence[Job],
@@ -213,8 +234,10 @@ def main_holders(
     that job held all of it (see :func:`ownership`)."""
     held = np.zeros((len(gpus), len(times)), dtype=bool)
     owners: list[str] = []
+    on_node = jobs_by_node(jobs)
+    ended = ended_at(jobs)
     for i, gpu in enumerate(gpus):
-        shares = ownership(gpu, jobs, times, step_seconds, now)
+        shares = ownership(gpu, on_node.get(gpu.node, ()), times, step_seconds, now, ended=ended)
         main = max(
             (k for k in shares if k != UNALLOCATED), key=lambda k: shares[k].sum(), default=""
         )
@@ -248,6 +271,7 @@ def account(
     """
     job_tier = {job.key: job.price_tier for job in jobs if job.price_tier}
     rows = []
+    on_node, ended = jobs_by_node(jobs), ended_at(jobs)
     for gpu in gpus:
         util = gpu.utilization_ratio
         present = np.ones(len(times), dtype=bool) if gpu.present is None else gpu.present
@@ -255,7 +279,8 @@ def account(
         no_data = present & np.isnan(util)
         busy = known & (util >= config.idle_threshold_ratio)
         idle = known & ~busy
-        shares = ownership(gpu, jobs, times, step_seconds, now)
+        node_jobs = on_node.get(gpu.node, ())
+        shares = ownership(gpu, node_jobs, times, step_seconds, now, ended=ended)
         shares.setdefault(UNALLOCATED, np.zeros(len(times)))
         for key, share in shares.items():
             held = share * known

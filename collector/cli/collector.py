@@ -147,7 +147,10 @@ def _app(
     app = create_app(
         config,
         service=service,
-        detection=DetectionEngine(service.detection_view, rules, storage=service.storage),
+        # each cycle in a forked child: detection never takes ingest's core (detect.fork)
+        detection=DetectionEngine(
+            service.detection_view, rules, storage=service.storage, fork=True
+        ),
         remediation=remediation,
         rule_problems=[str(p) for p in rules.problems],
         reload_source=reload_source,

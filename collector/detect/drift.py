@@ -61,6 +61,7 @@ from gpuwarden.collector.detect.numerics.drift_noise import (
 from gpuwarden.collector.rules.model import Rule, Subject
 from gpuwarden.collector.rules.params import duration, number, text
 from gpuwarden.collector.store.types import Kind
+from gpuwarden.collector.store.window import WindowStore
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -120,7 +121,8 @@ def run_model_drift(
     params = _params_of(p)
     bin_seconds = params.bin_seconds or float(ctx.store.step_seconds)
     end = math.floor(now / bin_seconds) * bin_seconds
-    start = end - params.history_seconds
+    window_bins = max(1, round(params.window_seconds / bin_seconds))
+    start = held_start(ctx.store, end - params.history_seconds, end, bin_seconds, window_bins)
     labels = dict(rule.selector.labels) or None
     subjects: list[Binned] = []
     for metric in rule.selector.metrics:
@@ -134,6 +136,25 @@ def run_model_drift(
             or any(fnmatch.fnmatchcase(b.model, m) for m in rule.selector.models)
         )
     return detect_drift(subjects, params, rule=rule, fits=ctx.cache(DriftFits))
+
+
+def held_start(store: WindowStore, start: float, end: float, bin_seconds: float,
+               window_bins: int) -> float:  # fmt: skip
+    """``start`` moved up to where the store's reads can return data, less one window.
+
+    Model series are read from the recent window (histograms are kept for it only, numbers are
+    read at full resolution), and nothing before ``held_since``: the 14 days of 10 s bins the
+    default rule asks for are mostly empty (121k bins read, merged and screened per subject).
+    Every stage treats a bin without data as unknown, and a window that ends before the data
+    starts has none, so verdicts, scores and evidence are those of the whole history; the bins
+    stay on the same grid (``end`` minus whole bins), one start for every metric of the rule.
+    """
+    held = end - store.recent_seconds
+    since = store.held_since()
+    if since is not None:
+        held = max(held, since)
+    bins_back = math.ceil((end - held) / bin_seconds) + window_bins
+    return max(start, end - bins_back * bin_seconds)
 
 
 def detect_drift(

@@ -28,16 +28,22 @@ MAX_PLOT_POINTS = 120
 def incident_evidence(finding: Finding) -> dict[str, object]:
     """What an incident keeps of its latest finding: subject, summary, evidence and the points
     to plot (``[[unix_seconds, value], ...]``, at most ``MAX_PLOT_POINTS``)."""
-    points = finding.points
-    if len(points) > MAX_PLOT_POINTS:
-        stride = (len(points) - 1) / (MAX_PLOT_POINTS - 1)
-        points = tuple(points[round(i * stride)] for i in range(MAX_PLOT_POINTS))
+    points = plot_points(finding.points)
     return {
         "subject": finding.subject,
         "summary": finding.summary,
         **{key: _finite(value) for key, value in finding.evidence.items()},
         "points": [[round(t, 3), round(v, 6)] for t, v in points if math.isfinite(v)],
     }
+
+
+def plot_points(points: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+    """The points an incident keeps: at most ``MAX_PLOT_POINTS``, evenly thinned (the same
+    selection again on points already thinned)."""
+    if len(points) <= MAX_PLOT_POINTS:
+        return points
+    stride = (len(points) - 1) / (MAX_PLOT_POINTS - 1)
+    return tuple(points[round(i * stride)] for i in range(MAX_PLOT_POINTS))
 
 
 def _finite(value: object) -> object:
@@ -65,12 +71,18 @@ class IncidentTracker:
     _pending: dict[str, int] = field(default_factory=dict)
 
     def fold(self, findings: Sequence[Finding]) -> FoldResult:
-        """Apply one cycle's findings; return the incidents opened, updated and resolved."""
+        """Apply one cycle's findings; return the incidents opened, updated and resolved.
+
+        The open incidents are read once per cycle, not once per finding (a large fleet's
+        cycle has thousands of findings, nearly all about subjects with no incident), and kept
+        up to date as this fold changes them.
+        """
         now = self.clock()
         opened, updated, resolved = [], [], []
+        open_now = {i.fingerprint: i for i in self.storage.incidents(state=IncidentState.OPEN)}
         for finding in findings:
             fp = finding.fingerprint
-            current = self.storage.open_incident_for(fp)
+            current = open_now.get(fp)
             if finding.verdict is Verdict.FIRING:
                 if current is None:
                     streak = self._pending.get(fp, 0) + 1
@@ -79,6 +91,7 @@ class IncidentTracker:
                         incident = self._open(finding, now, streak)
                         if incident is not None:
                             opened.append(incident)
+                            open_now[fp] = incident
                         self._pending.pop(fp, None)
                 else:
                     incident = replace(
@@ -91,6 +104,7 @@ class IncidentTracker:
                     )
                     self.storage.update_incident(incident)
                     updated.append(incident)
+                    open_now[fp] = incident
             elif finding.verdict is Verdict.CLEAR:
                 self._pending.pop(fp, None)
                 if current is None:
@@ -105,10 +119,12 @@ class IncidentTracker:
                         consecutive_breaches=0,
                     )
                     resolved.append(incident)
+                    open_now.pop(fp, None)
                     log.info("incident %s (%s) resolved", fp, finding.subject)
                 else:
                     incident = replace(current, consecutive_clears=clears)
                     updated.append(incident)
+                    open_now[fp] = incident
                 self.storage.update_incident(incident)
         return FoldResult(tuple(opened), tuple(updated), tuple(resolved))
 

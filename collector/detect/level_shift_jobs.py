@@ -19,13 +19,19 @@ Three facts about who holds a GPU change what a level shift of its series means:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, GpuTimeline, ownership
+from gpuwarden.collector.accounting.gpu_time import (
+    UNALLOCATED,
+    GpuTimeline,
+    ended_at,
+    jobs_by_node,
+    ownership,
+)
 from gpuwarden.collector.detect.contract import DetectionContext
 from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
 from gpuwarden.collector.detect.model_series import model_of
@@ -53,15 +59,31 @@ class Tenure:
     """Start of the first slot of the current tenure, when it changed in the span."""
 
 
-def _holders(gpu: GpuTimeline, jobs: Sequence[Job], times: FloatVector, step: float,
-             now: float) -> list[str]:  # fmt: skip
-    """Per slot, the job holding the largest share of the GPU ("" for nobody)."""
-    shares = ownership(gpu, jobs, times, step, now)
+def _holders(
+    gpu: GpuTimeline,
+    jobs: Sequence[Job],
+    times: FloatVector,
+    step: float,
+    now: float,
+    ended: Mapping[str, float],
+) -> tuple[list[str], npt.NDArray[np.int64]]:
+    """Per slot, the job holding the largest share of the GPU ("" for nobody), as the distinct
+    holders and each slot's index into them; ``jobs``: those on the GPU's node, ``ended``:
+    :func:`ended_at` of every job."""
+    shares = ownership(gpu, jobs, times, step, now, ended=ended)
     if not shares:
-        return [""] * len(times)
-    keys = list(shares)
-    main = np.argmax(np.vstack([shares[k] for k in keys]), axis=0)
-    return ["" if keys[k] == UNALLOCATED else keys[k] for k in main.tolist()]
+        return [""], np.zeros(len(times), dtype=np.int64)
+    names: list[str] = []
+    code_of: dict[str, int] = {}
+    codes = []
+    for key in shares:
+        name = "" if key == UNALLOCATED else key
+        if name not in code_of:
+            code_of[name] = len(names)
+            names.append(name)
+        codes.append(code_of[name])
+    main = np.argmax(np.vstack(list(shares.values())), axis=0)
+    return names, np.asarray(codes, dtype=np.int64)[main]
 
 
 def tenures(
@@ -81,6 +103,10 @@ def tenures(
     by_gpu = {(g.node, g.uuid): g for g in gpus}
     index = {round(float(t) / step): i for i, t in enumerate(slot_times)}
     jobs = ctx.jobs()
+    on_node, ended = jobs_by_node(jobs), ended_at(jobs)
+    grid = np.asarray(slot_times, dtype=np.float64)
+    # each column of the series' grid as a slot of the timelines' grid (-1: none)
+    slot_of = np.array([index.get(round(float(t) / step), -1) for t in times], dtype=np.int64)
     out = []
     for row, info in enumerate(infos):
         attrs = info.attributes
@@ -88,21 +114,31 @@ def tenures(
         if gpu is None or not len(times):
             out.append(Tenure("", np.ones(len(times), dtype=np.bool_)))
             continue
-        per_slot = _holders(gpu, jobs, np.asarray(slot_times, dtype=np.float64), step, end)
-        holder = [per_slot[index[k]] if k in index else "" for k in
-                  (round(float(t) / step) for t in times)]  # fmt: skip
+        names, per_slot = _holders(gpu, on_node.get(gpu.node, []), grid, step, end, ended)
+        if "" not in names:
+            names.append("")
+        nobody = names.index("")
+        # holders as codes into ``names`` (one per distinct holder), vectorised per series
+        holder = np.where(slot_of >= 0, per_slot[np.maximum(slot_of, 0)], nobody)
         known = ~np.isnan(values[row])
         last = np.maximum.accumulate(np.where(known, np.arange(len(times)), -1))
         first = int(np.argmax(known)) if known.any() else 0
-        filled = [holder[j] if j >= 0 else holder[first] for j in last.tolist()]
-        current = filled[-1]
-        changed = np.flatnonzero(np.array([h != current for h in filled], dtype=np.bool_))
+        filled = np.where(last >= 0, holder[np.maximum(last, 0)], holder[first])
+        current = int(filled[-1])
+        changed = np.flatnonzero(filled != current)
         if not changed.size:
-            out.append(Tenure(current, np.ones(len(times), dtype=np.bool_)))
+            out.append(Tenure(names[current], np.ones(len(times), dtype=np.bool_)))
             continue
         cut = int(changed[-1])
         mask = np.arange(len(times)) > cut
-        out.append(Tenure(current, mask, previous=filled[cut], since=float(times[cut + 1])))
+        out.append(
+            Tenure(
+                names[current],
+                mask,
+                previous=names[int(filled[cut])],
+                since=float(times[cut + 1]),
+            )
+        )
     return out
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, ownership
+from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, ended_at, jobs_by_node, ownership
 from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
 from gpuwarden.collector.detect.findings import Facts, Finding, Verdict
 from gpuwarden.collector.detect.waste import (
@@ -58,8 +58,10 @@ def run_orphaned_memory(
     live_jobs = {j.key: j for j in ctx.jobs() if j.state in LIVE_STATES}
     _, timelines = ctx.timelines(end - step, end)
     held_now: dict[tuple[str, str], bool] = {}
+    on_node, ended = jobs_by_node(list(live_jobs.values())), ended_at(list(live_jobs.values()))
     for gpu in timelines:
-        shares = ownership(gpu, list(live_jobs.values()), np.array([end - step]), step, now)
+        node_jobs = on_node.get(gpu.node, ())
+        shares = ownership(gpu, node_jobs, np.array([end - step]), step, now, ended=ended)
         held_now[gpu.node, gpu.uuid] = any(
             k != UNALLOCATED and v[-1] > 0 for k, v in shares.items()
         )
@@ -72,10 +74,13 @@ def run_orphaned_memory(
         where[i] for i in range(n) if not np.isnan(memory[i])
     }
     win = Window(start, end, times, step, [], [], np.zeros((0, 0), dtype=bool))
+    orphans_on: dict[tuple[str, str], list[int]] = {}  # GPU → its orphan processes, in order
+    for i in np.flatnonzero(orphan).tolist():
+        orphans_on.setdefault(where[i], []).append(i)
     findings = []
     for ref in ctx.gpus():
         key2 = (ref.node, ref.uuid)
-        mine = [i for i in range(n) if where[i] == key2 and orphan[i]]
+        mine = orphans_on.get(key2, [])
         total = float(sum(memory[i] for i in mine))
         if total > memory_above_bytes:
             verdict = Verdict.FIRING

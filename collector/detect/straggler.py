@@ -37,7 +37,13 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.accounting.gpu_time import UNALLOCATED, GpuTimeline, ownership
+from gpuwarden.collector.accounting.gpu_time import (
+    UNALLOCATED,
+    GpuTimeline,
+    ended_at,
+    jobs_by_node,
+    ownership,
+)
 from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
 from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
 from gpuwarden.collector.detect.job_kind import JobKind, job_kind
@@ -238,8 +244,9 @@ def _held_throughout(
 ) -> dict[str, list[int]]:
     """Job key → its GPUs (row numbers): those the job held for all of the current window."""
     groups: dict[str, list[int]] = {}
+    on_node, ended = jobs_by_node(jobs), ended_at(jobs)
     for i, gpu in enumerate(gpus):
-        shares = ownership(gpu, jobs, times, step, end)
+        shares = ownership(gpu, on_node.get(gpu.node, ()), times, step, end, ended=ended)
         main = max(
             (k for k in shares if k != UNALLOCATED),
             key=lambda k: shares[k][current].sum(),

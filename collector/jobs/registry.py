@@ -7,9 +7,10 @@ finished. Jobs are persisted on change so accounting and incidents survive a res
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.collector.jobs import JobSourceError
@@ -39,6 +40,7 @@ class JobRegistry:
             job.key: job for job in storage.jobs() if job.scheduler == "api"
         }
         self._known: dict[str, Job] = {job.key: job for job in storage.jobs()}
+        self._slurm_ids: dict[str, list[Job]] | None = None  # ``resolve``'s index, made lazily
         self._lock = threading.Lock()
 
     def poll(self, now: float) -> PollResult:
@@ -69,9 +71,18 @@ class JobRegistry:
             changed = [job for job in jobs if self._known.get(job.key) != job]
             for job in changed:
                 self._known[job.key] = job
+            if changed:
+                self._slurm_ids = None
         if changed:
             self._storage.upsert_jobs(changed)
         return len(changed)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the registry's lock: no other thread changes or reads it meanwhile (to fork a
+        process that reads it, ``detect.fork``)."""
+        with self._lock:
+            yield
 
     def jobs(self) -> list[Job]:
         """Current jobs: adapters' latest lists, then API jobs, by key (adapters win)."""
@@ -101,9 +112,13 @@ class JobRegistry:
             if "/" in ident:  # ``namespace/name`` (dcgm-exporter's labels), never a pod UID
                 return self._pod_by_name(ident, node) or f"k8s:{ident}"
             return f"k8s:{ident}"
-        candidates = [
-            job for job in self.known() if job.scheduler == "slurm" and job.job_id == ident
-        ]
+        with self._lock:  # an index by Slurm job id: detection resolves every process series
+            if self._slurm_ids is None:
+                self._slurm_ids = {}
+                for job in self._known.values():
+                    if job.scheduler == "slurm":
+                        self._slurm_ids.setdefault(job.job_id, []).append(job)
+            candidates = list(self._slurm_ids.get(ident, ()))
         for job in candidates:
             if any(alloc.node == node for alloc in job.allocations):
                 return job.key

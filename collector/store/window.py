@@ -33,7 +33,9 @@ worker thread.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 
 from gpuwarden.collector.store.snapshot import Snapshots
 from gpuwarden.collector.store.window_payload import (
@@ -79,6 +81,13 @@ class WindowStore(PayloadIngest, WindowReads, Snapshots):
                 self._shapes.clear()
                 self._shape_bytes = 0
             return evicted + len(stale)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the store's lock: no other thread reads or writes it meanwhile (to fork a
+        process that reads the store, ``detect.fork``: the child's copy of the lock is free)."""
+        with self._lock:
+            yield
 
     def held_since(self) -> float | None:
         """Start of the oldest data the store holds (None: none yet).

@@ -16,6 +16,8 @@ renamed, so the previous snapshot stays whole). The storage closes right after (
 ``on_cleanup``). So a collector stops within about 10 s of SIGTERM, whatever it was doing:
 aiohttp's own shutdown (``run_app``'s ``shutdown_timeout``, answering the requests in progress),
 the loops' 4 s, the final saves' 4 s; the CLI then leaves without the interpreter's teardown.
+A detection cycle that runs in a forked child (``detect.fork``) is not waited for: its child is
+killed, so a cycle over a large fleet never holds up the stop.
 """
 
 from __future__ import annotations
@@ -263,6 +265,8 @@ def background(
         yield
         started = time.monotonic()
         stop.set()
+        if detection is not None:  # a cycle in its forked child is killed, not waited for
+            detection.stop()
         await _stop(loops, stop_timeout_seconds)
         if election is not None:  # after the loops: none of them acts any more
             await _final_saves([election.release], final_save_seconds)
