@@ -13,11 +13,12 @@ container that Python reads in one C loop:
   timestamp``: the values and times (a field equal to 0 is left out by proto3 senders, which is
   put back below).
 
-A series is known by its bytes without its sample's body (:func:`series_key`): its labels as
-sent and its sample field's tag and length. A key is remembered only after protobuf has encoded
-that series' labels followed by one sample of that body and got the very bytes sent (so a later
-series of the same key *is* those labels and one sample of a body of the remembered length).
-Each sample body's length is then checked against what protobuf encodes for its value and time.
+A series is known by its labels' bytes as sent (its *key*): the series' bytes less its one
+sample field (whose head, tag and length, protobuf encodes: ``_field_head``). A key is
+remembered only after protobuf has encoded that series' labels, then one sample of that body,
+and got the very bytes sent; a later series is read flat only when it is such a key, the head
+of its sample's length and its sample's bytes, so it *is* those labels and one sample. Each
+sample body's length is then checked against what protobuf encodes for its value and time.
 Anything else (a series of several samples or none, a label set not seen yet, an unusual
 encoding, a body that does not parse) gives None and the caller parses the request series by
 series (``wire.Decoder``), which also remembers the new keys.
@@ -28,7 +29,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -37,11 +37,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 Labels = tuple[tuple[str, str], ...]
-Known = dict[bytes, tuple[Labels, int]]
-"""A series key -> (its labels, the length of its sample's body)."""
-
-_label_of = itemgetter(0)
-_length_of = itemgetter(1)
+Known = dict[bytes, Labels]
+"""A series' labels' bytes (as sent) -> its labels."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,9 +109,12 @@ def _schemas() -> _Schemas:
     )
 
 
-def series_key(series: bytes, sample: bytes) -> bytes:
-    """What identifies a one-sample series: its bytes without its sample's body."""
-    return series[: len(series) - len(sample)]
+@functools.cache
+def _field_head(length: int) -> bytes:
+    """The bytes protobuf puts before a sample body of ``length`` bytes in a series (the
+    ``samples`` field's tag and length)."""
+    encoded: bytes = _schemas().series(samples=[bytes(length)]).SerializeToString()
+    return encoded[: len(encoded) - length]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +139,14 @@ def split(raw: bytes) -> Split | None:
 def remember(
     known: Known, series: bytes, sample: bytes, labels_raw: Sequence[bytes], labels: Labels
 ) -> bool:
-    """Remember a one-sample series' key when protobuf encodes ``labels_raw`` (its labels'
-    bytes, as sent) and one sample ``sample`` as exactly ``series``; whether it did."""
-    encoded = _schemas().series(labels=labels_raw, samples=[sample]).SerializeToString()
-    if encoded != series:
+    """Remember a one-sample series' labels under their bytes (its key) when protobuf encodes
+    ``labels_raw`` (its labels' bytes, as sent) and then one sample ``sample`` as exactly
+    ``series``; whether it did."""
+    schemas = _schemas()
+    key: bytes = schemas.series(labels=labels_raw).SerializeToString()
+    if key + _field_head(len(sample)) + sample != series:
         return False
-    known[series_key(series, sample)] = (labels, len(sample))
+    known[key] = labels
     return True
 
 
@@ -152,21 +154,26 @@ def read(raw: bytes, parts: Split, known: Known) -> FlatRequest | None:
     """The request as columns, when every series is a known one-sample series (module)."""
     series, samples = parts.series, parts.samples
     n = len(series)
-    if len(samples) != n or not all(map(bytes.endswith, series, samples)):
+    if len(samples) != n:
         return None
-    found = list(
-        map(known.get, [s[: len(s) - len(p)] for s, p in zip(series, samples, strict=True)])
-    )
-    if None in found:
-        return None
-    entries: list[tuple[Labels, int]] = found  # type: ignore[assignment] # no None left
     lengths = np.fromiter(map(len, samples), np.int64, n)
-    if not np.array_equal(lengths, np.fromiter(map(_length_of, entries), np.int64, n)):
+    heads = list(map(_field_head, lengths.tolist()))
+    # each series = key + head + sample: its labels' bytes, then one sample field
+    cut = np.fromiter(map(len, series), np.int64, n) - lengths
+    cut -= np.fromiter(map(len, heads), np.int64, n)
+    at = cut.tolist()
+    if not all(map(bytes.endswith, series, samples)) or not all(
+        map(bytes.startswith, series, heads, at)
+    ):
+        return None
+    found = list(map(known.get, [s[:end] for s, end in zip(series, at, strict=True)]))
+    if None in found:
         return None
     columns = _columns(raw, samples, lengths)
     if columns is None:
         return None
-    return FlatRequest(list(map(_label_of, entries)), *columns)
+    labels: list[Labels] = found  # type: ignore[assignment] # no None left
+    return FlatRequest(labels, *columns)
 
 
 def _columns(
