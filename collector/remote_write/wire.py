@@ -152,7 +152,7 @@ def _raw_write_request() -> Any:
     )
 
 
-def _series_of(flat: wire_flat.FlatRequest) -> list[Series]:
+def series_of(flat: wire_flat.FlatRequest) -> list[Series]:
     """A flat request's series, each tuple built in C (``tuple.__new__`` through ``map``)."""
     times = zip(flat.timestamps_ms.tolist(), strict=True)  # 1-tuples
     values = zip(flat.values.tolist(), strict=True)
@@ -177,19 +177,32 @@ class Decoder:
         self.max_label_sets = max_label_sets
         self._known: dict[tuple[bytes, ...], Labels] = {}
         self._flat: wire_flat.Known = {}
+        self._label_sets: list[Labels] = []
+        self._generation = 0
         self.flat_reads = 0
         """Requests read flat (the rest were parsed series by series)."""
 
     def decode(self, body: bytes, max_bytes: int | None = None) -> list[Series]:
         """The series of a request body (raises :class:`WireError`, :class:`WireTooLargeError`
         as :func:`decode` does)."""
+        got = self.decode_flat(body, max_bytes)
+        return series_of(got) if isinstance(got, wire_flat.FlatRequest) else got
+
+    def decode_flat(
+        self, body: bytes, max_bytes: int | None = None
+    ) -> wire_flat.FlatRequest | list[Series]:
+        """:meth:`decode`, but a request read flat stays columns (``wire_flat.FlatRequest``)."""
         raw = _inflate(body, max_bytes)
         parts = wire_flat.split(raw)
         if parts is not None:
-            flat = wire_flat.read(raw, parts, self._flat)
+            flat = wire_flat.read(raw, parts, self._flat, self._label_sets, self._generation)
             if flat is not None:
                 self.flat_reads += 1
-                return _series_of(flat)
+                return flat
+        return self._parse(raw, parts)
+
+    def _parse(self, raw: bytes, parts: wire_flat.Split | None) -> list[Series]:
+        """Parse a request series by series (remembering the flat keys of its series)."""
         request: Any = _raw_write_request()()
         try:
             request.ParseFromString(raw)
@@ -226,7 +239,9 @@ class Decoder:
         for series, sample, key, one in zip(parts.series, parts.samples, keys, out, strict=True):
             if len(flat) >= self.max_label_sets:
                 flat.clear()
-            wire_flat.remember(flat, series, sample, key, one.labels)
+                self._label_sets = []  # a new table: FlatRequests already made keep theirs
+                self._generation += 1
+            wire_flat.remember(flat, self._label_sets, series, sample, key, one.labels)
 
     def _labels(self, key: tuple[bytes, ...]) -> Labels:
         try:

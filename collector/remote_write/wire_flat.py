@@ -37,18 +37,27 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 Labels = tuple[tuple[str, str], ...]
-Known = dict[bytes, Labels]
-"""A series' labels' bytes (as sent) -> its labels."""
+Known = dict[bytes, int]
+"""A series' labels' bytes (as sent) -> the index of its labels in the decoder's table."""
 
 
 @dataclass(frozen=True, slots=True)
 class FlatRequest:
-    """One request, one sample a series: each series' labels (the remembered tuples), time
-    (Unix ms) and value, in request order."""
+    """One request, one sample a series: each series' label set (an index into ``label_sets``,
+    the decoder's table of the label sets it remembers), time (Unix ms) and value, in request
+    order. ``generation`` names the table: it changes when the decoder forgets its label sets
+    (so a cache by label-set index knows to forget too)."""
 
-    labels: list[Labels]
+    ids: npt.NDArray[np.int64]
     timestamps_ms: npt.NDArray[np.int64]
     values: npt.NDArray[np.float64]
+    label_sets: list[Labels]
+    generation: int
+
+    @property
+    def labels(self) -> list[Labels]:
+        """Each series' labels (the remembered tuples)."""
+        return list(map(self.label_sets.__getitem__, self.ids.tolist()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +146,12 @@ def split(raw: bytes) -> Split | None:
 
 
 def remember(
-    known: Known, series: bytes, sample: bytes, labels_raw: Sequence[bytes], labels: Labels
+    known: Known,
+    label_sets: list[Labels],
+    series: bytes,
+    sample: bytes,
+    labels_raw: Sequence[bytes],
+    labels: Labels,
 ) -> bool:
     """Remember a one-sample series' labels under their bytes (its key) when protobuf encodes
     ``labels_raw`` (its labels' bytes, as sent) and then one sample ``sample`` as exactly
@@ -146,11 +160,15 @@ def remember(
     key: bytes = schemas.series(labels=labels_raw).SerializeToString()
     if key + _field_head(len(sample)) + sample != series:
         return False
-    known[key] = labels
+    if key not in known:
+        known[key] = len(label_sets)
+        label_sets.append(labels)
     return True
 
 
-def read(raw: bytes, parts: Split, known: Known) -> FlatRequest | None:
+def read(
+    raw: bytes, parts: Split, known: Known, label_sets: list[Labels], generation: int
+) -> FlatRequest | None:
     """The request as columns, when every series is a known one-sample series (module)."""
     series, samples = parts.series, parts.samples
     n = len(series)
@@ -172,8 +190,8 @@ def read(raw: bytes, parts: Split, known: Known) -> FlatRequest | None:
     columns = _columns(raw, samples, lengths)
     if columns is None:
         return None
-    labels: list[Labels] = found  # type: ignore[assignment] # no None left
-    return FlatRequest(labels, *columns)
+    ids = np.array(found, dtype=np.int64)
+    return FlatRequest(ids, *columns, label_sets, generation)
 
 
 def _columns(
