@@ -173,8 +173,11 @@ class Decoder:
     ``Series`` themselves (:mod:`.wire_flat`).
     """
 
-    def __init__(self, max_label_sets: int = 200_000) -> None:
+    def __init__(self, max_label_sets: int = 200_000, *, flat: bool = True) -> None:
         self.max_label_sets = max_label_sets
+        self.flat = flat
+        """Whether to read requests flat at all (False: series by series, as before it could;
+        for comparisons)."""
         self._known: dict[tuple[bytes, ...], Labels] = {}
         self._flat: wire_flat.Known = {}
         self._label_sets: list[Labels] = []
@@ -193,7 +196,7 @@ class Decoder:
     ) -> wire_flat.FlatRequest | list[Series]:
         """:meth:`decode`, but a request read flat stays columns (``wire_flat.FlatRequest``)."""
         raw = _inflate(body, max_bytes)
-        parts = wire_flat.split(raw)
+        parts = wire_flat.split(raw) if self.flat else None
         if parts is not None:
             flat = wire_flat.read(raw, parts, self._flat, self._label_sets, self._generation)
             if flat is not None:
