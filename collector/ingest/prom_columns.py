@@ -193,11 +193,8 @@ class LabelSetCache:
 
 @dataclass(frozen=True, slots=True)
 class _Known:
-    """What the cache says of a request's distinct label sets (``unique``; ``inverse``: each
-    sample's index into it)."""
+    """What the cache says of each sample's label set."""
 
-    unique: npt.NDArray[np.int64]
-    inverse: npt.NDArray[np.int64]
     over: npt.NDArray[np.bool_]
     mapped: npt.NDArray[np.bool_]
     scale: npt.NDArray[np.float64]
@@ -208,27 +205,26 @@ class _Known:
 
 
 def _look_up(request: LabelSetColumns, cache: LabelSetCache) -> _Known | None:
-    """Each distinct label set's verdict, mapping and row, learnt when new (raises
+    """Each sample's label set's verdict, mapping and row, learnt when new (raises
     :class:`MalformedRequestError`); None when the cache follows a newer decoder table."""
     ids = request.ids
-    unique, inverse = np.unique(ids, return_inverse=True)
     with cache.lock:
         if not cache.sync(request.generation, len(request.label_sets)):
             return None
-        verdict = cache.verdict[unique]
-        for index in unique[verdict == _UNKNOWN].tolist():
-            cache.learn(index, request.label_sets[index])
-        verdict = cache.verdict[unique]
-        if (verdict == _MALFORMED).any():
-            first = int(ids[np.isin(ids, unique[verdict == _MALFORMED])][0])
-            raise MalformedRequestError(cache.why[first])
+        verdict = cache.verdict[ids]
+        unknown = verdict == _UNKNOWN
+        if unknown.any():
+            for index in np.unique(ids[unknown]).tolist():
+                cache.learn(index, request.label_sets[index])
+            verdict = cache.verdict[ids]
+        malformed = verdict == _MALFORMED
+        if malformed.any():
+            raise MalformedRequestError(cache.why[int(ids[np.argmax(malformed)])])
         return _Known(
-            unique,
-            inverse,
             verdict == _OVER,
-            cache.mapped[unique],
-            cache.scale[unique],
-            cache.rows[unique],
+            cache.mapped[ids],
+            cache.scale[ids],
+            cache.rows[ids],
             cache.store_generation,
             cache.mappings,
             cache.specs,
@@ -255,7 +251,7 @@ def store_columns(
     known = _look_up(request, cache)
     if known is None:
         return None
-    over, mapped = known.over[known.inverse], known.mapped[known.inverse]
+    over, mapped = known.over, known.mapped
     finite = np.isfinite(values)
     stale = values.view(np.uint64) == np.uint64(STALE_NAN_BITS)
     kept = ~over & finite
@@ -266,9 +262,9 @@ def store_columns(
     outcomes["nonfinite"] = int(np.count_nonzero(~over & ~finite & ~stale))
     outcomes["stale_markers"] = int(np.count_nonzero(~over & stale))
     outcomes["unmapped_series"] = int(np.count_nonzero(kept & ~mapped))
-    used = np.zeros(known.unique.size, dtype=bool)  # the label sets that store or end something
-    used[known.inverse[store | ended]] = True
-    chosen = [known.mappings[i] for i in known.unique[used].tolist()]
+    # the label sets that store or end something: their nodes must be the caller's
+    used = set(request.ids[store | ended].tolist())
+    chosen = [known.mappings[i] for i in used]
     resources = {id(m.resource): m.resource for m in chosen if m is not None}
     for resource in resources.values():
         host = str(resource.get(HOST_NAME, ""))
@@ -277,7 +273,20 @@ def store_columns(
     points = int(np.count_nonzero(store))
     refused = 0
     if points:
-        done = _store(request, cache, known, store, list(resources.values()), sink, source)
+        at = np.flatnonzero(store)
+        ids = request.ids[at]
+        distinct = len(set(ids.tolist()))
+        batch = RowBatch(
+            specs=known.specs,
+            spec_of_point=ids,
+            rows=known.rows[at],
+            generation=known.store_generation,
+            times_ns=request.timestamps_ms[at] * 1_000_000,
+            values=values[at] * known.scale[at],
+            unique=distinct == at.size,
+        )
+        done = sink.accept_rows(batch, list(resources.values()), source)
+        cache.keep_rows(request.generation, ids, done)
         refused = done.counts.rejected
     if ended.any():  # after the values: a marker ends what came before it
         sink.end_series(_markers(request, ended, known.mappings))
@@ -285,39 +294,6 @@ def store_columns(
     outcomes["refused_by_store"] = refused
     rejected = outcomes["over_label_limits"] + outcomes["nonfinite"] + refused
     return Stored(points - refused, rejected, +outcomes)
-
-
-def _store(
-    request: LabelSetColumns,
-    cache: LabelSetCache,
-    known: _Known,
-    store: npt.NDArray[np.bool_],
-    resources: Sequence[Attrs],
-    sink: RowSink,
-    source: str,
-) -> RowsIngested:
-    """The ``store`` samples into ``sink`` as one batch; their label sets' rows kept."""
-    at = np.flatnonzero(store)
-    in_store = np.zeros(known.unique.size, dtype=bool)
-    in_store[known.inverse[at]] = True
-    series = np.flatnonzero(in_store)
-    slot = np.full(known.unique.size, -1, dtype=np.int64)
-    slot[series] = np.arange(series.size)
-    of_point = slot[known.inverse[at]]
-    indexes = known.unique[series]
-    specs = [known.specs[i] for i in indexes.tolist()]
-    batch = RowBatch(
-        specs=[spec for spec in specs if spec is not None],  # every stored label set is mapped
-        rows=known.rows[series],
-        generation=known.store_generation,
-        series_of_point=of_point,
-        times_ns=request.timestamps_ms[at] * 1_000_000,
-        values=request.values[at] * known.scale[series][of_point],
-        unique=series.size == at.size,
-    )
-    done = sink.accept_rows(batch, resources, source)
-    cache.keep_rows(request.generation, indexes, done)
-    return done
 
 
 def _markers(

@@ -3,15 +3,15 @@
 Prometheus (and vmagent, Alloy, the OpenTelemetry Collector) remote-write one sample per series
 per request, and the same label sets every scrape. Parsing with the generated classes costs one
 Python object per series, per label and per sample; here the same bytes are parsed by upb
-(``google.protobuf``) through three other schemas of the same wire format, each giving a flat
+(``google.protobuf``) through other schemas of the same wire format, each giving a flat
 container that Python reads in one C loop:
 
 - ``timeseries`` as ``repeated bytes``: each series' encoded bytes;
 - every series merged into one message whose ``samples`` are ``repeated bytes``: each sample's
   encoded bytes, in request order;
-- every sample merged into one message of ``repeated double value`` / ``repeated int64
-  timestamp``: the values and times (a field equal to 0 is left out by proto3 senders, which is
-  put back below).
+- the samples' bytes one after the other, read as one message of ``repeated double value`` /
+  ``repeated int64 timestamp``: the values and times (a field equal to 0 is left out by proto3
+  senders, which is put back below).
 
 A series is known by its labels' bytes as sent (its *key*): the series' bytes less its one
 sample field (whose head, tag and length, protobuf encodes: ``_field_head``). A key is
@@ -64,7 +64,7 @@ class FlatRequest:
 class _Schemas:
     series_bytes: Any
     sample_bytes: Any
-    sample_columns: Any
+    columns: Any
     sample: Any
     series: Any
 
@@ -96,10 +96,6 @@ def _schemas() -> _Schemas:
         ("timestamp", 2, field.TYPE_INT64, repeated, ""),
     )
     message(
-        "AllColumns", ("labels", 1, bytes_, repeated, ""), ("samples", 2, msg, optional, "Columns")
-    )
-    message("SampleColumns", ("timeseries", 1, msg, optional, "AllColumns"))
-    message(
         "Sample",
         ("value", 1, field.TYPE_DOUBLE, optional, ""),
         ("timestamp", 2, field.TYPE_INT64, optional, ""),
@@ -114,7 +110,7 @@ def _schemas() -> _Schemas:
         )
 
     return _Schemas(
-        cls("SeriesBytes"), cls("SampleBytes"), cls("SampleColumns"), cls("Sample"), cls("Series")
+        cls("SeriesBytes"), cls("SampleBytes"), cls("Columns"), cls("Sample"), cls("Series")
     )
 
 
@@ -187,7 +183,7 @@ def read(
     found = list(map(known.get, [s[:end] for s, end in zip(series, at, strict=True)]))
     if None in found:
         return None
-    columns = _columns(raw, samples, lengths)
+    columns = _columns(samples, lengths)
     if columns is None:
         return None
     ids = np.array(found, dtype=np.int64)
@@ -195,14 +191,17 @@ def read(
 
 
 def _columns(
-    raw: bytes, samples: list[bytes], lengths: npt.NDArray[np.int64]
+    samples: list[bytes], lengths: npt.NDArray[np.int64]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
     """Each sample's (time, value), a value of 0 (left out on the wire) put back; None unless
-    each body is what protobuf encodes for its time and value (lengths checked)."""
+    each body is what protobuf encodes for its time and value (lengths checked).
+
+    The samples' bodies one after the other are one message of their fields, in order: parsed
+    as ``Columns`` (repeated value, repeated timestamp), they are every value and every time."""
     schemas = _schemas()
     n = len(samples)
     try:
-        merged = schemas.sample_columns.FromString(raw).timeseries.samples
+        merged = schemas.columns.FromString(b"".join(samples))
     except DecodeError:
         return None
     times = np.fromiter(merged.timestamp, np.int64)

@@ -31,17 +31,14 @@ class RowSpec:
 
 @dataclass(frozen=True, slots=True)
 class RowBatch:
-    """Points of some series, as columns.
+    """Points, as columns: each point's series (``specs[spec_of_point]``), the row the caller
+    knows for it (``rows``: -1 for none; valid for ``generation`` of the store's rows), time
+    and (finite) value. ``unique``: no two points of the same series."""
 
-    ``specs`` and ``rows`` are per series (``rows``: -1 where the caller knows no row, valid
-    for ``generation``); ``series_of_point``, ``times_ns`` and ``values`` per point (finite
-    values); ``unique`` says no series has two points.
-    """
-
-    specs: Sequence[RowSpec]
+    specs: Sequence[RowSpec | None]
+    spec_of_point: npt.NDArray[np.int64]
     rows: npt.NDArray[np.int64]
     generation: int
-    series_of_point: npt.NDArray[np.int64]
     times_ns: npt.NDArray[np.int64]
     values: npt.NDArray[np.float64]
     unique: bool = False
@@ -49,7 +46,7 @@ class RowBatch:
 
 @dataclass(frozen=True, slots=True)
 class RowsIngested:
-    """What ``ingest_rows`` did: the points' counts, each series' row (-1: none), and the
+    """What ``ingest_rows`` did: the points' counts, each point's row (-1: none), and the
     generation of the store's rows those rows are valid for."""
 
     counts: IngestCounts
@@ -61,12 +58,12 @@ class RowIngest(WindowState):
     """``ingest_rows`` (module docstring)."""
 
     def ingest_rows(self, batch: RowBatch, budget: int | None = None) -> RowsIngested:
-        """Store ``batch``; return what became of its points and each series' row now.
+        """Store ``batch``; return what became of its points and each point's row now.
 
-        The same series and counts as ``ingest`` of the same points: a series without a row is
-        found or created (within ``budget`` new series, in the order of its first point) unless
-        all its points are too far in the future; points of a series refused by the budget or
-        the series limit count as ``rejected_limit``.
+        The same series and counts as ``ingest`` of the same points: a point without a row
+        finds or creates its series' (within ``budget`` new series, in point order) unless it
+        is too far in the future; points of a series refused by the budget or the series
+        limit count as ``rejected_limit``.
         """
         with self._lock:
             table = self._table
@@ -76,15 +73,14 @@ class RowIngest(WindowState):
             times_ns = batch.times_ns
             future = times_ns > int((self._clock() + self._max_future_seconds) * NS)
             created_before = table.created
-            missing = rows < 0
-            if missing.any():
-                present = ~future
-                first = np.full(rows.size, times_ns.size, dtype=np.int64)
-                np.minimum.at(first, batch.series_of_point[present], np.flatnonzero(present))
-                wanted = np.flatnonzero(missing & (first < times_ns.size))
+            missing = np.flatnonzero((rows < 0) & ~future)
+            if missing.size:
                 histograms = len(self._histograms)
-                for i in wanted[np.argsort(first[wanted], kind="stable")].tolist():
-                    spec = batch.specs[i]
+                specs, spec_of_point = batch.specs, batch.spec_of_point
+                for i in missing.tolist():
+                    spec = specs[spec_of_point[i]]
+                    if spec is None:  # not the caller's to send: left out
+                        continue
                     row = table.aliases.get(spec.alias)
                     if row is None:
                         create = budget is None or table.created - created_before < budget
@@ -92,21 +88,20 @@ class RowIngest(WindowState):
                             spec.alias,
                             unit=spec.unit,
                             counter=spec.counter,
-                            time_ns=int(times_ns[first[i]]),
+                            time_ns=int(times_ns[i]),
                             total=histograms,
                             create=create,
                         )
                     rows[i] = row
-            point_rows = rows[batch.series_of_point]
-            keep = (point_rows >= 0) & ~future
+            keep = (rows >= 0) & ~future
             counts = IngestCounts(
                 rejected_future=int(np.count_nonzero(future)),
-                rejected_limit=int(np.count_nonzero((point_rows < 0) & ~future)),
+                rejected_limit=int(np.count_nonzero((rows < 0) & ~future)),
                 new_series=table.created - created_before,
             )
-            values = batch.values
+            point_rows, values = rows, batch.values
             if not keep.all():
-                point_rows, times_ns, values = point_rows[keep], times_ns[keep], values[keep]
+                point_rows, times_ns, values = rows[keep], times_ns[keep], values[keep]
             if point_rows.size:
                 counts = table.write(
                     point_rows,
