@@ -127,6 +127,10 @@ class LabelSetCache:
         self.mappings: list[SeriesMapping | None] = []
         self.specs: list[RowSpec | None] = []
         self.rows = np.empty(0, dtype=np.int64)
+        self.resource_of = np.empty(0, dtype=np.int64)
+        """Each label set's resource, an index into ``resources`` (-1: none)."""
+        self.resources: list[Attrs] = []
+        self._resource_index: dict[int, int] = {}
         self.store_generation = -1
 
     def sync(self, generation: int, size: int) -> bool:
@@ -141,12 +145,15 @@ class LabelSetCache:
             self.scale = np.empty(0, dtype=np.float64)
             self.mappings, self.specs = [], []
             self.rows = np.empty(0, dtype=np.int64)
+            self.resource_of = np.empty(0, dtype=np.int64)
+            self.resources, self._resource_index = [], {}
         extra = size - self.verdict.size
         if extra > 0:
             self.verdict = np.concatenate([self.verdict, np.full(extra, _UNKNOWN, np.int8)])
             self.mapped = np.concatenate([self.mapped, np.zeros(extra, bool)])
             self.scale = np.concatenate([self.scale, np.ones(extra)])
             self.rows = np.concatenate([self.rows, np.full(extra, -1, np.int64)])
+            self.resource_of = np.concatenate([self.resource_of, np.full(extra, -1, np.int64)])
             self.mappings.extend([None] * extra)
             self.specs.extend([None] * extra)
         return True
@@ -175,6 +182,11 @@ class LabelSetCache:
         self.specs[index] = RowSpec(alias, mapping.unit, mapping.counter)
         self.mapped[index] = True
         self.scale[index] = mapping.scale
+        found = self._resource_index.get(id(mapping.resource))
+        if found is None:  # the list keeps the dict alive, so its id names it
+            found = self._resource_index[id(mapping.resource)] = len(self.resources)
+            self.resources.append(mapping.resource)
+        self.resource_of[index] = found
 
     def keep_rows(
         self, generation: int, indexes: npt.NDArray[np.int64], done: RowsIngested
@@ -199,9 +211,11 @@ class _Known:
     mapped: npt.NDArray[np.bool_]
     scale: npt.NDArray[np.float64]
     rows: npt.NDArray[np.int64]
+    resource_of: npt.NDArray[np.int64]
     store_generation: int
     mappings: list[SeriesMapping | None]
     specs: list[RowSpec | None]
+    resources: list[Attrs]
 
 
 def _look_up(request: LabelSetColumns, cache: LabelSetCache) -> _Known | None:
@@ -225,9 +239,11 @@ def _look_up(request: LabelSetColumns, cache: LabelSetCache) -> _Known | None:
             cache.mapped[ids],
             cache.scale[ids],
             cache.rows[ids],
+            cache.resource_of[ids],
             cache.store_generation,
             cache.mappings,
             cache.specs,
+            cache.resources,
         )
 
 
@@ -262,11 +278,10 @@ def store_columns(
     outcomes["nonfinite"] = int(np.count_nonzero(~over & ~finite & ~stale))
     outcomes["stale_markers"] = int(np.count_nonzero(~over & stale))
     outcomes["unmapped_series"] = int(np.count_nonzero(kept & ~mapped))
-    # the label sets that store or end something: their nodes must be the caller's
-    used = set(request.ids[store | ended].tolist())
-    chosen = [known.mappings[i] for i in used]
-    resources = {id(m.resource): m.resource for m in chosen if m is not None}
-    for resource in resources.values():
+    # the resources of what is stored or ended: their nodes must be the caller's
+    used = np.unique(known.resource_of[store | ended]).tolist()
+    resources = [known.resources[i] for i in used]
+    for resource in resources:
         host = str(resource.get(HOST_NAME, ""))
         if not may_write(host):
             raise NodeRefusedError(host)
@@ -285,7 +300,7 @@ def store_columns(
             values=values[at] * known.scale[at],
             unique=distinct == at.size,
         )
-        done = sink.accept_rows(batch, list(resources.values()), source)
+        done = sink.accept_rows(batch, resources, source)
         cache.keep_rows(request.generation, ids, done)
         refused = done.counts.rejected
     if ended.any():  # after the values: a marker ends what came before it
