@@ -10,6 +10,7 @@ samples in time order, as the protocol asks.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from types import MappingProxyType
@@ -179,9 +180,8 @@ class Decoder:
         """Whether to read requests flat at all (False: series by series, as before it could;
         for comparisons)."""
         self._known: dict[tuple[bytes, ...], Labels] = {}
-        self._flat: wire_flat.Known = {}
-        self._label_sets: list[Labels] = []
-        self._generation = 0
+        self._table = wire_flat.Table({}, [], 0)
+        self._lock = threading.Lock()  # one writer of the table (requests run in threads)
         self.flat_reads = 0
         """Requests read flat (the rest were parsed series by series)."""
 
@@ -198,7 +198,7 @@ class Decoder:
         raw = _inflate(body, max_bytes)
         parts = wire_flat.split(raw) if self.flat else None
         if parts is not None:
-            flat = wire_flat.read(raw, parts, self._flat, self._label_sets, self._generation)
+            flat = wire_flat.read(raw, parts, self._table)
             if flat is not None:
                 self.flat_reads += 1
                 return flat
@@ -238,13 +238,14 @@ class Decoder:
         request's n-th sample is its n-th series')."""
         if any(len(one.values) != 1 for one in out):
             return
-        flat = self._flat
-        for series, sample, key, one in zip(parts.series, parts.samples, keys, out, strict=True):
-            if len(flat) >= self.max_label_sets:
-                flat.clear()
-                self._label_sets = []  # a new table: FlatRequests already made keep theirs
-                self._generation += 1
-            wire_flat.remember(flat, self._label_sets, series, sample, key, one.labels)
+        with self._lock:
+            for series, sample, key, one in zip(
+                parts.series, parts.samples, keys, out, strict=True
+            ):
+                table = self._table
+                if len(table.known) >= self.max_label_sets:  # a new table; readers keep theirs
+                    table = self._table = wire_flat.Table({}, [], table.generation + 1)
+                table.remember(series, sample, key, one.labels)
 
     def _labels(self, key: tuple[bytes, ...]) -> Labels:
         try:

@@ -141,30 +141,33 @@ def split(raw: bytes) -> Split | None:
     return Split(series, samples)
 
 
-def remember(
-    known: Known,
-    label_sets: list[Labels],
-    series: bytes,
-    sample: bytes,
-    labels_raw: Sequence[bytes],
-    labels: Labels,
-) -> bool:
-    """Remember a one-sample series' labels under their bytes (its key) when protobuf encodes
-    ``labels_raw`` (its labels' bytes, as sent) and then one sample ``sample`` as exactly
-    ``series``; whether it did."""
-    schemas = _schemas()
-    key: bytes = schemas.series(labels=labels_raw).SerializeToString()
-    if key + _field_head(len(sample)) + sample != series:
-        return False
-    if key not in known:
-        known[key] = len(label_sets)
-        label_sets.append(labels)
-    return True
+@dataclass(frozen=True, slots=True)
+class Table:
+    """The label sets a decoder remembers for the flat read: each key's index into
+    ``label_sets``. Only ever added to (the entry first, then its key, so a reader that finds a
+    key finds its entry) and replaced whole, with the next ``generation``, when full: a reader
+    that took a table keeps a consistent one."""
+
+    known: Known
+    label_sets: list[Labels]
+    generation: int
+
+    def remember(
+        self, series: bytes, sample: bytes, labels_raw: Sequence[bytes], labels: Labels
+    ) -> bool:
+        """Remember a one-sample series' labels under their bytes (its key) when protobuf
+        encodes ``labels_raw`` (its labels' bytes, as sent) and then one sample ``sample`` as
+        exactly ``series``; whether it did. One writer at a time (the decoder's lock)."""
+        key: bytes = _schemas().series(labels=labels_raw).SerializeToString()
+        if key + _field_head(len(sample)) + sample != series:
+            return False
+        if key not in self.known:
+            self.label_sets.append(labels)
+            self.known[key] = len(self.label_sets) - 1
+        return True
 
 
-def read(
-    raw: bytes, parts: Split, known: Known, label_sets: list[Labels], generation: int
-) -> FlatRequest | None:
+def read(raw: bytes, parts: Split, table: Table) -> FlatRequest | None:
     """The request as columns, when every series is a known one-sample series (module)."""
     series, samples = parts.series, parts.samples
     n = len(series)
@@ -180,14 +183,14 @@ def read(
         map(bytes.startswith, series, heads, at)
     ):
         return None
-    found = list(map(known.get, [s[:end] for s, end in zip(series, at, strict=True)]))
+    found = list(map(table.known.get, [s[:end] for s, end in zip(series, at, strict=True)]))
     if None in found:
         return None
     columns = _columns(samples, lengths)
     if columns is None:
         return None
     ids = np.array(found, dtype=np.int64)
-    return FlatRequest(ids, *columns, label_sets, generation)
+    return FlatRequest(ids, *columns, table.label_sets, table.generation)
 
 
 def _columns(
