@@ -143,3 +143,18 @@ def test_a_label_set_sent_in_another_order_is_its_own_key():
     got = decoder.decode(body_of(reordered))
     assert got == decode(body_of(reordered))
     assert [s.labels for s in got] == [tuple(reversed(ls)) for ls, _ in canonical]
+
+
+def test_samples_moved_between_known_series_are_not_read_flat():
+    decoder = Decoder()
+    steady = fleet([1.0, 2.0], T0_MS)
+    canonical = [(s.labels, [sample(value=s.values[0], timestamp=T0_MS)]) for s in steady]
+    decoder.decode(body_of(canonical))
+    two = [sample(value=5.0, timestamp=T0_MS), sample(value=6.0, timestamp=T0_MS + 1)]
+    moved = [(canonical[0][0], two), (canonical[1][0], []), *canonical[2:]]  # as many samples
+    before = decoder.flat_reads
+    got = decoder.decode(body_of(moved))
+    assert decoder.flat_reads == before
+    assert got == decode(body_of(moved))
+    assert got[0].values == (5.0, 6.0)
+    assert got[1].values == ()

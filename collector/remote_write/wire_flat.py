@@ -174,14 +174,19 @@ def read(raw: bytes, parts: Split, table: Table) -> FlatRequest | None:
     if len(samples) != n:
         return None
     lengths = np.fromiter(map(len, samples), np.int64, n)
-    heads = list(map(_field_head, lengths.tolist()))
-    # each series = key + head + sample: its labels' bytes, then one sample field
+    sizes = lengths.tolist()
+    head_of = {size: _field_head(size) for size in set(sizes)}
+    heads = list(map(head_of.__getitem__, sizes))
+    head_size = {size: len(head) for size, head in head_of.items()}
+    # Each series must be a key, then the head of a sample field of its sample's size: a key
+    # is a remembered series' labels, so the series *is* those labels and one sample of that
+    # size, and (each series holding one) the n-th sample is the n-th series'.
     cut = np.fromiter(map(len, series), np.int64, n) - lengths
-    cut -= np.fromiter(map(len, heads), np.int64, n)
+    cut -= np.fromiter(map(head_size.__getitem__, sizes), np.int64, n)
+    if n and int(cut.min()) < 0:
+        return None
     at = cut.tolist()
-    if not all(map(bytes.endswith, series, samples)) or not all(
-        map(bytes.startswith, series, heads, at)
-    ):
+    if not all(map(bytes.startswith, series, heads, at)):
         return None
     found = list(map(table.known.get, [s[:end] for s, end in zip(series, at, strict=True)]))
     if None in found:
