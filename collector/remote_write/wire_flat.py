@@ -18,10 +18,14 @@ sample field (whose head, tag and length, protobuf encodes: ``_field_head``). A 
 remembered only after protobuf has encoded that series' labels, then one sample of that body,
 and got the very bytes sent; a later series is read flat only when it is such a key, the head
 of its sample's length and its sample's bytes, so it *is* those labels and one sample. Each
-sample body's length is then checked against what protobuf encodes for its value and time.
-Anything else (a series of several samples or none, a label set not seen yet, an unusual
-encoding, a body that does not parse) gives None and the caller parses the request series by
-series (``wire.Decoder``), which also remembers the new keys.
+sample body's length is then checked against what protobuf encodes for its value and time:
+exact for what senders write (one value and one time a sample, or the time alone for a 0).
+Sample bodies crafted with repeated or unknown fields whose lengths add up could have values or
+times shifted between that request's own samples (its series' labels are proven byte for byte
+above, so nothing moves to another request's or another sender's series). Anything else (a
+series of several samples or none, a label set not seen yet, an unusual encoding, a body that
+does not parse) gives None and the caller parses the request series by series
+(``wire.Decoder``), which also remembers the new keys.
 """
 
 from __future__ import annotations
@@ -202,7 +206,7 @@ def _columns(
     samples: list[bytes], lengths: npt.NDArray[np.int64]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
     """Each sample's (time, value), a value of 0 (left out on the wire) put back; None unless
-    each body is what protobuf encodes for its time and value (lengths checked).
+    each body has the length protobuf encodes for its time and value.
 
     The samples' bodies one after the other are one message of their fields, in order: parsed
     as ``Columns`` (repeated value, repeated timestamp), they are every value and every time."""
