@@ -13,21 +13,25 @@ Not a test: it prints figures. Run from the repository root:
    Prometheus sends with ``max_samples_per_send``) and encoded (``remote_write.wire.encode``:
    protobuf + snappy) before anything is timed.
 2. The collector: ``create_app`` with a ``CollectorService`` (pre-sized store, fixed clock) and
-   :func:`translate` below as its translator (it maps *every* series of the batch: the field
+   :class:`BenchTranslator` below as its translator (it maps *every* series of the batch: the field
    name onto ``dcgm.<field>``, ``UUID`` onto ``hw.id``, ``Hostname`` onto ``host.name``, the pod
    labels onto attributes; each label set once, remembered), in a child process pinned to
    ``--core`` with ``taskset``.
 3. VictoriaMetrics (Debian's ``victoria-metrics``), pinned to the same core, on its own
    ``/api/v1/write``, gets the same bodies.
 
-Both get round 0 first (it creates every series; shown apart), then the other rounds, timed,
+Both get the first ``WARM`` rounds first (they create every series and fill each side's caches:
+the collector reads a label set flat, and learns its mapping, from its second request; shown
+apart), then the other rounds, timed,
 ``--concurrency`` requests in flight from this process, pinned to another core. Each server's
 CPU (``/proc/<pid>/stat``, every thread) and the wall time give samples/s, CPU per sample and
 the ratio collector / VictoriaMetrics (target >= 1.0x). Afterwards each says how many samples it
 holds, so a receiver that drops them cannot win.
 
-4. The collector's pipeline again in this process, stage by stage (decode, limits, translate,
-   store), so the server's CPU per sample can be split into those and the HTTP layer.
+4. The collector's pipeline again in this process, stage by stage, before (series by series:
+   decode, limits, translate, store) and after (read flat and stored through the columns,
+   ``ingest.prom_columns``), so the server's CPU per sample can be split into those and the
+   HTTP layer.
 """
 
 from __future__ import annotations
@@ -67,13 +71,22 @@ from bench.ingest_bench import (
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.ingest.prom_columns import (
+    LabelSetCache,
+    LabelSetColumns,
+    SeriesMapping,
+    store_columns,
+)
 from gpuwarden.collector.ingest.prom_write import LabelVerdicts, screen
 from gpuwarden.collector.remote_write.wire import HEADERS, Decoder, Series, encode
+from gpuwarden.collector.remote_write.wire_flat import FlatRequest
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.keys import SERVICE, STATS, Admits, add_route
 from gpuwarden.collector.web.remote_write_receiver import MAX_LABEL_SETS
 
 SCRAPE_S = 15
+WARM = 2
+"""Rounds sent before the timing starts (new series; each side's caches filled)."""
 GPUS = 8
 TOKEN = "bench-token-0123456789abcdef"  # noqa: S105 - loopback only, throwaway
 FIELDS = (
@@ -131,44 +144,49 @@ class Translated:
 
 
 POD_LABELS = ("namespace", "pod", "container")
-Mapped = tuple[dict[str, str | int | float | bool], str, dict[str, str | int | float | bool]]
-_mapped: dict[tuple[tuple[str, str], ...], Mapped | None] = {}
-_resources: dict[str, dict[str, str | int | float | bool]] = {}
 
 
-def _map(labels: tuple[tuple[str, str], ...]) -> Mapped | None:
-    """(resource, metric, attributes) of one label set, or None (not a DCGM GPU series)."""
-    found = dict(labels)
-    name, host, uuid = found.get("__name__"), found.get("Hostname"), found.get("UUID")
-    if name is None or host is None or uuid is None:
-        return None
-    resource = _resources.setdefault(host, {"host.name": host})
-    attrs: dict[str, str | int | float | bool] = {"hw.id": uuid}
-    attrs |= {key: found[key] for key in POD_LABELS if key in found}
-    return resource, "dcgm." + name.removeprefix("DCGM_FI_").lower(), attrs
-
-
-def translate(series: Sequence[Series]) -> Translated:
+class BenchTranslator:
     """Every series onto ``dcgm.<field>`` (gauge, unit 1): ``UUID`` → ``hw.id``, ``Hostname`` →
-    ``host.name`` (the resource), the pod labels kept as attributes; the rest dropped. Each
-    label set is mapped once (the receiver's decoder hands the same label tuples back)."""
-    points: list[NumberPoint] = []
-    skipped = 0
-    mapped = _mapped
-    for one in series:
-        labels = one.labels
-        if labels in mapped:
-            found = mapped[labels]
-        else:
-            found = mapped[labels] = _map(labels)
-        if found is None:
-            skipped += 1
-            continue
-        resource, metric, attrs = found
-        for t, v in zip(one.timestamps_ms, one.values, strict=True):
-            t_ns = t * 1_000_000
-            points.append(NumberPoint(resource, metric, "1", "gauge", False, attrs, t_ns, v))
-    return Translated(points, skipped)
+    ``host.name`` (the resource), the pod labels kept as attributes; the rest dropped.
+
+    Both contracts: ``map_series`` (a ``prom_columns.SeriesMapper``: the receiver then stores
+    flat requests through its columns) and ``__call__`` (series → points, for the series path;
+    each label set mapped once there too)."""
+
+    def __init__(self) -> None:
+        self.resources: dict[str, dict[str, str | int | float | bool]] = {}
+        self.mapped: dict[tuple[tuple[str, str], ...], SeriesMapping | None] = {}
+
+    def map_series(self, labels: tuple[tuple[str, str], ...], /) -> SeriesMapping | None:
+        found = dict(labels)
+        name, host, uuid = found.get("__name__"), found.get("Hostname"), found.get("UUID")
+        if name is None or host is None or uuid is None:
+            return None
+        resource = self.resources.setdefault(host, {"host.name": host})
+        attrs: dict[str, str | int | float | bool] = {"hw.id": uuid}
+        attrs |= {key: found[key] for key in POD_LABELS if key in found}
+        metric = "dcgm." + name.removeprefix("DCGM_FI_").lower()
+        return SeriesMapping(resource, metric, "1", False, attrs)
+
+    def __call__(self, series: Sequence[Series]) -> Translated:
+        points: list[NumberPoint] = []
+        skipped = 0
+        mapped = self.mapped
+        for one in series:
+            labels = one.labels
+            if labels in mapped:
+                found = mapped[labels]
+            else:
+                found = mapped[labels] = self.map_series(labels)
+            if found is None:
+                skipped += 1
+                continue
+            resource, metric, attrs = found.resource, found.metric, found.attributes
+            for t, v in zip(one.timestamps_ms, one.values, strict=True):
+                t_ns = t * 1_000_000
+                points.append(NumberPoint(resource, metric, "1", "gauge", False, attrs, t_ns, v))
+        return Translated(points, skipped)
 
 
 # --- the batches --------------------------------------------------------------------------------
@@ -230,7 +248,7 @@ async def serve_collector(clock_s: float, capacity: int) -> None:
     config = CollectorConfig(
         tokens=TokenTable((credential(TOKEN, Role.AGENT, "prometheus", ("*",)),))
     )
-    app = create_app(config, service=service, background=False, prom_translate=translate)
+    app = create_app(config, service=service, background=False, prom_translate=BenchTranslator())
     add_route(app, "GET", "/bench/report", _report, Admits(open_because="the bench's own"))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -270,17 +288,18 @@ class Figures:
 def timed(
     name: str, url: str, pid: int, work: list[list[bytes]], per_round: int, concurrency: int
 ) -> tuple[float, float, float, float]:
-    """Send round 0, then the rest; (round-0 CPU, CPU, wall, p99 ms) of the rest."""
+    """Send the warm-up rounds, then the rest; (warm-up CPU, CPU, wall, p99 ms) of the rest."""
     headers = {**HEADERS, "Authorization": f"Bearer {TOKEN}"}
-    _, first_cpu, _ = send_phase(url, work[0], headers, concurrency, pid, otlp=False)
-    rest = [body for bodies in work[1:] for body in bodies]
+    warm = [body for bodies in work[:WARM] for body in bodies]
+    _, first_cpu, _ = send_phase(url, warm, headers, concurrency, pid, otlp=False)
+    rest = [body for bodies in work[WARM:] for body in bodies]
     result, cpu, wall = send_phase(url, rest, headers, concurrency, pid, otlp=False)
     p99 = percentile(result.latencies_s, 0.99) * 1e3
-    samples = per_round * (len(work) - 1)
+    samples = per_round * (len(work) - WARM)
     line(
         name,
         f"{samples / wall:,.0f} samples/s, {cpu / samples * 1e6:.2f} us CPU per sample, "
-        f"p99 {p99:.1f} ms (round 0, new series: {first_cpu:.2f} s CPU)",
+        f"p99 {p99:.1f} ms (first {WARM} rounds, new series: {first_cpu:.2f} s CPU)",
     )
     return first_cpu, cpu, wall, p99
 
@@ -313,7 +332,7 @@ def run_collector(
     finally:
         stop_process(proc)
     return Figures(
-        "collector", per_round * (len(work) - 1), cpu, wall, first, p99, report["stored"]
+        "collector", per_round * (len(work) - WARM), cpu, wall, first, p99, report["stored"]
     )
 
 
@@ -354,18 +373,23 @@ def run_victoria(
         held = int(float(answer["data"]["result"][0]["value"][1]))
     finally:
         stop_process(proc)
-    samples = per_round * (len(work) - 1)
+    samples = per_round * (len(work) - WARM)
     return Figures("VictoriaMetrics", samples, cpu, wall, first, p99, held)
 
 
 def stages(work: list[list[bytes]], per_round: int, clock_s: float) -> None:
-    """The collector's per-request pipeline in this process, stage by stage (CPU per sample):
-    what the server spent beyond it is HTTP, aiohttp and the worker-thread hand-off."""
+    """The collector's per-request pipeline in this process, stage by stage (CPU per sample),
+    before (series by series: ``Series``, screen, translate to ``NumberPoint``s, ``accept``) and
+    after (read flat, then the columns: ``prom_columns.store_columns``): what the server spent
+    beyond it is HTTP, aiohttp and the worker-thread hand-off."""
+    limits = CollectorConfig().ingest_limits
+    samples = per_round * (len(work) - WARM)
+    before = dict.fromkeys(("decode", "limits", "translate", "store"), 0.0)
     service = make_service(clock_s, per_round)
     service.max_new_series_per_source_hour = 10**9
-    limits = CollectorConfig().ingest_limits
-    decoder, verdicts = Decoder(MAX_LABEL_SETS), LabelVerdicts(limits, MAX_LABEL_SETS)
-    spent = dict.fromkeys(("snappy + protobuf decode", "limits", "translate", "store"), 0.0)
+    decoder = Decoder(MAX_LABEL_SETS, flat=False)
+    verdicts = LabelVerdicts(limits, MAX_LABEL_SETS)
+    translate = BenchTranslator()
     for r, bodies in enumerate(work):
         for body in bodies:
             t0 = time.process_time()
@@ -377,22 +401,55 @@ def stages(work: list[list[bytes]], per_round: int, clock_s: float) -> None:
             t3 = time.process_time()
             service.accept(points, "bench", history=False)
             t4 = time.process_time()
-            if r:  # round 0 creates the series: left out, as above
-                for stage, took in zip(spent, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
-                    spent[stage] += took
-    samples = per_round * (len(work) - 1)
+            if r >= WARM:  # the warm-up rounds are left out, as above
+                for stage, took in zip(before, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+                    before[stage] += took
+    held_before = service.totals.accepted
+    service.storage.close()
+    after = dict.fromkeys(("decode", "limits + map + store (columns)"), 0.0)
+    service = make_service(clock_s, per_round)
+    service.max_new_series_per_source_hour = 10**9
+    decoder = Decoder(MAX_LABEL_SETS)
+    cache = LabelSetCache(LabelVerdicts(limits, MAX_LABEL_SETS), BenchTranslator())
+    for r, bodies in enumerate(work):
+        for body in bodies:
+            t0 = time.process_time()
+            got = decoder.decode_flat(body)
+            t1 = time.process_time()
+            if isinstance(got, FlatRequest):
+                request = LabelSetColumns(
+                    got.ids, got.timestamps_ms, got.values, got.label_sets, got.generation
+                )
+                store_columns(request, cache, service, _anyone, limits.max_points_per_request, "b")
+            else:  # the first round (new label sets): the series path
+                points = translate(screen(got, limits, verdicts).series).points
+                service.accept(points, "bench", history=False)
+            t2 = time.process_time()
+            if r >= WARM:
+                for stage, took in zip(after, (t1 - t0, t2 - t1), strict=True):
+                    after[stage] += took
     print()
     print("collector pipeline in-process, steady rounds (CPU per sample):")
-    for stage, took in spent.items():
-        line(f"  {stage}", f"{took / samples * 1e6:.2f} us")
-    line("  total", f"{sum(spent.values()) / samples * 1e6:.2f} us")
+    print("  before (series by series):")
+    for stage, took in before.items():
+        line(f"    {stage}", f"{took / samples * 1e6:.2f} us")
+    line("    total", f"{sum(before.values()) / samples * 1e6:.2f} us")
+    print(f"  after (read flat, columns; {decoder.flat_reads} of {sum(map(len, work))} read flat):")
+    for stage, took in after.items():
+        line(f"    {stage}", f"{took / samples * 1e6:.2f} us")
+    line("    total", f"{sum(after.values()) / samples * 1e6:.2f} us")
+    line("  stored (before, after)", f"{held_before:,}, {service.totals.accepted:,}")
     service.storage.close()
+
+
+def _anyone(host: str) -> bool:
+    return True
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=12, help=f"scrapes (> {WARM})")
     parser.add_argument("--batch", type=int, default=2000, help="samples per request")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     parser.add_argument("--core", type=int, default=0, help="the core both servers run on")
@@ -429,8 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     line(
         "translator",
-        "bench.remote_write_ingest.translate: every series onto dcgm.<field>, each label set "
-        "mapped once",
+        "bench.remote_write_ingest.BenchTranslator: every series onto dcgm.<field>, each label "
+        "set mapped once (a SeriesMapper: flat requests go through the receiver's columns)",
     )
     line("servers pinned to", f"core {args.core} (taskset); load generator on {client_cores}")
     tmp = Path(tempfile.mkdtemp(prefix="rw-ingest-bench-"))

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Generic, Self, TypeVar, cast, overload
 
@@ -39,7 +39,9 @@ from gpuwarden.collector.remote_write.writer import HistoryWriter
 from gpuwarden.collector.storage.base import Storage
 from gpuwarden.collector.storage.records import AccountingRow, Event
 from gpuwarden.collector.store.snapshot import Restored, SnapshotStats
+from gpuwarden.collector.store.types import AttrValue
 from gpuwarden.collector.store.window import WindowStore
+from gpuwarden.collector.store.window_rows import RowBatch, RowsIngested
 from gpuwarden.collector.views import DetectionView
 
 __all__ = ["Accepted", "CollectorService", "DetectionView", "IngestTotals"]
@@ -151,6 +153,12 @@ class CollectorService:
         """Store one request's points; remember node facts; return the rejected count
         (``history=False``: not for the remote-write history writer, ``Intake.accept``)."""
         return self.intake.accept(points, source, history=history)
+
+    def accept_rows(
+        self, batch: RowBatch, resources: Iterable[Mapping[str, AttrValue]], source: str
+    ) -> RowsIngested:
+        """Store columns of series whose rows the caller keeps (``Intake.accept_rows``)."""
+        return self.intake.accept_rows(batch, resources, source)
 
     def end_series(self, points: Iterable[NumberPoint]) -> int:
         """End the presence of the series ``points`` name (stale markers, ``Intake``)."""

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.ingest.prom_columns import SeriesMapping
 from gpuwarden.collector.remote_write.wire import Series
 
 MIB = 1 << 20
@@ -53,3 +54,25 @@ def translate(series: Sequence[Series]) -> Translated:
             for t, v in zip(one.timestamps_ms, one.values, strict=True)
         ]
     return Translated(points, skipped)
+
+
+class SeriesTranslator:
+    """:func:`translate` as a ``prom_columns.SeriesMapper`` too: the same mapping one label set
+    at a time, so the receiver stores through its columns."""
+
+    def __init__(self) -> None:
+        self.resources: dict[str, dict[str, str | int | float | bool]] = {}
+
+    def map_series(self, labels: tuple[tuple[str, str], ...], /) -> SeriesMapping | None:
+        found = dict(labels)
+        row = FIELDS.get(found.get("__name__", ""))
+        host = found.get("Hostname") or found.get("hostname")
+        if row is None or host is None or "UUID" not in found:
+            return None
+        metric, unit, kind, monotonic, factor = row
+        resource = self.resources.setdefault(host, {"host.name": host})
+        counter = kind == "sum" and monotonic
+        return SeriesMapping(resource, metric, unit, counter, {"hw.id": found["UUID"]}, factor)
+
+    def __call__(self, series: Sequence[Series]) -> Translated:
+        return translate(series)

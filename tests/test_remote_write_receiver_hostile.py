@@ -22,7 +22,7 @@ from gpuwarden.collector.remote_write.wire import Series, encode
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.keys import STATS
-from tests.prom_translate import translate
+from tests.prom_translate import SeriesTranslator, translate
 from tests.test_collector_hostile import many_series
 from tests.test_remote_write_receiver import TABLE, dcgm, headers, latest, now_ms
 
@@ -38,13 +38,16 @@ def service(tmp_path: Path) -> Iterator[CollectorService]:
     svc.storage.close()
 
 
-@pytest.fixture
-async def client(aiohttp_client, service):
+@pytest.fixture(params=["series", "columns"])
+async def client(aiohttp_client, service, request):
+    """The app with a translator of points (every request series by series) or one that maps
+    series one by one (requests read flat go through the columns, ``ingest.prom_columns``)."""
     config = CollectorConfig(
         tokens=TABLE, max_body_bytes=MAX_BODY, max_decompressed_bytes=MAX_INFLATED
     )
+    translator = translate if request.param == "series" else SeriesTranslator()
     return await aiohttp_client(
-        create_app(config, service=service, background=False, prom_translate=translate)
+        create_app(config, service=service, background=False, prom_translate=translator)
     )
 
 

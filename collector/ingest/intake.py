@@ -24,8 +24,9 @@ from gpuwarden.collector.ingest.workloads import announcement
 from gpuwarden.collector.jobs.registry import JobRegistry
 from gpuwarden.collector.storage.base import Storage
 from gpuwarden.collector.storage.records import Event, EventKind, deployed_version
-from gpuwarden.collector.store.types import IngestCounts
+from gpuwarden.collector.store.types import AttrValue, IngestCounts
 from gpuwarden.collector.store.window import WindowStore
+from gpuwarden.collector.store.window_rows import RowBatch, RowsIngested
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,19 @@ class Intake:
         if self.tap is not None and history:
             self.tap.points(points)
         return counts.rejected
+
+    def accept_rows(
+        self, batch: RowBatch, resources: Iterable[Mapping[str, AttrValue]], source: str
+    ) -> RowsIngested:
+        """Store a batch of columns (``WindowStore.ingest_rows``) under ``source``'s budget,
+        as :meth:`accept` stores points (``resources``: theirs, for the node facts). Nothing
+        goes to the tap: only the remote-write receiver sends these, and not for history."""
+        self._remember_resources(resources, source)
+        with self._source_lock(source):
+            done = self.store.ingest_rows(batch, self._budget(source))
+            newest = int(batch.times_ns.max()) if batch.times_ns.size else None
+            self._count(source, done.counts, newest)
+        return done
 
     def end_series(self, points: Iterable[NumberPoint]) -> int:
         """End the presence of the series ``points`` name at their times (Prometheus' stale

@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Generic, Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, Self, TypeVar
 
 from gpuwarden.collector.ingest.otlp_limits import IngestLimits
 
@@ -43,7 +43,7 @@ def is_stale_marker(value: float) -> bool:
 
 
 class RemoteSeries(Protocol):
-    """What a decoded series offers (``remote_write.wire.Series``): a frozen dataclass."""
+    """What a decoded series offers (``remote_write.wire.Series``): a named tuple."""
 
     @property
     def labels(self) -> tuple[tuple[str, str], ...]: ...
@@ -51,6 +51,7 @@ class RemoteSeries(Protocol):
     def timestamps_ms(self) -> tuple[int, ...]: ...
     @property
     def values(self) -> tuple[float, ...]: ...
+    def _replace(self, *, timestamps_ms: tuple[int, ...], values: tuple[float, ...]) -> Self: ...
 
 
 S = TypeVar("S", bound=RemoteSeries)
@@ -218,5 +219,5 @@ def _split(one: S) -> tuple[S | None, S | None, int]:
 
 
 def _with(one: S, times: list[int], values: list[float]) -> S:
-    """``one`` with other samples (a frozen dataclass, as ``remote_write.wire.Series`` is)."""
-    return replace(one, timestamps_ms=tuple(times), values=tuple(values))  # type: ignore[type-var]
+    """``one`` with other samples (a named tuple, as ``remote_write.wire.Series`` is)."""
+    return one._replace(timestamps_ms=tuple(times), values=tuple(values))

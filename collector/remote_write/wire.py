@@ -10,10 +10,11 @@ samples in time order, as the protocol asks.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from itertools import repeat
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import cramjam
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -24,6 +25,8 @@ from opentelemetry.exporter.prometheus_remote_write.gen.remote_pb2 import (  # t
 from opentelemetry.exporter.prometheus_remote_write.gen.types_pb2 import (  # type: ignore[attr-defined]
     Label,
 )
+
+from gpuwarden.collector.remote_write import wire_flat
 
 HEADERS: Mapping[str, str] = MappingProxyType(
     {
@@ -47,9 +50,11 @@ class WireTooLargeError(WireError):
     bomb): refused before a byte is inflated."""
 
 
-@dataclass(frozen=True, slots=True)
-class Series:
-    """One series of a request: its labels and its samples (milliseconds, value) in order."""
+class Series(NamedTuple):
+    """One series of a request: its labels and its samples (milliseconds, value) in order.
+
+    A named tuple rather than a frozen dataclass: a receiver builds one per series of every
+    request, and a tuple is built in C (``Decoder.decode``)."""
 
     labels: Labels
     timestamps_ms: tuple[int, ...]
@@ -148,6 +153,15 @@ def _raw_write_request() -> Any:
     )
 
 
+def series_of(flat: wire_flat.FlatRequest) -> list[Series]:
+    """A flat request's series, each tuple built in C (``tuple.__new__`` through ``map``)."""
+    times = zip(flat.timestamps_ms.tolist(), strict=True)  # 1-tuples
+    values = zip(flat.values.tolist(), strict=True)
+    rows = zip(flat.labels, times, values, strict=True)
+    out: list[Series] = list(map(tuple.__new__, repeat(Series), rows))
+    return out
+
+
 class Decoder:
     """:func:`decode` for a receiver: the same series, each label set decoded once.
 
@@ -155,17 +169,43 @@ class Decoder:
     labels' encoded bytes (at most ``max_label_sets``, then it forgets them all at once), so a
     series seen before costs a dict lookup instead of a Python object per label, and its
     ``labels`` is the same tuple every time (whose strings keep their hashes: cheaper for every
-    later lookup).
+    later lookup). A request whose series are all known one-sample series (what Prometheus
+    sends every scrape) is read flat, without a Python object per series or sample before the
+    ``Series`` themselves (:mod:`.wire_flat`).
     """
 
-    def __init__(self, max_label_sets: int = 200_000) -> None:
+    def __init__(self, max_label_sets: int = 200_000, *, flat: bool = True) -> None:
         self.max_label_sets = max_label_sets
+        self.flat = flat
+        """Whether to read requests flat at all (False: series by series, as before it could;
+        for comparisons)."""
         self._known: dict[tuple[bytes, ...], Labels] = {}
+        self._table = wire_flat.Table({}, [], 0)
+        self._lock = threading.Lock()  # one writer of the table (requests run in threads)
+        self.flat_reads = 0
+        """Requests read flat (the rest were parsed series by series)."""
 
     def decode(self, body: bytes, max_bytes: int | None = None) -> list[Series]:
         """The series of a request body (raises :class:`WireError`, :class:`WireTooLargeError`
         as :func:`decode` does)."""
+        got = self.decode_flat(body, max_bytes)
+        return series_of(got) if isinstance(got, wire_flat.FlatRequest) else got
+
+    def decode_flat(
+        self, body: bytes, max_bytes: int | None = None
+    ) -> wire_flat.FlatRequest | list[Series]:
+        """:meth:`decode`, but a request read flat stays columns (``wire_flat.FlatRequest``)."""
         raw = _inflate(body, max_bytes)
+        parts = wire_flat.split(raw) if self.flat else None
+        if parts is not None:
+            flat = wire_flat.read(raw, parts, self._table)
+            if flat is not None:
+                self.flat_reads += 1
+                return flat
+        return self._parse(raw, parts)
+
+    def _parse(self, raw: bytes, parts: wire_flat.Split | None) -> list[Series]:
+        """Parse a request series by series (remembering the flat keys of its series)."""
         request: Any = _raw_write_request()()
         try:
             request.ParseFromString(raw)
@@ -173,11 +213,13 @@ class Decoder:
             raise WireError(f"not a WriteRequest: {exc}") from None
         known = self._known
         out = []
+        keys = []
         for ts in request.timeseries:
             key = tuple(ts.labels)
             labels = known.get(key)
             if labels is None:
                 labels = self._labels(key)
+            keys.append(key)
             samples = ts.samples
             if len(samples) == 1:  # what a scrape's remote-write sends: one sample a series
                 one = samples[0]
@@ -185,7 +227,25 @@ class Decoder:
             else:
                 times = tuple([sample.timestamp for sample in samples])
                 out.append(Series(labels, times, tuple([sample.value for sample in samples])))
+        if parts is not None and len(parts.samples) == len(out):
+            self._remember(parts, keys, out)
         return out
+
+    def _remember(
+        self, parts: wire_flat.Split, keys: list[tuple[bytes, ...]], out: list[Series]
+    ) -> None:
+        """Remember the flat keys of a request's series when each has one sample (then the
+        request's n-th sample is its n-th series')."""
+        if any(len(one.values) != 1 for one in out):
+            return
+        with self._lock:
+            for series, sample, key, one in zip(
+                parts.series, parts.samples, keys, out, strict=True
+            ):
+                table = self._table
+                if len(table.known) >= self.max_label_sets:  # a new table; readers keep theirs
+                    table = self._table = wire_flat.Table({}, [], table.generation + 1)
+                table.remember(series, sample, key, one.labels)
 
     def _labels(self, key: tuple[bytes, ...]) -> Labels:
         try:

@@ -46,6 +46,7 @@ from gpuwarden.collector.store.window_payload import (
     RequestIngest,
 )
 from gpuwarden.collector.store.window_reads import WindowReads
+from gpuwarden.collector.store.window_rows import RowIngest
 from gpuwarden.collector.store.window_state import NS
 
 __all__ = [
@@ -58,7 +59,7 @@ __all__ = [
 ]
 
 
-class WindowStore(PayloadIngest, WindowReads, Snapshots):
+class WindowStore(PayloadIngest, RowIngest, WindowReads, Snapshots):
     """Recent and downsampled long windows of every series, in fixed-step numpy rings.
 
     Its parts are mixin bases, one concept per module, sharing ``WindowState`` (the parameters,

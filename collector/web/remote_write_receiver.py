@@ -35,6 +35,15 @@ from aiohttp import web
 
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.ingest.otlp import NumberPoint
+from gpuwarden.collector.ingest.prom_columns import (
+    LabelSetCache,
+    LabelSetColumns,
+    MappingError,
+    NodeRefusedError,
+    SeriesMapper,
+    Stored,
+    store_columns,
+)
 from gpuwarden.collector.ingest.prom_write import (
     LabelVerdicts,
     MalformedRequestError,
@@ -42,7 +51,14 @@ from gpuwarden.collector.ingest.prom_write import (
     screen,
 )
 from gpuwarden.collector.ingest.sink import MetricsSink
-from gpuwarden.collector.remote_write.wire import Decoder, Series, WireError, WireTooLargeError
+from gpuwarden.collector.remote_write.wire import (
+    Decoder,
+    Series,
+    WireError,
+    WireTooLargeError,
+    series_of,
+)
+from gpuwarden.collector.remote_write.wire_flat import FlatRequest
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.guard import busy, inflight_slot
 from gpuwarden.collector.web.keys import (
@@ -86,10 +102,13 @@ class Translator(Protocol):
 class RemoteWriteState:
     """What the receiver remembers of the label sets seen: their decoding (``decoder``) and
     what the label checks said (``verdicts``), so a series sent every scrape is decoded and
-    checked once. Its counters are ``IngestStats.remote_write_samples``."""
+    checked once; with a translator that maps series one by one (``prom_columns.SeriesMapper``)
+    also their mapping and store row (``columns``). Its counters are
+    ``IngestStats.remote_write_samples``."""
 
     decoder: Decoder
     verdicts: LabelVerdicts
+    columns: LabelSetCache | None = None
 
 
 TRANSLATOR: web.AppKey[Translator] = web.AppKey("prom_translator")
@@ -183,11 +202,66 @@ def _decode_and_store(
     """Decode, screen, translate and store one body (in a worker thread): (stored, rejected)
     samples; raises ``_RefusedError`` for an answer other than 204."""
     try:
-        series = state.decoder.decode(body, config.max_decompressed_bytes)
+        got = state.decoder.decode_flat(body, config.max_decompressed_bytes)
     except WireTooLargeError as exc:
         raise _RefusedError(413, str(exc)) from None
     except WireError as exc:
         raise _RefusedError(400, f"malformed remote-write body: {exc}") from None
+    forward = config.remote_write is not None and config.remote_write.forward_received
+    if isinstance(got, FlatRequest):
+        if state.columns is not None and isinstance(sink, CollectorService) and not forward:
+            done = _store_flat(got, state.columns, sink, caller, config)
+            if done is not None:
+                _count(outcomes, done.outcomes, caller, done.rejected)
+                return done.stored, done.rejected
+        got = series_of(got)
+    return _store_series(got, sink, translate, state, outcomes, caller, config)
+
+
+def _store_flat(
+    flat: FlatRequest,
+    cache: LabelSetCache,
+    sink: CollectorService,
+    caller: Caller,
+    config: CollectorConfig,
+) -> Stored | None:
+    """A request read flat, through the columns (``ingest.prom_columns``)."""
+    request = LabelSetColumns(
+        flat.ids, flat.timestamps_ms, flat.values, flat.label_sets, flat.generation
+    )
+    limit = config.ingest_limits.max_points_per_request
+    try:
+        return store_columns(request, cache, sink, caller.may_write, limit, caller.name)
+    except RequestTooLargeError as exc:
+        raise _RefusedError(413, str(exc)) from None
+    except MalformedRequestError as exc:
+        raise _RefusedError(400, f"malformed remote-write request: {exc}") from None
+    except NodeRefusedError as exc:
+        raise _RefusedError(
+            403, f"{caller} may not write host.name {exc.host!r}; nothing stored"
+        ) from None
+    except MappingError:
+        log.exception("remote-write from %s: the translator failed; request refused", caller)
+        raise _RefusedError(400, "the collector could not map this request's series") from None
+
+
+def _count(outcomes: Counter[str], counts: Counter[str], caller: Caller, rejected: int) -> None:
+    outcomes.update(counts)
+    if rejected:
+        log.debug("remote-write from %s: %d sample(s) rejected (%s)", caller, rejected, counts)
+
+
+def _store_series(
+    series: list[Series],
+    sink: MetricsSink,
+    translate: Translator,
+    state: RemoteWriteState,
+    outcomes: Counter[str],
+    caller: Caller,
+    config: CollectorConfig,
+) -> tuple[int, int]:
+    """Screen, translate and store decoded series (the path for every request the columns do
+    not take)."""
     try:
         screened = screen(series, config.ingest_limits, state.verdicts)
     except RequestTooLargeError as exc:
@@ -239,7 +313,7 @@ def setup_remote_write(app: web.Application, translate: Translator) -> None:
     """Add ``POST /api/v1/write`` (agents, like OTLP), storing into ``app[SINK]`` through
     ``translate``."""
     app[TRANSLATOR] = translate
-    app[RW_STATE] = RemoteWriteState(
-        Decoder(MAX_LABEL_SETS), LabelVerdicts(app[CONFIG].ingest_limits, MAX_LABEL_SETS)
-    )
+    verdicts = LabelVerdicts(app[CONFIG].ingest_limits, MAX_LABEL_SETS)
+    columns = LabelSetCache(verdicts, translate) if isinstance(translate, SeriesMapper) else None
+    app[RW_STATE] = RemoteWriteState(Decoder(MAX_LABEL_SETS), verdicts, columns)
     add_route(app, "POST", "/api/v1/write", remote_write, AGENTS)
