@@ -1,4 +1,4 @@
-"""dcgm-exporter -> real Prometheus -> remote-write -> the real ``gpuwarden collector`` process.
+"""dcgm-exporter -> real Prometheus or vmagent -> remote-write -> the real ``gpuwarden collector``.
 
 Two nodes x 4 GPUs serve dcgm-exporter's page (``tests/dcgm_exposition.py``); each page records
 when it was served (the truth). Debian's Prometheus scrapes them every second and remote-writes
@@ -8,6 +8,10 @@ real HTTP server on 127.0.0.1, a tokens file with an agent token bound to every 
 ``idle-gpu`` rule of ``rules/default.yaml`` must open an incident naming it. The rule's window is
 30 min, which a real-time test cannot wait: the test rules file is that rule with only
 ``window_seconds`` shortened to 60 s, its minimum (and detection every 5 s, accounting every 10 s).
+
+The same runs with Debian's ``vmagent`` (the ``victoria-metrics`` package carries it) as the
+scraper and remote-write sender: ``-promscrape.config``, ``-remoteWrite.url``,
+``-remoteWrite.bearerTokenFile``, as docs/byo-telemetry.md shows.
 
 Then the exporters stop (Prometheus remote-writes stale markers, which end the series), and the
 real ``gpuwarden report costs --by job`` against the collector's database must show the
@@ -35,8 +39,7 @@ from tests.collector_server import free_port
 from tests.dcgm_exposition import DcgmFleet, Pod
 from tests.loopback_process import log_tail, stop
 from tests.prometheus_server import PrometheusServer, prometheus_binary
-
-pytestmark = pytest.mark.skipif(prometheus_binary() is None, reason="prometheus not installed")
+from tests.tsdb_servers import _Server, binary
 
 AGENT_TOKEN = "byo-agent-token-0123456789abcdef"
 READER_TOKEN = "byo-reader-token-0123456789abcdef"
@@ -49,6 +52,45 @@ IDLE_WINDOW = 60  # the shortest window the rule accepts
 
 BUSY = {"DCGM_FI_DEV_GPU_UTIL": 93.0, "DCGM_FI_DEV_POWER_USAGE": 640.0,
         "DCGM_FI_DEV_FB_USED": 60_000.0, "DCGM_FI_DEV_FB_FREE": 21_000.0}  # fmt: skip
+
+
+class VmAgent(_Server):
+    """Debian's ``vmagent``: scrapes ``targets`` every second, remote-writes with a token file."""
+
+    name = "vmagent"
+
+    def __init__(self, targets: dict[str, str], write_url: str, token_file: Path) -> None:
+        super().__init__()
+        self._scrape = self._dir / "scrape.yml"
+        self._scrape.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": f"{STEP}s"},
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
+                               for job, target in targets.items()],
+        }))  # fmt: skip
+        self._write_url = write_url
+        self._token_file = token_file
+
+    def argv(self) -> list[str]:
+        return [
+            self._binary,
+            f"-promscrape.config={self._scrape}",
+            f"-remoteWrite.url={self._write_url}",
+            f"-remoteWrite.bearerTokenFile={self._token_file}",
+            f"-remoteWrite.tmpDataPath={self._dir / 'queue'}",
+            f"-httpListenAddr=127.0.0.1:{self.port}",
+        ]
+
+
+def sender(kind: str, targets: dict[str, str], write_url: str, token_file: Path) -> Any:
+    """The scraper that remote-writes to the collector, as a context manager with log_tail()."""
+    if kind == "vmagent":
+        return VmAgent(targets, write_url, token_file)
+    remote_write = {
+        "url": write_url,
+        "authorization": {"type": "Bearer", "credentials_file": str(token_file)},
+        "queue_config": {"batch_send_deadline": "1s", "max_shards": 2},
+    }
+    return PrometheusServer(targets, remote_write=[remote_write], interval_seconds=STEP)
 
 
 def fleet() -> DcgmFleet:
@@ -108,7 +150,16 @@ async def serve(the_fleet: DcgmFleet, served: dict[str, list[float]]) -> list[we
     return runners
 
 
-async def test_prometheus_feeds_the_collector_an_idle_pod_and_its_gpu_hours(tmp_path):
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("prometheus", marks=pytest.mark.skipif(
+            prometheus_binary() is None, reason="prometheus not installed")),
+        pytest.param("vmagent", marks=pytest.mark.skipif(
+            binary("vmagent") is None, reason="vmagent (victoria-metrics) not installed")),
+    ],
+)  # fmt: skip
+async def test_a_scraper_feeds_the_collector_an_idle_pod_and_its_gpu_hours(kind, tmp_path):
     served: dict[str, list[float]] = {"node-a": [], "node-b": []}
     the_fleet = fleet()
     runners = await serve(the_fleet, served)
@@ -148,15 +199,13 @@ async def test_prometheus_feeds_the_collector_an_idle_pod_and_its_gpu_hours(tmp_
                 return False
 
         await until("the collector ready", ready, lambda: log_tail(log), 60)
-        remote_write = {
-            "url": f"{base}/api/v1/write",
-            "authorization": {"type": "Bearer", "credentials_file": str(token_file)},
-            "queue_config": {"batch_send_deadline": "1s", "max_shards": 2},
-        }
-        with PrometheusServer(targets, remote_write=[remote_write], interval_seconds=STEP) as prom:
+        with sender(kind, targets, f"{base}/api/v1/write", token_file) as scraper:
 
             def logs() -> str:
-                return f"{prom.log_tail()}\n--- collector:\n{log_tail(log)}"
+                found = get(f"{base}/v1/incidents", READER_TOKEN)
+                return (
+                    f"{scraper.log_tail()}\n--- incidents: {found}\n--- collector:\n{log_tail(log)}"
+                )
 
             def idle_incident() -> list[dict[str, Any]]:
                 found = get(f"{base}/v1/incidents", READER_TOKEN)["incidents"]
