@@ -211,7 +211,7 @@ async def test_a_scraper_feeds_the_collector_an_idle_pod_and_its_gpu_hours(kind,
                 found = get(f"{base}/v1/incidents", READER_TOKEN)["incidents"]
                 return [i for i in found if i["rule_id"] == "idle-gpu"]
 
-            incidents = await until("an idle-gpu incident", idle_incident, logs, 100)
+            incidents = await until("an idle-gpu incident", idle_incident, logs, 150)
             for runner in runners:  # the exporters go away: Prometheus marks the series stale
                 await runner.cleanup()
             runners = []
