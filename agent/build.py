@@ -14,7 +14,7 @@ from gpuwarden import __version__
 from gpuwarden.agent.config import AgentConfig, ConfigError
 from gpuwarden.agent.daemon import Agent, Attribution, EventProbe, HostProbe
 from gpuwarden.agent.http import AgentHttpServer
-from gpuwarden.agent.model import GpuEvent, GpuSource, JobRef, ProcessSample
+from gpuwarden.agent.model import GpuEvent, GpuSource, JobRef, ProcessSample, Snapshot
 from gpuwarden.agent.sender import OtlpHttpSender, otlp_points
 from gpuwarden.agent.spool import Spool
 from gpuwarden.agent.telemetry import SampleCache, Telemetry
@@ -145,11 +145,12 @@ def build_agent(
     with_host: bool = True,
     machine_id_file: Path = Path("/etc/machine-id"),
     host: HostProbe | None = None,
+    record: Callable[[Snapshot], None] | None = None,
 ) -> AgentRuntime:
     """Build every part of the agent; nothing starts until ``Agent.run``/``http.start``.
 
     ``host`` replaces the ``/proc`` reader (the demo's simulated hosts); ``with_host=False``
-    drops host data altogether.
+    drops host data altogether; ``record`` is called with every round (``--record``).
     """
     gpu_source, attribution, events = source if source is not None else build_source(config, clock)
     cache = SampleCache()
@@ -198,6 +199,7 @@ def build_agent(
         events=events,
         spool=spool,
         sender=sender,
+        record=record,
     )
     http = None
     if config.http.enabled:

@@ -61,6 +61,7 @@ class Agent:
         sender: OtlpHttpSender | None = None,
         wall_clock_ns: Callable[[], int] = time.time_ns,
         monotonic: Callable[[], float] = time.monotonic,
+        record: Callable[[Snapshot], None] | None = None,
     ) -> None:
         self.source = source
         self.telemetry = telemetry
@@ -73,6 +74,7 @@ class Agent:
         self.sender = sender
         self._wall_clock_ns = wall_clock_ns
         self._monotonic = monotonic
+        self._record = record
         self._rounds = 0
         self._last_seconds: float | None = None
         self.last_round_monotonic: float | None = None
@@ -125,6 +127,8 @@ class Agent:
             if event.kind is GpuEventKind.XID:
                 log.warning("XID %s on GPU %s", event.xid, event.gpu_uuid)
         self.cache.put(snapshot)
+        if self._record is not None:  # ``--record``: the round as a replayable trace
+            self._record(snapshot)
         payload = self.telemetry.collect_otlp()
         sequence = None
         if payload is not None and self.spool is not None:

@@ -8,12 +8,17 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from gpuwarden.agent.config import AgentConfig, ConfigError
 from gpuwarden.agent.model import Snapshot
+
+if TYPE_CHECKING:
+    from gpuwarden.agent.record import TraceRecorder
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +46,9 @@ def snapshot_summary(snapshot: Snapshot) -> dict[str, object]:
     }
 
 
-def run_agent(config: AgentConfig, *, once: bool = False, push: bool = False) -> int:
+def run_agent(
+    config: AgentConfig, *, once: bool = False, push: bool = False, record: Path | None = None
+) -> int:
     """Run the agent until SIGTERM/SIGINT; return the process exit code.
 
     Args:
@@ -49,7 +56,22 @@ def run_agent(config: AgentConfig, *, once: bool = False, push: bool = False) ->
         once: take one round, print it and return instead of running.
         push: with ``once``, also push the round (spooling it if the collector is away);
             without it a single round touches neither the collector nor the spool.
+        record: also write every round to this trace file (``agent/record.py``).
     """
+    if record is None:
+        return _run(config, once=once, push=push, recorder=None)
+    from gpuwarden.agent.record import TraceRecorder
+
+    try:
+        recorder = TraceRecorder(record)
+    except OSError as exc:
+        print(f"gpuwarden agent: --record: {exc}", file=sys.stderr)
+        return 2
+    with recorder:
+        return _run(config, once=once, push=push, recorder=recorder)
+
+
+def _run(config: AgentConfig, *, once: bool, push: bool, recorder: TraceRecorder | None) -> int:
     if once and not push:
         config = msgspec.structs.replace(
             config,
@@ -59,7 +81,7 @@ def run_agent(config: AgentConfig, *, once: bool = False, push: bool = False) ->
     from gpuwarden.agent.sources.nvml import NvmlUnavailableError
 
     try:
-        runtime = build_agent(config)
+        runtime = build_agent(config, record=None if recorder is None else recorder.record)
         if runtime.http is not None and not once:
             runtime.http.start()
     except NvmlUnavailableError as exc:

@@ -53,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
         "(no node/job columns), or a GenTD26 duty-cycle file",
     )
     agent.add_argument("--interval", type=float, help="seconds between sample rounds")
+    agent.add_argument(
+        "--record",
+        type=Path,
+        metavar="TRACE.csv",
+        help="also write every round to a trace (.csv or .csv.gz) that 'gpuwarden backtest "
+        "--data' and '--source replay' read",
+    )
     agent.add_argument("--collector", help="OTLP/HTTP endpoint, e.g. http://host:4318/v1/metrics")
     agent.add_argument("--nvml-library", type=Path, help="absolute path of libnvidia-ml.so.1")
     agent.add_argument("--spool-dir", type=Path, help="directory of the unsent-request spool")
@@ -169,7 +176,7 @@ def _run_agent(args: argparse.Namespace) -> int:
         return install(args, config_source=args.config)
     from gpuwarden.agent.main import run_agent
 
-    return run_agent(config, once=args.once, push=args.push)
+    return run_agent(config, once=args.once, push=args.push, record=args.record)
 
 
 def _run_collector(args: argparse.Namespace) -> int:

@@ -38,6 +38,9 @@ class PrometheusServer:
 
     ``labels`` are added to every target (e.g. ``cluster``), as a real scrape config would.
     ``remote_write`` entries go into the config's ``remote_write`` section as they are.
+    ``backfill``: an OpenMetrics file turned into TSDB blocks (``promtool tsdb
+    create-blocks-from openmetrics``) in the data folder before Prometheus starts; give a
+    ``retention`` that keeps them.
     """
 
     def __init__(
@@ -48,6 +51,8 @@ class PrometheusServer:
         labels: Mapping[str, str] | None = None,
         interval_seconds: int = 1,
         remote_write: Sequence[Mapping[str, Any]] = (),
+        backfill: Path | None = None,
+        retention: str = "1h",
     ) -> None:
         binary = prometheus_binary()
         if binary is None:
@@ -76,14 +81,22 @@ class PrometheusServer:
         self.config_file.write_text(yaml.safe_dump(config))
         self._process: subprocess.Popen[bytes] | None = None
         self._log = self._dir / "prometheus.log"
+        self._backfill = backfill
+        self._retention = retention
 
     def __enter__(self) -> PrometheusServer:
+        if self._backfill is not None:
+            subprocess.run(
+                [str(Path(self._binary).with_name("promtool")), "tsdb", "create-blocks-from",
+                 "openmetrics", str(self._backfill), str(self._dir / "data")],
+                check=True, capture_output=True,
+            )  # fmt: skip
         argv = [
             self._binary,
             f"--config.file={self.config_file}",
             f"--storage.tsdb.path={self._dir / 'data'}",
             f"--web.listen-address=127.0.0.1:{self.port}",
-            "--storage.tsdb.retention.time=1h",
+            f"--storage.tsdb.retention.time={self._retention}",
         ]
         self._process = start_ready("prometheus", argv, log=self._log, url=self.url)
         return self

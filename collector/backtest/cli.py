@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from gpuwarden.collector.backtest.data import Label
+    from gpuwarden.collector.backtest.data import Dataset, Label
     from gpuwarden.collector.backtest.replay import Backtest, RuleScore
     from gpuwarden.collector.rules.model import RuleSet
 
@@ -30,11 +30,35 @@ def _positive(text: str) -> float:
 
 
 def _add_replay_options(parser: argparse.ArgumentParser, *, rules_help: str) -> None:
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--data",
         type=Path,
-        required=True,
         help="our trace CSV (optionally .gz) or a GenTD26 folder (docs/backtest.md)",
+    )
+    source.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="a Prometheus-compatible HTTP API holding dcgm-exporter series (with --start, --end)",
+    )
+    parser.add_argument("--start", help="--prometheus: window start (Unix s, RFC 3339, or now-7d)")
+    parser.add_argument("--end", help="--prometheus: window end (default: now)")
+    parser.add_argument(
+        "--bearer-token-file", type=Path, help="--prometheus: file holding a bearer token"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive,
+        default=60.0,
+        metavar="SECONDS",
+        help="--prometheus: per-request timeout (default: 60)",
+    )
+    parser.add_argument(
+        "--points-per-query",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="--prometheus: points per series per query_range page (max 11000; default 10000)",
     )
     parser.add_argument("--rules", type=Path, action="append", metavar="PATH", help=rules_help)
     parser.add_argument(
@@ -135,8 +159,34 @@ def _load_rules(args: argparse.Namespace, rule: str | None) -> RuleSet:
     return with_rules(rules, [rule])
 
 
+def _dataset(args: argparse.Namespace) -> Dataset:
+    from gpuwarden.collector.backtest.data import DataError, load_dataset
+    from gpuwarden.collector.backtest.prometheus import PromQuery, load_prometheus, parse_time
+
+    if args.prometheus is None:
+        for option in ("start", "end", "bearer_token_file"):
+            if getattr(args, option) is not None:
+                raise DataError(f"--{option.replace('_', '-')}: only with --prometheus")
+        return load_dataset(args.data, pods=args.pods)
+    if args.pods is not None:
+        raise DataError("--pods: only for a GenTD26 folder")
+    if args.start is None:
+        raise DataError("--prometheus needs --start")
+    now = time.time()
+    query = PromQuery(
+        url=args.prometheus,
+        start_seconds=parse_time(args.start, now=now, option="--start"),
+        end_seconds=parse_time(args.end or "now", now=now, option="--end"),
+        step_seconds=args.step or 60,
+        bearer_token_file=args.bearer_token_file,
+        timeout_seconds=args.timeout,
+        points_per_query=args.points_per_query,
+    )
+    return load_prometheus(query)
+
+
 def _run(args: argparse.Namespace, rule: str | None, out: TextIO, err: TextIO) -> int:
-    from gpuwarden.collector.backtest.data import DataError, load_dataset, load_labels
+    from gpuwarden.collector.backtest.data import DataError, load_labels
     from gpuwarden.collector.backtest.replay import run_backtest as replay
     from gpuwarden.collector.backtest.replay import score
 
@@ -146,7 +196,7 @@ def _run(args: argparse.Namespace, rule: str | None, out: TextIO, err: TextIO) -
         if args.step is not None and (args.step <= 0 or 60 % args.step):
             raise DataError(f"--step: must divide 60, got {args.step}")
         rules = _load_rules(args, rule)
-        dataset = load_dataset(args.data, pods=args.pods)
+        dataset = _dataset(args)
         labels = load_labels(args.labels) if args.labels else None
         result = replay(
             dataset,

@@ -49,6 +49,7 @@ from gpuwarden.agent.traces import (
     gentd26_cells,
     open_csv,
 )
+from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 
 RELATIVE_ORIGIN = 1_767_225_600.0
@@ -109,7 +110,8 @@ class Reading:
 class Dataset:
     """A recorded trace ready to replay: its jobs, time range, and a fresh stream of readings."""
 
-    path: Path
+    path: Path | str
+    """The file or folder, or the URL of a Prometheus."""
     kind: str
     jobs: tuple[Job, ...]
     gpus: int
@@ -119,6 +121,9 @@ class Dataset:
     offset_seconds: float
     """Added to the file's times (reports subtract it again)."""
     readings: Callable[[], Iterator[Reading]]
+    batches: Callable[[], Iterator[tuple[float, list[NumberPoint]]]] | None = None
+    """Points already in the agent's shape, by time (a Prometheus window translated by
+    ``prom_map``); when set, the replay reads these instead of ``readings``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,6 +129,15 @@ def _batches(readings: Iterable[Reading]) -> Iterator[tuple[float, list[Reading]
         yield batch[0].time_seconds, batch
 
 
+def point_batches(dataset: Dataset) -> Iterator[tuple[float, list[NumberPoint]]]:
+    """The dataset's points by time: its own batches, or its readings as the agent sends them."""
+    if dataset.batches is not None:
+        yield from dataset.batches()
+        return
+    for t, batch in _batches(dataset.readings()):
+        yield t, [p for reading in batch for p in points_for(reading)]
+
+
 def run_backtest(
     dataset: Dataset,
     rules: RuleSet,
@@ -177,10 +186,9 @@ def run_backtest(
 
         try:
             with bar, _quiet_incident_log():
-                for t, batch in _batches(dataset.readings()):
+                for t, points in point_batches(dataset):
                     cycle_until(t)
                     clock.now_seconds = t
-                    points = [p for reading in batch for p in points_for(reading)]
                     rejected = service.accept(points, SOURCE)
                     if rejected:
                         when = t - dataset.offset_seconds
