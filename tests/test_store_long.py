@@ -7,6 +7,7 @@ Real stores side by side: one keeping every metric long (the reference), one kee
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import zipfile
@@ -22,7 +23,7 @@ from gpuwarden.collector.detect.catalog import DETECTORS, LONG_READS, load_rules
 from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
-from gpuwarden.collector.rules.model import Rule, RuleSet
+from gpuwarden.collector.rules.model import Rule, RuleSet, Selector
 from gpuwarden.collector.store.types import NoLongRingError, SeriesBlock
 from gpuwarden.collector.store.window import WindowStore
 
@@ -257,5 +258,32 @@ def test_each_default_rule_runs_on_its_own_long_rings(rule: Rule, tmp_path: Path
     assert store.long_metrics == declared  # the engine needed nothing more
     try:
         assert engine.run_cycle(end).failed_rules == ()
+    finally:
+        service.storage.close()
+
+
+def test_rules_loaded_later_get_their_long_rings(tmp_path: Path) -> None:
+    """A reload (``DetectionEngine.replace_rules``) with a rule that reads a new metric long:
+    the store keeps it long from then on, with the recent window's minutes, and the rule runs."""
+    end = T0 + 8 * HOUR
+    clock = Clock(end)
+    service = build_service(CollectorConfig(database=tmp_path / "c.db"), clock=clock)
+    store = service.store
+    feed([store], clock, end - 7 * HOUR, end, gpus=1)
+    assert not store.keeps_long(POWER)
+    rules = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
+    engine = DetectionEngine(service.detection_view, rules, storage=service.storage, clock=clock)
+    anomaly = next(r for r in rules.enabled() if r.detector == "metric_anomaly")
+    watch_power = dataclasses.replace(anomaly, id="power-anomaly", selector=Selector((POWER,)))
+    engine.replace_rules(RuleSet((*rules.rules, watch_power)))
+    assert store.keeps_long(POWER)
+    power = store.matrix(POWER, start=end - 14 * 86400, end=end, resolution="long")
+    known = np.isfinite(power.values[0])
+    assert known[-6 * 60 :].all()  # the recent window's minutes (6 h)
+    assert not known[: -6 * 60].any()  # nothing older: it was never kept
+    try:
+        result = engine.run_cycle(end)
+        assert result.failed_rules == ()
+        assert "power-anomaly" in result.rule_seconds
     finally:
         service.storage.close()
