@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.build import build_service
-from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.config import CollectorConfig, load_collector_config
 from gpuwarden.collector.detect.catalog import DETECTORS, LONG_READS, load_rules, long_metrics
 from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.ingest.otlp import NumberPoint
@@ -287,3 +288,22 @@ def test_rules_loaded_later_get_their_long_rings(tmp_path: Path) -> None:
         assert "power-anomaly" in result.rule_seconds
     finally:
         service.storage.close()
+
+
+def test_the_long_metrics_key_adds_extras(tmp_path: Path) -> None:
+    config_file = tmp_path / "collector.yaml"
+    config_file.write_text(
+        f"database: {tmp_path / 'c.db'}\nlong_metrics: [hw.power, hw.temperature]\n",
+        encoding="utf-8",
+    )
+    config = load_collector_config(config_file)
+    assert config.long_metrics == (POWER, "hw.temperature")
+    service = build_service(config, rules=RuleSet(()))
+    try:
+        assert service.store.long_metrics == {POWER, "hw.temperature"}
+    finally:
+        service.storage.close()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("long_metrics: hw.power\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="long_metrics"):
+        load_collector_config(bad)
