@@ -300,7 +300,7 @@ def test_the_long_metrics_key_adds_extras(tmp_path: Path) -> None:
     assert config.long_metrics == (POWER, "hw.temperature")
     service = build_service(config, rules=RuleSet(()))
     try:
-        assert service.store.long_metrics == {POWER, "hw.temperature"}
+        assert service.store.long_metrics == frozenset({POWER, "hw.temperature"})
     finally:
         service.storage.close()
     bad = tmp_path / "bad.yaml"
