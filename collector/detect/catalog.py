@@ -3,9 +3,10 @@ metrics each one reads at the store's long resolution (``LONG_READS``).
 
 The long ring (14 days of 1-minute means, 80 KB a series) is kept only for the metrics a loaded
 rule reads at long resolution (:func:`long_metrics`; the collector's ``long_metrics`` key adds
-extras): the other ~90 % of a GPU's series keep their recent window only. A detector that reads
-long a metric no rule declared gets ``store.types.NoLongRingError`` naming it, so a missing
-declaration fails loudly (its rule fails; tests run every detector on a store built this way).
+extras): with the default rules, 1 of a GPU's 43 series has one, the others keep their recent
+window only. A detector that reads long a metric no rule declared gets
+``store.types.NoLongRingError`` naming it, so a missing declaration fails loudly (its rule
+fails; a test runs every default rule on a store that keeps only what that rule declares).
 """
 
 from __future__ import annotations
