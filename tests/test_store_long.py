@@ -307,3 +307,19 @@ def test_the_long_metrics_key_adds_extras(tmp_path: Path) -> None:
     bad.write_text("long_metrics: hw.power\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="long_metrics"):
         load_collector_config(bad)
+
+
+def test_the_changes_at_shutdown_complete_the_long_rows(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    every, some = new_store(clock, None), new_store(clock, {UTIL})
+    feed([every, some], clock, T0, T0 + 3 * HOUR)
+    path = tmp_path / "w.npz"
+    some.write_snapshot(path)
+    feed([every, some], clock, clock.now + STEP, clock.now + HOUR)
+    stats = some.write_snapshot(path, changes_only=True)
+    assert stats.changes_only
+    back = new_store(clock, {UTIL})
+    assert back.read_snapshot(path) is not None
+    end = clock.now
+    assert same(long_of(back, UTIL, end), long_of(every, UTIL, end))
+    assert np.isfinite(long_of(back, UTIL, end)[:, -30:]).all()  # the changes' minutes are in
