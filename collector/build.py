@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.accounting.gpu_time import AccountingConfig
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.detect.catalog import load_rules
+from gpuwarden.collector.detect.catalog import load_rules, long_metrics
 from gpuwarden.collector.extras import needs_extra
 from gpuwarden.collector.ingest.otlp_limits import IngestLimits
 from gpuwarden.collector.ingest.rounds_seen import RoundsLedger
@@ -240,9 +240,20 @@ def build_service(
     clock: Callable[[], float] = time.time,
     job_sources: Sequence[tuple[str, JobSource]] | None = None,
     http: HttpClient | None = None,
+    rules: RuleSet | None = None,
 ) -> CollectorService:
     """The store, storage, job registry and accounting the config describes (model-server
-    scrapes through ``http``)."""
+    scrapes through ``http``).
+
+    The store keeps a long window for the metrics ``rules`` (default: the configured rules)
+    read at long resolution, plus ``long_metrics``; known before the snapshot and the TSDB
+    fill it, so their long history comes back (``detect.catalog.long_metrics``).
+    """
+    if rules is None:
+        rules = load_configured_rules(config)
+    long_kept = long_metrics(
+        rules.enabled(), recent_seconds=config.recent_hours * 3600, extra=config.long_metrics
+    )
     storage = open_storage(config, clock=clock)
     if job_sources is None:
         job_sources = []
@@ -294,6 +305,7 @@ def build_service(
             recent_seconds=config.recent_hours * 3600,
             max_series=config.max_series,
             staleness_seconds=config.staleness_seconds,
+            long_metrics=long_kept,
             clock=clock,
         ),
         storage=storage,

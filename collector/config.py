@@ -185,6 +185,10 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     database_password_file: Path | None = None
     step_seconds: PositiveInt = 10
     recent_hours: PositiveInt = 6
+    #: metrics that keep a long window (14 days of 1-minute means) besides the ones the loaded
+    #: rules read at long resolution (``detect.catalog.LONG_READS``); every other series keeps
+    #: only its recent window (``recent_hours``), which is what makes 10,000 GPUs fit in memory
+    long_metrics: tuple[str, ...] = ()
     max_series: PositiveInt = 1_000_000
     #: a series (and a GPU, a node) without a point for this long is stale: left out of
     #: /metrics, shown silent on /status, unknown to detectors, and a node-silent incident

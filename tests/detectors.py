@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuwarden.collector.detect.catalog import DETECTORS
+from gpuwarden.collector.detect.catalog import DETECTORS, keep_long_reads
 from gpuwarden.collector.detect.findings import Finding
 from gpuwarden.collector.rules.model import ParamValue, Rule, Selector, Severity
 from gpuwarden.collector.service import CollectorService
@@ -10,7 +10,9 @@ from gpuwarden.collector.service import CollectorService
 
 def run_rule(service: CollectorService, rule: Rule, now: float) -> list[Finding]:
     """The rule's findings at ``now`` (the engine's selection by teams/jobs/models/nodes is not
-    applied: that is the engine's job, tested in test_detection_contract)."""
+    applied: that is the engine's job, tested in test_detection_contract); the store keeps the
+    long rings the rule reads, as the engine has it do."""
+    keep_long_reads(service.store, (rule,))
     return DETECTORS[rule.detector].detect(service.detection_view, rule, now)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import zipfile
+from collections.abc import Collection
 
 import numpy as np
 import pytest
@@ -29,9 +30,11 @@ class Clock:
         return self.now
 
 
-def new_store(clock: Clock, **shape: int) -> WindowStore:
+def new_store(
+    clock: Clock, *, long_metrics: Collection[str] | None = None, **shape: int
+) -> WindowStore:
     params = {"recent_seconds": 2 * HOUR, "long_seconds": 6 * HOUR} | shape
-    return WindowStore(step_seconds=STEP, clock=clock, **params)
+    return WindowStore(step_seconds=STEP, clock=clock, long_metrics=long_metrics, **params)
 
 
 def point(

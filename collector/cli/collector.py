@@ -120,7 +120,7 @@ def _app(
         log.error("rule skipped: %s", problem)
     http = build_http_client(environ)  # one pooled client for every outgoing HTTP call
     try:
-        service = build_service(config, http=http)
+        service = build_service(config, http=http, rules=rules)
     except MissingExtraError as exc:
         raise _missing_extra(exc, config_path) from None
     except ConfigError as exc:  # a job source's client settings that do not load

@@ -1,8 +1,17 @@
-"""Every detector, by name: the vocabulary the rule loader validates rules against."""
+"""Every detector, by name: the vocabulary the rule loader validates rules against, and the
+metrics each one reads at the store's long resolution (``LONG_READS``).
+
+The long ring (14 days of 1-minute means, 80 KB a series) is kept only for the metrics a loaded
+rule reads at long resolution (:func:`long_metrics`; the collector's ``long_metrics`` key adds
+extras): with the default rules, 1 of a GPU's 43 series has one, the others keep their recent
+window only. A detector that reads long a metric no rule declared gets
+``store.types.NoLongRingError`` naming it, so a missing declaration fails loudly (its rule
+fails; a test runs every default rule on a store that keeps only what that rule declares).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -28,7 +37,8 @@ from gpuwarden.collector.detect import (
 )
 from gpuwarden.collector.detect.contract import Detector
 from gpuwarden.collector.rules.loader import load_rule_files
-from gpuwarden.collector.rules.model import DetectorSpec, RuleSet
+from gpuwarden.collector.rules.model import DetectorSpec, Rule, RuleSet
+from gpuwarden.collector.store.window import WindowStore
 
 DETECTORS: Mapping[str, Detector[Any]] = MappingProxyType(
     {
@@ -63,3 +73,66 @@ def load_rules(
     """Load rule files against this catalog (see
     :func:`~gpuwarden.collector.rules.loader.load_rule_files`)."""
     return load_rule_files(paths, detectors=SPECS, runbooks_dir=runbooks_dir, skip_bad=skip_bad)
+
+
+LongReads = Callable[[Rule, Any, float], Collection[str]]
+"""(rule, its typed parameters, the store's recent window in seconds) → metrics read long."""
+
+GPU_UTILIZATION = "hw.gpu.utilization"
+
+
+def _past_recent(*metrics: str) -> LongReads:
+    """``waste.read_window``'s readers: long slots only for a window the recent ring does not
+    cover (then these metrics)."""
+
+    def reads(_rule: Rule, params: Any, recent_seconds: float) -> Collection[str]:
+        return metrics if float(params.window_seconds) > recent_seconds else ()
+
+    return reads
+
+
+def _always(*metrics: str) -> LongReads:
+    def reads(_rule: Rule, _params: Any, _recent_seconds: float) -> Collection[str]:
+        return metrics
+
+    return reads
+
+
+def _selected(rule: Rule, _params: Any, _recent_seconds: float) -> Collection[str]:
+    return rule.selector.metrics
+
+
+LONG_READS: Mapping[str, LongReads] = MappingProxyType(
+    {
+        forgotten.DETECTOR.spec.name: _past_recent(GPU_UTILIZATION),
+        overprovisioned.DETECTOR.spec.name: _past_recent(GPU_UTILIZATION),
+        input_bound.DETECTOR.spec.name: _past_recent(
+            GPU_UTILIZATION, "system.cpu.time", input_bound.QUEUE
+        ),
+        # the budget is judged over the whole SLO period (30 d): always long
+        slo.DETECTOR.spec.name: _always(slo.REQUESTS),
+        forecast.DETECTOR.spec.name: _always(slo.REQUESTS, forecast.QUEUE),
+        metric_anomaly.DETECTOR.spec.name: _selected,
+    }
+)
+"""Detectors that read ``resolution="long"``, by name; every other one reads recent only."""
+
+
+def long_metrics(
+    rules: Iterable[Rule], *, recent_seconds: float, extra: Iterable[str] = ()
+) -> frozenset[str]:
+    """The metrics the enabled ``rules`` read at long resolution, plus ``extra``."""
+    names = set(extra)
+    for rule in rules:
+        reads = LONG_READS.get(rule.detector)
+        detector = DETECTORS.get(rule.detector)
+        if reads is None or detector is None or not rule.enabled:
+            continue
+        names.update(reads(rule, detector.bind(rule), recent_seconds))
+    return frozenset(names)
+
+
+def keep_long_reads(store: WindowStore, rules: Iterable[Rule]) -> int:
+    """Give ``store`` the long rings ``rules`` read (what the engine does with the rules it is
+    handed, at start and on a reload); return how many held series got one."""
+    return store.keep_long(long_metrics(rules, recent_seconds=store.recent_seconds))

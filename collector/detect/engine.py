@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpuwarden.collector.detect.catalog import DETECTORS
+from gpuwarden.collector.detect.catalog import DETECTORS, keep_long_reads
 from gpuwarden.collector.detect.contract import DetectionContext, Detector
 from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.fork import CycleStoppedError, ForkContext, ForkedCycles
@@ -153,6 +153,9 @@ class DetectionEngine:
             if rule.detector in detectors and detectors[rule.detector].run is not None
         ]
         self.not_implemented = tuple(sorted({r.detector for r in enabled} - set(detectors)))
+        # the long rings these rules read (a reload may add some: they start from the recent
+        # window's history, detect.catalog.LONG_READS)
+        keep_long_reads(self._ctx.store, [b.rule for b in bound])
         self._bound = bound  # one assignment: a cycle iterates the list it started with
         self.rules = [b.rule for b in bound]
         if self.not_implemented:

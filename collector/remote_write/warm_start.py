@@ -159,6 +159,8 @@ def warm_long_from_tsdb(
     written = 0
     try:
         for name, origin in sorted(inverse.names.items()):
+            if not store.keeps_long(origin.metric):
+                continue  # no long ring for it here: not worth reading (``long_metrics``)
             for page in reader.means(
                 name, origin.counter, int(start * 1000), int(end * 1000), step
             ):

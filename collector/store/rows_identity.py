@@ -18,6 +18,9 @@ from gpuwarden.collector.store.counters import NO_TIME
 from gpuwarden.collector.store.ring import Ring, zeros
 from gpuwarden.collector.store.types import HOST_NAME, AttrValue, Kind, SeriesInfo, SeriesKey
 
+LONG_EVERY = None
+"""``long_metrics`` meaning every metric has a long ring (the store's default)."""
+
 AliasKey = tuple[str, AttrValue | None, tuple[tuple[str, AttrValue | None], ...]]
 """(metric, resource ``host.name``, point attribute items as sent: any order, may repeat keys)."""
 FREE = np.iinfo(np.int64).max
@@ -27,9 +30,24 @@ FREE = np.iinfo(np.int64).max
 class RowIdentity:
     """The table's state, and the rows of series: found, created, grown (see ``SeriesTable``)."""
 
-    def __init__(self, *, n_slots: int, n_long_slots: int, capacity: int, max_rows: int) -> None:
+    def __init__(
+        self,
+        *,
+        n_slots: int,
+        n_long_slots: int,
+        capacity: int,
+        max_rows: int,
+        long_metrics: frozenset[str] | None = LONG_EVERY,
+    ) -> None:
         self.recent = Ring(n_slots=n_slots, rows=capacity)
-        self.long = Ring(n_slots=n_long_slots, rows=capacity)
+        self.long_metrics = long_metrics
+        """Metrics whose series have a long ring row (None: every metric)."""
+        long_capacity = capacity if long_metrics is None else max(16, capacity // 8)
+        self.long = Ring(n_slots=n_long_slots, rows=long_capacity)
+        self.long_row = np.full(capacity, -1, dtype=np.int64)
+        """Each row's row in the long ring (-1: its metric has none)."""
+        self.free_long_rows: list[int] = []
+        self.next_long_row = 0
         counter_capacity = max(16, capacity // 8)
         self.dts = cast("npt.NDArray[np.uint16]", zeros((counter_capacity, n_slots), np.uint16))
         self.debt = np.zeros(counter_capacity, dtype=np.float64)
@@ -132,8 +150,14 @@ class RowIdentity:
             crow = self._next_counter_row()
             self.counter_row[row] = crow
             self.debt[crow] = 0.0
+        if self.keeps_long(key[0]):
+            self.long_row[row] = self.allocate_long_row()
         self.created += 1
         return row
+
+    def keeps_long(self, metric: str) -> bool:
+        """Whether ``metric``'s series have a long ring row."""
+        return self.long_metrics is None or metric in self.long_metrics
 
     def host_id(self, key: SeriesKey) -> int:
         """The index of the key's ``host.name`` in ``host_names`` (-1: it has none)."""
@@ -155,8 +179,8 @@ class RowIdentity:
 
     def _grow(self, capacity: int) -> None:
         self.recent.grow(capacity)
-        self.long.grow(capacity)
         extra = capacity - len(self.infos)
+        self.long_row = np.concatenate([self.long_row, np.full(extra, -1, np.int64)])
         self.infos.extend([None] * extra)
         self.metric_of_row = np.concatenate([self.metric_of_row, np.full(extra, -1, np.int32)])
         self.host_of_row = np.concatenate([self.host_of_row, np.full(extra, -1, np.int32)])
@@ -165,6 +189,16 @@ class RowIdentity:
         self.raw_time_ns = np.concatenate([self.raw_time_ns, np.full(extra, NO_TIME, np.int64)])
         self.raw_value = np.concatenate([self.raw_value, np.full(extra, np.nan)])
         self.object_bytes = np.concatenate([self.object_bytes, np.zeros(extra, np.int32)])
+
+    def allocate_long_row(self) -> int:
+        """A free long ring row (NaN-filled), the ring grown by half when full."""
+        if self.free_long_rows:
+            return self.free_long_rows.pop()
+        row = self.next_long_row
+        if row == self.long.rows:
+            self.long.grow(min(row + max(16, row // 2), self.max_rows))
+        self.next_long_row += 1
+        return row
 
     def _next_counter_row(self) -> int:
         if self.free_counter_rows:

@@ -40,7 +40,7 @@ class RowWrites(RowIdentity):
         if head is None or slot > head:
             self.flush_long(ratio)
             self.recent.advance(slot, self.next_row)
-            self.long.advance(slot // ratio, self.next_row)
+            self.long.advance(slot // ratio, self.next_long_row)
             return slot
         return head
 
@@ -247,13 +247,16 @@ class RowWrites(RowIdentity):
                 continue  # a long slot partly rolled out stays as computed
             chosen = rows[minutes == minute]
             if chosen.size:
-                self._update_long(chosen, minute, head, ratio)
+                self.update_long(chosen, minute, head, ratio)
 
-    def _update_long(self, rows: npt.NDArray[np.int64], minute: int, head: int, ratio: int) -> None:
+    def update_long(self, rows: npt.NDArray[np.int64], minute: int, head: int, ratio: int) -> None:
         """Set long slot ``minute`` of ``rows`` (repeats allowed) to the mean of its slots."""
         mark = np.zeros(self.next_row, dtype=bool)
         mark[rows] = True
+        mark &= self.long_row[: self.next_row] >= 0  # only series that have a long row
         rows = np.flatnonzero(mark)
+        if not rows.size:
+            return
         n = self.recent.n_slots
         first = minute * ratio % n  # a long slot's recent slots are adjacent columns
         block = decode(self.recent.bits[rows, first : first + ratio])
@@ -269,4 +272,4 @@ class RowWrites(RowIdentity):
         means = np.full(rows.size, np.nan)
         with np.errstate(invalid="ignore"):  # inf - inf
             np.divide(np.nansum(block, axis=1, dtype=np.float64), have, out=means, where=have > 0)
-        self.long.bits[rows, minute % self.long.n_slots] = encode(means)
+        self.long.bits[self.long_row[rows], minute % self.long.n_slots] = encode(means)

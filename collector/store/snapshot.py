@@ -5,7 +5,10 @@ or history is longer than the downtime is blind for that long (issue 16: 14 days
 ``model_drift``). A snapshot holds what the store needs to go on where it stopped: the series
 table (each series' key, unit and kind), the recent and long rings over the slots they hold,
 the counters' covered times, rounding debt, last raw values and times, each series' newest
-point, and the histograms with their raw state.
+point, and the histograms with their raw state. The long ring holds the rows of the series that
+have one (``long_series``, indexes into the series; a snapshot without it, from before
+``long_metrics``, has a long row for every series); at read, long rows of metrics this store
+keeps no long ring of are dropped.
 
 Format: one ``.npz`` (a zip of ``.npy`` arrays, read with ``allow_pickle=False``; no pickled
 objects), the series keys and parameters as JSON text in byte arrays. The big ring arrays are
@@ -216,6 +219,7 @@ class Snapshots(WindowState):
         meta["recent_first"], meta["long_first"] = recent[0], long[0]
         meta["histogram_first"] = histogram_slots[0]
         counters = np.flatnonzero(table.counter_row[rows] >= 0)
+        longs = np.flatnonzero(table.long_row[rows] >= 0)
         arrays.put(archive, "meta", arrays.text(meta))
         arrays.put(
             archive,
@@ -225,10 +229,11 @@ class Snapshots(WindowState):
             ),
         )
         arrays.put(archive, "counters", counters)
-        for name, ring, (first, count), chosen, kind in (
-            ("recent", table.recent, recent, rows, np.float32),
-            ("long", table.long, long, rows, np.float32),
-            ("counter_dt", table.recent, recent, rows[counters], np.uint16),
+        arrays.put(archive, "long_series", longs)
+        for name, (first, count), chosen, kind in (
+            ("recent", recent, rows, np.float32),
+            ("long", long, rows[longs], np.float32),
+            ("counter_dt", recent, rows[counters], np.uint16),
         ):
             with arrays.put_rows(archive, name, kind, (chosen.size, count)) as member:
                 chunk = max(1, chunk_bytes // max(1, count * 4))
@@ -238,11 +243,7 @@ class Snapshots(WindowState):
                         if table.evictions != evictions:
                             raise SnapshotError("series evicted while writing; next time")
                         table.flush_long(self._ratio)
-                        block: npt.NDArray[Any]
-                        if name == "counter_dt":
-                            block = arrays.dt_block(table, part, first, count)
-                        else:
-                            block = ring.read(part, first, count)
+                        block = arrays.ring_block(table, name, part, first, count)
                     member.write(block.tobytes())
         with self._lock:
             if table.evictions != evictions:
@@ -328,6 +329,7 @@ class Snapshots(WindowState):
                 n_long_slots=table.long.n_slots,
                 capacity=1024,
                 max_rows=table.max_rows,
+                long_metrics=table.long_metrics,
             )
             self._histograms.clear()
             self._shapes.clear()
@@ -353,6 +355,8 @@ class Snapshots(WindowState):
             raise SnapshotError(f"changes of the snapshot of {meta.get('base')}, not of {base}")
         series = arrays.untext(small("series"))
         counters = small("counters")
+        # which series have long rows (absent, from before long_metrics: every series)
+        longs = small("long_series") if "long_series.npy" in archive.namelist() else None
         if meta["recent_head"] is None:  # an empty store's snapshot
             return Restored(0, 0, float(meta["written_at"]), None)
         with self._lock:
@@ -373,19 +377,16 @@ class Snapshots(WindowState):
             if first_slot is not None and table.first_slot is not None:  # changes on a base
                 first_slot = min(int(first_slot), table.first_slot)
             table.first_slot = None if first_slot is None else max(int(first_slot), oldest)
-            for name, ring, first, chosen in (
-                ("recent", table.recent, meta["recent_first"], rows),
-                ("long", table.long, meta["long_first"], rows),
-                ("counter_dt", None, meta["recent_first"], rows[counters]),
+            for name, first, chosen in (
+                ("recent", meta["recent_first"], rows),
+                ("long", meta["long_first"], rows if longs is None else rows[longs]),
+                ("counter_dt", meta["recent_first"], rows[counters]),
             ):
                 done = 0
                 for block in arrays.rows_of(archive, name, chunk_bytes):
                     part = chosen[done : done + block.shape[0]]
                     done += block.shape[0]
-                    if ring is None:
-                        arrays.put_dts(table, part, int(first), block)
-                    else:
-                        arrays.put_block(ring, part, int(first), encode(block))
+                    arrays.put_ring_block(table, name, part, int(first), block)
                 if done != chosen.size:
                     raise SnapshotError(f"{name}: {done} rows for {chosen.size} series")
             table.last_seen_ns[rows] = small("last_seen_ns")

@@ -11,7 +11,7 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.store.ring import Ring
+from gpuwarden.collector.store.ring import Ring, encode
 from gpuwarden.collector.store.rows import SeriesTable
 
 
@@ -132,3 +132,30 @@ def put_block(
     target = slice(int(rows[0]), int(rows[-1]) + 1) if contiguous else rows
     for col, at, length in runs(ring, first, bits.shape[1]):
         ring.bits[target, col : col + length] = bits[:, at : at + length]
+
+
+def ring_block(
+    table: SeriesTable, name: str, rows: npt.NDArray[np.int64], first: int, count: int
+) -> npt.NDArray[Any]:
+    """The block of member ``name`` (``recent``, ``long``, ``counter_dt``) for table ``rows``
+    over ``[first, first + count)``; long rows through ``long_row``."""
+    if name == "counter_dt":
+        return dt_block(table, rows, first, count)
+    if name == "long":
+        return table.long.read(table.long_row[rows], first, count)
+    return table.recent.read(rows, first, count)
+
+
+def put_ring_block(
+    table: SeriesTable, name: str, rows: npt.NDArray[np.int64], first: int, block: npt.NDArray[Any]
+) -> None:
+    """Write a block :func:`ring_block` gave back into ``rows`` (long rows: only of the series
+    whose metric keeps a long ring in this store, the others are dropped)."""
+    if name == "counter_dt":
+        put_dts(table, rows, first, block)
+    elif name == "long":
+        at = table.long_row[rows]
+        kept = at >= 0
+        put_block(table.long, at[kept], first, encode(block[kept]))
+    else:
+        put_block(table.recent, rows, first, encode(block))

@@ -33,6 +33,18 @@ def label_text(value: AttrValue) -> str:
     return str(value)
 
 
+class NoLongRingError(LookupError):
+    """A long-resolution read of a metric whose series keep no long ring (``long_metrics``)."""
+
+    def __init__(self, metric: str) -> None:
+        super().__init__(
+            f"{metric}: read at long resolution, but the store keeps no long ring for it; "
+            "declare it in the reading detector's long reads (detect.catalog.LONG_READS) "
+            "or add it to the collector's long_metrics"
+        )
+        self.metric = metric
+
+
 class Kind(enum.StrEnum):
     """How a series' points are stored."""
 

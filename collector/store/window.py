@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+
+import numpy as np
 
 from gpuwarden.collector.store.snapshot import Snapshots
 from gpuwarden.collector.store.window_payload import (
@@ -82,6 +84,33 @@ class WindowStore(PayloadIngest, RowIngest, WindowReads, Snapshots):
                 self._shapes.clear()
                 self._shape_bytes = 0
             return evicted + len(stale)
+
+    def keep_long(self, metrics: Iterable[str]) -> int:
+        """Give ``metrics`` a long ring from now on (rules loaded later read them long); return
+        how many held series got a long row.
+
+        Their long slots over the recent window are computed from the recent ring at once, so a
+        metric added here has the recent window's history at long resolution, as after a start;
+        the older part is missing (NaN). No-op for a store that keeps every metric long.
+        """
+        with self._lock:
+            table = self._table
+            kept = table.long_metrics
+            if kept is None or not (new := frozenset(metrics) - kept):
+                return 0
+            table.flush_long(self._ratio)
+            table.long_metrics = kept | new
+            ids = [table.metric_ids[m] for m in new if m in table.metric_ids]
+            used = table.metric_of_row[: table.next_row]
+            rows = np.flatnonzero(np.isin(used, ids) & (table.long_row[: table.next_row] < 0))
+            for row in rows.tolist():
+                table.long_row[row] = table.allocate_long_row()
+            head = table.recent.head
+            if rows.size and head is not None:
+                first = (head - table.recent.n_slots) // self._ratio + 1
+                for minute in range(first, head // self._ratio + 1):
+                    table.update_long(rows, minute, head, self._ratio)
+            return int(rows.size)
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:

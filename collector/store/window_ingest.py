@@ -258,7 +258,7 @@ class PointIngest(WindowState):
         ``times_ns`` are the long slots' starts. Only slots the long ring holds that are older
         than the recent window are written: the recent window's long slots are computed from the
         recent ring, as always. Series are created as needed (their newest point: the newest
-        slot written).
+        slot written). Blocks of metrics without a long ring (``long_metrics``) are left out.
         """
         with self._lock:
             table = self._table
@@ -272,7 +272,7 @@ class PointIngest(WindowState):
             for block in blocks:
                 slots = block.times_ns // long_step_ns
                 keep = (slots >= oldest) & (slots < recent_first) & np.isfinite(block.values)
-                if not keep.any():
+                if not keep.any() or not table.keeps_long(block.metric):
                     continue
                 alias = (block.metric, block.host, tuple(block.attributes.items()))
                 row = table.aliases.get(alias)
@@ -287,7 +287,8 @@ class PointIngest(WindowState):
                     if row < 0:
                         continue
                 chosen = slots[keep]
-                table.long.bits[row, chosen % table.long.n_slots] = encode(block.values[keep])
+                long_row = int(table.long_row[row])
+                table.long.bits[long_row, chosen % table.long.n_slots] = encode(block.values[keep])
                 first = int(chosen.min()) * self._ratio
                 if table.first_slot is None or first < table.first_slot:
                     table.first_slot = first

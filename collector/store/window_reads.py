@@ -13,6 +13,7 @@ from gpuwarden.collector.store.types import (
     HOST_NAME,
     BucketCounts,
     LatestValues,
+    NoLongRingError,
     Resolution,
     SeriesInfo,
     SeriesKey,
@@ -41,6 +42,9 @@ class WindowReads(WindowState):
         outside the window, gaps, and counters' first points are NaN. Counters read as rates:
         a slot's increase over the time it covers (one point: its delta over the time since the
         previous point; NaN across a gap over ~55 min). Long slots are means of recent slots.
+
+        Raises:
+            NoLongRingError: ``resolution="long"`` for a metric the store keeps no long ring of.
         """
         if resolution not in ("recent", "long"):
             raise ValueError(f"resolution must be 'recent' or 'long', not {resolution!r}")
@@ -53,8 +57,10 @@ class WindowReads(WindowState):
             if resolution == "recent":
                 values = table.read_rates(rows, first, count)
             else:
+                if not table.keeps_long(metric):
+                    raise NoLongRingError(metric)
                 table.flush_long(self._ratio)
-                values = ring.read(rows, first, count)
+                values = ring.read(table.long_row[rows], first, count)
             return SeriesMatrix(
                 times=(np.arange(first, first + count, dtype=np.float64) * step),
                 values=values,

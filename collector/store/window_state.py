@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +53,7 @@ class WindowState:
         staleness_seconds: float = DEFAULT_STALENESS_SECONDS,
         max_future_seconds: float = 300.0,
         initial_capacity: int = 1024,
+        long_metrics: Collection[str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """Create an empty store.
@@ -70,6 +71,8 @@ class WindowState:
                 ``/metrics`` leaves it out), though its history stays readable until evicted.
             max_future_seconds: points further ahead of ``clock()`` are rejected.
             initial_capacity: rows allocated up front (doubled as needed).
+            long_metrics: the metrics whose series keep a long ring (None: every metric); a
+                long-resolution read of another metric raises ``NoLongRingError``.
             clock: Unix time in seconds.
         """
         if min(step_seconds, recent_seconds, long_step_seconds, long_seconds, max_series) <= 0:
@@ -107,6 +110,7 @@ class WindowState:
             n_long_slots=long_seconds // long_step_seconds,
             capacity=max(1, min(initial_capacity, max_series)),
             max_rows=max_series,
+            long_metrics=None if long_metrics is None else frozenset(long_metrics),
         )
         self._histograms: dict[SeriesKey, HistogramSeries] = {}
         self._shapes: dict[bytes, Shaped] = {}
@@ -114,6 +118,15 @@ class WindowState:
         self._shape_senders: dict[int, int] = {}  # a heuristic: hash collisions are harmless
         self.shape_hits = 0
         """Requests read through a shape, without parsing (``ingest_payload``)."""
+
+    @property
+    def long_metrics(self) -> frozenset[str] | None:
+        """The metrics whose series keep a long ring (None: every metric)."""
+        return self._table.long_metrics
+
+    def keeps_long(self, metric: str) -> bool:
+        """Whether ``metric``'s series keep a long ring (may be read at long resolution)."""
+        return self._table.keeps_long(metric)
 
     def _series_count(self) -> int:
         return len(self._table.rows_by_key) + len(self._histograms)
