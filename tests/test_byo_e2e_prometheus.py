@@ -118,6 +118,22 @@ def get(url: str, token: str) -> Any:
         return json.loads(response.read())
 
 
+def diagnostics(base: str) -> str:
+    """What a failure report needs besides the logs: the rules' readiness and the receiver's
+    sample counts (the collector's own ``/readyz`` and ``/metrics``)."""
+    try:
+        ready = get(f"{base}/readyz", READER_TOKEN)
+        request = urllib.request.Request(  # noqa: S310 - loopback
+            f"{base}/metrics", headers={"Authorization": f"Bearer {READER_TOKEN}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            text = response.read().decode()
+    except OSError as exc:
+        return f"unavailable: {exc}"
+    samples = [line for line in text.splitlines() if "remote_write_samples" in line]
+    return f"{ready}\n--- samples: {samples}"
+
+
 async def until(
     what: str, check: Callable[[], Any], logs: Callable[[], str], seconds: float
 ) -> Any:
@@ -204,7 +220,8 @@ async def test_a_scraper_feeds_the_collector_an_idle_pod_and_its_gpu_hours(kind,
             def logs() -> str:
                 found = get(f"{base}/v1/incidents", READER_TOKEN)
                 return (
-                    f"{scraper.log_tail()}\n--- incidents: {found}\n--- collector:\n{log_tail(log)}"
+                    f"{scraper.log_tail()}\n--- incidents: {found}\n--- readiness: "
+                    f"{diagnostics(base)}\n--- collector:\n{log_tail(log)}"
                 )
 
             def idle_incident() -> list[dict[str, Any]]:
