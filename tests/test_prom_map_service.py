@@ -173,3 +173,26 @@ def test_a_pod_named_by_namespace_and_name_resolves_to_the_kubernetes_sources_ke
     assert on_node == "k8s:old"  # the pod of that name on the node first
     assert elsewhere == "k8s:new"  # then the latest started
     assert by_uid == "k8s:a-pod-uid"  # the agent's form is untouched
+
+
+def test_a_scrape_interval_longer_than_the_step_still_bills_every_slot(tmp_path):
+    """A Prometheus scraping every 15 s into a collector whose step is 10 s: every third slot
+    holds no sample. A pod seen on its GPUs before and after such a slot held them through it
+    (as utilisation does), so no GPU-hour is lost; before, the pods were billed 2/3 of their time.
+    """
+    step, hours = 10, 1
+    end = T0 + hours * 3600
+    config = CollectorConfig(database=tmp_path / "c.db", recent_hours=6, step_seconds=step)
+    svc = build_service(config, clock=lambda: end + STEP)
+    fleet = scripted_fleet()
+    for k in range(hours * 3600 // STEP + 1):
+        if k:
+            fleet.advance(STEP)
+        assert svc.accept(translate(decode(encode(scrape_series(fleet, T0 + k * STEP)))).points,
+                          "prometheus") == 0  # fmt: skip
+    by_job = {t.group: t for t in totals(svc.usage(T0, end))}
+    notebook = by_job["k8s:research/notebook-7"]
+    assert notebook.gpu_hours_allocated == pytest.approx(2 * hours, rel=0.01)
+    assert by_job["k8s:serve/infer-0"].gpu_hours_allocated == pytest.approx(hours / 2, rel=0.01)
+    total = sum(t.gpu_hours_allocated for t in by_job.values())
+    assert total == pytest.approx(8 * hours, rel=0.01)  # nothing billed twice either

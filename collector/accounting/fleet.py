@@ -26,6 +26,7 @@ from gpuwarden.collector.accounting.gpu_time import (
 )
 from gpuwarden.collector.accounting.presence import (
     fill_short_gaps,
+    hold_through_short_gaps,
     max_gap_seconds,
     span,
     spread_back,
@@ -90,11 +91,13 @@ class Fleet:
         )
         times = util.times
         n = len(times)
+        step = float(self.store.step_seconds)
+        first = round(times[0] / step) if n else math.ceil(start / step)
         by_gpu_util = {_gpu_key(s.attributes): util.values[i] for i, s in enumerate(util.series)}
         by_gpu_energy = {
             _gpu_key(s.attributes): energy.values[i] for i, s in enumerate(energy.series)
         }
-        seen = self._process_jobs(start, end, n)
+        seen = self._process_jobs(first, n)
         timelines = []
         for ref in self.gpus():
             if ref.parent_uuid is not None:
@@ -136,15 +139,27 @@ class Fleet:
         )
 
     def _process_jobs(
-        self, start: float, end: float, n: int
+        self, first: int, n: int
     ) -> dict[tuple[str, str], tuple[frozenset[str], ...]]:
-        """The job keys seen on each GPU in each of the ``n`` slots (from process memory).
+        """The job keys seen on each GPU in each of the ``n`` slots from slot ``first`` (from
+        process memory).
 
-        Vectorised: one presence mask per (GPU, job), then one frozenset object per distinct
-        set of jobs (a GPU's slots mostly share one), so a 24 h window of a large fleet does not
-        build a set per GPU and slot.
+        A job seen on a GPU before and after a short gap (a missed agent round, or a scrape
+        interval longer than the store's step, as with a remote-writing Prometheus) holds the GPU
+        through the gap, by the same rule as utilisation (:func:`.presence.max_gap_seconds`);
+        the samples are read a gap's width beyond both ends so a gap across the window's edge is
+        judged by its samples too. Vectorised: one presence mask per (GPU, job), then one
+        frozenset object per distinct set of jobs (a GPU's slots mostly share one), so a 24 h
+        window of a large fleet does not build a set per GPU and slot.
         """
-        procs = self.store.matrix("gpuwarden.gpu.process.memory.usage", start=start, end=end)
+        step = float(self.store.step_seconds)
+        floor = self.accounting.max_sample_gap_seconds
+        margin = math.ceil(floor / step)
+        procs = self.store.matrix(
+            "gpuwarden.gpu.process.memory.usage",
+            start=(first - margin) * step,
+            end=(first + n + margin) * step,
+        )
         masks: dict[tuple[str, str], dict[str, np.ndarray]] = {}
         resolved: dict[tuple[str, str, str], str] = {}
         present = ~np.isnan(procs.values)
@@ -161,6 +176,15 @@ class Fleet:
                 job_key = resolved[asked] = self.registry.resolve(*asked)
             jobs = masks.setdefault((node, uuid), {})
             jobs[job_key] = jobs[job_key] | present[i] if job_key in jobs else present[i]
+        # the matrix's slots against the ``n`` asked for (it holds at most one ring length)
+        column = np.rint(procs.times / step).astype(np.int64) - first
+        inside = (column >= 0) & (column < n)
+        for jobs in masks.values():
+            for key, seen in jobs.items():
+                filled = hold_through_short_gaps(seen, step, floor)
+                out = np.zeros(n, dtype=bool)
+                out[column[inside]] = filled[inside]
+                jobs[key] = out
         return {key: slot_sets(jobs, n) for key, jobs in masks.items()}
 
     def charged_timelines(self, start: float, end: float) -> tuple[np.ndarray, list[GpuTimeline]]:
@@ -187,7 +211,7 @@ class Fleet:
                 _gpu_key(s.attributes): matrix.values[i] for i, s in enumerate(matrix.series)
             }
         none = np.full(width, np.nan)
-        seen = self._process_jobs(start, end, n)
+        seen = self._process_jobs(lo, n)
         timelines = []
         for ref in self.gpus():
             if ref.parent_uuid is not None:

@@ -65,6 +65,24 @@ def fill_short_gaps(values: FloatArray, step_seconds: float, max_gap: float) -> 
     return out
 
 
+def hold_through_short_gaps(
+    seen: BoolArray, step_seconds: float, floor_seconds: float
+) -> BoolArray:
+    """``seen`` with each run of unset slots between two set slots set too, when the two are at
+    most :func:`max_gap_seconds` apart: a job seen on a GPU before and after a missed round (or a
+    scrape interval longer than the store's step) held it in between. Longer gaps and the ends
+    stay unset."""
+    out = np.array(seen, dtype=bool)
+    hits = np.flatnonzero(out)
+    if hits.size < 2 or hits[-1] - hits[0] + 1 == hits.size:
+        return out  # nothing between two sightings is missing (the usual case)
+    max_gap = max_gap_seconds(out, step_seconds, floor_seconds)
+    spacing = np.diff(hits)
+    for at in np.flatnonzero((spacing > 1) & (spacing * step_seconds <= max_gap)).tolist():
+        out[hits[at] + 1 : hits[at + 1]] = True
+    return out
+
+
 def spread_back(rates: FloatArray) -> FloatArray:
     """Each NaN slot takes the next known rate (the one whose increase covers it)."""
     out = np.array(rates, dtype=np.float64)

@@ -284,7 +284,9 @@ def render_markdown() -> str:
         "maps under its name with `_total` (an OpenTelemetry Collector's "
         "`prometheusremotewrite` exporter appends it). Set the collector's `step_seconds` to "
         "the Prometheus scrape interval (or a multiple of it): accounting reads a pod's hold on "
-        "a GPU per store slot, and a slot that no scrape lands in is charged to no job. "
+        "a GPU per store slot; a slot that no scrape lands in is held by the pods seen on both "
+        "sides of it when the gap is short (at most `max(30 s, 3 ×` the GPU's sampling "
+        "spacing`)`), and by no job when it is longer. "
         "Model-server series (vLLM, Triton, TGI) map as in [model-metrics.md](model-metrics.md).",
         "",
     ]
