@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -149,4 +149,49 @@ def test_a_first_xid_shows_through_the_degraded_status(tmp_path):
         svc.detection_view, HW, window_seconds=300, now=NOW, xids=(), remap_failure=False
     )
     assert all(f.verdict is Verdict.CLEAR for f in no_xids)
+    svc.storage.close()
+
+
+def last_xid(gpu: str, codes: Sequence[float], every: float = 10.0) -> list[NumberPoint]:
+    """A last-XID gauge (dcgm-exporter's DCGM_FI_DEV_XID_ERRORS, mapped), one point per round."""
+    return [
+        NumberPoint(
+            RES,
+            "gpuwarden.gpu.xid.last",
+            "1",
+            "gauge",
+            False,
+            {"hw.id": gpu},
+            int((NOW - every * (len(codes) - i)) * 1e9),
+            code,
+        )
+        for i, code in enumerate(codes)
+    ]
+
+
+def test_a_change_of_the_last_xid_code_fires_for_gpus_without_counters(tmp_path):
+    """dcgm-exporter gives the last XID's code, not per-code counters: a change to a code of
+    concern inside the window is a new XID; a code that was already there when the GPU's first
+    sample came (time unknown), a code not of concern, or a change before the window is not."""
+    svc = build_service(CollectorConfig(database=tmp_path / "c.db"), clock=lambda: NOW)
+    points = last_xid("GPU-new79", [0, 0, 0, 79, 79])
+    points += last_xid("GPU-twice", [0, 79, 0, 79, 79])
+    points += last_xid("GPU-old79", [79, 79, 79, 79, 79])
+    points += last_xid("GPU-xid13", [0, 0, 13, 13, 13])
+    points += last_xid("GPU-calm", [0, 0, 0, 0, 0])
+    points += last_xid("GPU-before", [0, 79] + [79] * 40)  # the change is ~7 min ago
+    # our agent sends both: its counters speak, the gauge adds no second reason
+    points += counter("gpuwarden.gpu.xid.errors", "GPU-agent", {"gpuwarden.gpu.xid": "79"}, [1, 2])
+    points += last_xid("GPU-agent", [0, 0, 0, 79, 79])
+    assert svc.accept(points, "t") == 0
+    found = {
+        f.subject.split("/")[1]: f
+        for f in detect_hardware_faults(svc.detection_view, HW, window_seconds=120, now=NOW)
+    }
+    assert found["GPU-new79"].verdict is Verdict.FIRING
+    assert found["GPU-new79"].evidence["reasons"] == "XID 79 x1 (last-XID gauge)"
+    assert found["GPU-twice"].evidence["reasons"] == "XID 79 x2 (last-XID gauge)"
+    assert found["GPU-agent"].evidence["reasons"] == "XID 79 x1"
+    for calm in ("GPU-old79", "GPU-xid13", "GPU-calm", "GPU-before"):
+        assert found[calm].verdict is Verdict.CLEAR, calm
     svc.storage.close()

@@ -2,6 +2,8 @@
 
 Vectorised over the store's matrices for the window. A GPU with no status sample in the window is
 UNKNOWN (a silent node is not a healthy one; the agent's own staleness is another rule's job).
+XIDs come from our agent's per-code counters, or, for a GPU without them (dcgm-exporter's
+``DCGM_FI_DEV_XID_ERRORS`` through the remote-write receiver), from changes of the last-XID code.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec
 from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
 from gpuwarden.collector.rules.model import Rule, Subject
 from gpuwarden.collector.rules.params import flag, integers
+from gpuwarden.collector.store.window import WindowStore
 
 DEFAULT_XIDS = (48, 63, 64, 74, 79, 92, 94, 95)
 #: how far back a fault counts (a fault is an event, not a level: the window only has to span a
@@ -71,12 +74,17 @@ def detect_hardware_faults(
         if (xids or remap_failure) and attrs.get("hw.state") == "degraded" and np.nanmax(row) >= 1:
             reasons.setdefault(subject, []).append("GPU degraded (XID of concern or remap)")
     xid = store.increase_matrix("gpuwarden.gpu.xid.errors", start=start, end=end)
+    counted: set[str] = set()
     for info, row in zip(xid.series, xid.values, strict=True):
         attrs = info.attributes
+        subject = f"{attrs.get('host.name', '')}/{attrs.get('hw.id', '')}"
+        counted.add(subject)
         code = int(str(attrs.get("gpuwarden.gpu.xid", "0")))
         if code in xids and np.nansum(row) > 0:
-            subject = f"{attrs.get('host.name', '')}/{attrs.get('hw.id', '')}"
             reasons.setdefault(subject, []).append(f"XID {code} x{int(np.nansum(row))}")
+    for subject, found in _last_xid_reasons(store, start, end, counted, xids).items():
+        seen.add(subject)
+        reasons.setdefault(subject, []).extend(found)
     ecc = store.increase_matrix(
         "hw.errors", selector={"error.type": "uncorrected"}, start=start, end=end
     )
@@ -110,6 +118,45 @@ def detect_hardware_faults(
     return findings
 
 
+def _last_xid_reasons(
+    store: WindowStore, start: float, end: float, counted: set[str], xids: tuple[int, ...]
+) -> dict[str, list[str]]:
+    """Reasons per GPU from last-XID gauges, for GPUs with data in the window and no counters.
+
+    Sources without per-code counters (dcgm-exporter's DCGM_FI_DEV_XID_ERRORS) give only the
+    last XID's code: a change of that code to one of concern is a new XID. One window before
+    ``start`` is read too, so the code before the window is known; a code already there when the
+    GPU's first sample came is not new (its time is unknown) and does not fire.
+    """
+    window = end - start
+    last = store.matrix("gpuwarden.gpu.xid.last", start=start - window, end=end)
+    first_in_window = round(window / store.step_seconds)
+    out: dict[str, list[str]] = {}
+    for info, row in zip(last.series, last.values, strict=True):
+        attrs = info.attributes
+        subject = f"{attrs.get('host.name', '')}/{attrs.get('hw.id', '')}"
+        if subject in counted or np.isnan(row[first_in_window:]).all():
+            continue  # the counters speak for this GPU (our agent sends both)
+        found = out.setdefault(subject, [])
+        for code, times in _new_last_codes(row, first_in_window).items():
+            if code in xids:
+                found.append(f"XID {code} x{times} (last-XID gauge)")
+    return out
+
+
+def _new_last_codes(row: np.ndarray, from_slot: int) -> dict[int, int]:
+    """Code → how often a last-XID gauge changed to it at or after ``from_slot`` (0 is none)."""
+    known = np.flatnonzero(~np.isnan(row))
+    values = row[known]
+    changed = np.flatnonzero(values[1:] != values[:-1]) + 1
+    out: dict[int, int] = {}
+    for at in changed[known[changed] >= from_slot].tolist():
+        code = int(values[at])
+        if code:
+            out[code] = out.get(code, 0) + 1
+    return out
+
+
 def run_hardware_fault(
     ctx: DetectionContext, rule: Rule, p: HardwareFaultParams, now: float
 ) -> list[Finding]:
@@ -133,6 +180,7 @@ DETECTOR = Detector(
         subjects=(Subject.NODE, Subject.JOB),
         signals=(
             "gpuwarden.gpu.xid.errors",
+            "gpuwarden.gpu.xid.last",
             "hw.errors",
             "gpuwarden.gpu.memory.remap_failure",
             "hw.status",
