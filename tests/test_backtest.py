@@ -318,3 +318,25 @@ def test_pods_only_for_gentd26(tmp_path: Path) -> None:
     code, _, err = _run(["backtest", "--data", str(data), "--pods", "3"])
     assert code == 2
     assert "--pods: only for a GenTD26 folder" in err
+
+
+@pytest.mark.parametrize(
+    ("value", "key", "scheduler"),
+    [
+        ("k8s:research/notebook-7", "k8s:research/notebook-7", "kubernetes"),
+        ("slurm:gwtest:42", "slurm:gwtest:42", "slurm"),
+        ("api:train", "api:train", "api"),
+        ("train", "api:train", "api"),
+        ("team:x", "api:team:x", "api"),  # not a job source's prefix: a name
+    ],
+)
+def test_a_job_column_keeps_a_job_sources_key(
+    tmp_path: Path, value: str, key: str, scheduler: str
+) -> None:
+    data = tmp_path / "jobs.csv"
+    data.write_text(
+        "time_seconds,gpu_uuid,node,job,name,utilization_ratio\n"
+        f"0,GPU-a,n1,{value},H100,0.0\n10,GPU-a,n1,{value},H100,0.0\n"
+    )
+    [job] = load_dataset(data).jobs
+    assert (job.key, job.scheduler) == (key, scheduler)

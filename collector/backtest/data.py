@@ -58,6 +58,8 @@ GENTD26_FILE = GENTD26_DUTY_CYCLE_FILE
 GENTD26_MODEL = "unknown (GenTD26)"
 """The trace does not name its GPUs: they cost the price table's default."""
 JOB_SCHEDULER = "api"
+#: a ``job`` value's key prefix → the scheduler of the job source that makes such keys
+KEY_PREFIXES = {"k8s": "kubernetes", "slurm": "slurm", JOB_SCHEDULER: JOB_SCHEDULER}
 DEFAULT_NODE = "replay"
 DEFAULT_MODEL = "replay"
 _META_COLUMNS = ("node", "job", "name", "index")
@@ -297,6 +299,17 @@ def _trace(path: Path) -> Dataset:
     )
 
 
+def job_identity(name: str) -> tuple[str, str, str]:
+    """(key, scheduler, id) of a trace's ``job`` value: a key the collector's job sources make
+    (``k8s:<namespace>/<pod>``, ``slurm:<cluster>:<id>``, ``api:<name>``) is kept as it is, so a
+    trace recorded from a real fleet names its jobs as the live collector does; any other value
+    is an API job's name (``api:<value>``)."""
+    prefix, sep, rest = name.partition(":")
+    if sep and rest and prefix in KEY_PREFIXES:
+        return name, KEY_PREFIXES[prefix], rest
+    return f"{JOB_SCHEDULER}:{name}", JOB_SCHEDULER, name
+
+
 def _jobs(
     spans: Mapping[tuple[str, str, str], Sequence[float]],
     gpus: Mapping[tuple[str, str], int],
@@ -309,11 +322,12 @@ def _jobs(
     out = []
     for name, held in sorted(allocations.items()):
         nodes = sorted({node for node, *_ in held})
+        key, scheduler, job_id = job_identity(name)
         out.append(
             Job(
-                key=f"{JOB_SCHEDULER}:{name}",
-                scheduler=JOB_SCHEDULER,
-                job_id=name,
+                key=key,
+                scheduler=scheduler,
+                job_id=job_id,
                 state=JobState.COMPLETED,
                 name=name,
                 team="backtest",
