@@ -40,13 +40,23 @@ from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import RuleSet
 from gpuwarden.collector.service import CollectorService
-from gpuwarden.collector.storage.records import Incident, IncidentState
+from gpuwarden.collector.storage.records import (
+    Event,
+    EventKind,
+    Incident,
+    IncidentState,
+    ModelDeployment,
+)
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from tests.collector_server import TOKEN, CollectorThread
 from tests.storage_backends import BACKENDS, Backend, backend_for
+from tests.test_collector_api import AUTH as API_AUTH
+from tests.test_collector_api import NOW as API_NOW
+from tests.test_collector_api import collector_app
+from tests.test_collector_api import fleet as api_fleet
 from tests.test_remediate_web import TOKEN as WEB_TOKEN
 from tests.test_remediate_web import build, make_app
-from tests.test_storage import incident
+from tests.test_storage import an_action, incident
 
 NODE1, NODE2 = "node-1", "node-2"
 CLUSTERS = ("east", "west")
@@ -308,3 +318,61 @@ async def test_the_incidents_api_reads_one_cluster_another_or_every_one(aiohttp_
         assert resp.status == 400
         assert "is not a cluster name" in (await resp.json())["error"]
     setup.storage.close()
+
+
+async def test_the_actions_api_reads_one_cluster_another_or_every_one(aiohttp_client, tmp_path):
+    setup = build(tmp_path)  # this collector: the default cluster
+    with SqliteStorage(setup.path, cluster="west") as west:
+        own = setup.storage.insert_action(an_action(setup.storage))
+        theirs = west.insert_action(an_action(west))  # the same key, west's own
+        client = await aiohttp_client(make_app(setup))
+        auth = {"Authorization": f"Bearer {WEB_TOKEN}"}
+
+        async def listed(query: str) -> list[tuple[str, int]]:
+            resp = await client.get(f"/v1/actions{query}", headers=auth)
+            assert resp.status == 200, await resp.text()
+            return [(a["cluster"], a["action_id"]) for a in (await resp.json())["actions"]]
+
+        assert await listed("") == [("default", own)]
+        assert await listed("?cluster=west") == [("west", theirs)]
+        assert await listed("?cluster=*") == [("west", theirs), ("default", own)]  # newest first
+        assert await listed("?cluster=*&limit=1") == [("west", theirs)]
+        resp = await client.get("/v1/actions?cluster=a%20b", headers=auth)
+        assert resp.status == 400
+        assert "is not a cluster name" in (await resp.json())["error"]
+    setup.storage.close()
+
+
+async def test_the_models_and_events_api_read_one_cluster_another_or_every_one(
+    aiohttp_client, tmp_path
+):
+    path = tmp_path / "org.db"
+    service = api_fleet(SqliteStorage(path, clock=lambda: API_NOW))
+    with SqliteStorage(path, cluster="west", clock=lambda: API_NOW) as west:
+        for storage, version in ((service.storage, "1"), (west, "2")):
+            storage.upsert_model(ModelDeployment(name="llama", version=version, replicas=1))
+            storage.record_event(Event(API_NOW - 60, EventKind.DEPLOY, "llama", {"v": version}))
+        west.record_event(Event(API_NOW - 120, EventKind.SCALE, "llama"))
+        client = await aiohttp_client(collector_app(service))
+
+        async def listed(path: str) -> list[tuple[str, str]]:
+            resp = await client.get(path, headers=API_AUTH)
+            assert resp.status == 200, await resp.text()
+            body = await resp.json()
+            rows = body.get("models") or body["events"]
+            return [(r["cluster"], r.get("version") or r["kind"]) for r in rows]
+
+        assert await listed("/v1/models") == [("default", "1")]
+        assert await listed("/v1/models?cluster=west") == [("west", "2")]
+        assert await listed("/v1/models?cluster=*") == [("default", "1"), ("west", "2")]
+        assert await listed("/v1/events?cluster=west") == [("west", "scale"), ("west", "deploy")]
+        assert await listed("/v1/events?cluster=*") == [
+            ("west", "scale"),  # oldest first across clusters
+            ("default", "deploy"),
+            ("west", "deploy"),
+        ]
+        for route in ("/v1/models", "/v1/events"):
+            resp = await client.get(f"{route}?cluster=%2A%2A", headers=API_AUTH)
+            assert resp.status == 400
+            assert "is not a cluster name" in (await resp.json())["error"]
+    service.storage.close()

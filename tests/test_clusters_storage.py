@@ -86,6 +86,12 @@ def test_models_and_events_of_one_name_stay_apart(pair):
     assert west.record_event(event)  # the same (time, kind, subject): another cluster's
     assert not west.record_event(event)
     assert len(east.events()) == len(west.events()) == 1
+    # an organisation-wide read, or one of another cluster, says so
+    assert [m.version for m in east.models(cluster="west")] == ["v7"]
+    assert sorted(m.version for m in east.models(cluster=ALL_CLUSTERS)) == ["v1", "v7"]
+    assert len(east.events(cluster=ALL_CLUSTERS)) == 2
+    assert east.events(cluster="north") == []
+    assert east.cluster_names() == west.cluster_names() == ["east", "west"]
 
 
 def test_accounting_of_colliding_gpus_is_kept_apart_and_summed_org_wide(pair):
@@ -136,6 +142,8 @@ def test_actions_approvals_and_breakers_are_each_clusters_own(pair):
     assert action_id is not None
     assert west.action(action_id) is None
     assert west.actions() == []
+    assert [a.action_id for a in west.actions(cluster="east")] == [action_id]
+    assert [a.action_id for a in west.actions(cluster=ALL_CLUSTERS)] == [action_id]
     assert west.action_for(action.incident_id, action.idempotency_key) is None
     assert west.cooldown_until("slurm.requeue", "slurm:c1:42", dry_run=False) is None
     assert east.cooldown_until("slurm.requeue", "slurm:c1:42", dry_run=False) == NOW + 600

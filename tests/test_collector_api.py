@@ -381,7 +381,8 @@ async def test_models(client):
     resp = await client.get("/v1/models", headers=AUTH)
     resnet = {"name": "resnet", "version": "50", "replicas": 1, "slo_latency_p99_seconds": None,
               "slo_error_ratio": None, "fallback_model": None, "labels": {}}  # fmt: skip
-    assert await resp.json() == {"models": [body, resnet]}
+    own = {"cluster": "default"}  # this collector's cluster (``?cluster=`` reads another)
+    assert await resp.json() == {"models": [body | own, resnet | own]}
 
     resp = await client.post("/v1/models", json={"name": "x", "version": "1",
                              "slo_error_ratio": 2}, headers=AUTH)  # fmt: skip
@@ -401,7 +402,8 @@ async def test_events(client):
     assert await resp.json() == {"accepted": 1, "recorded": 0}  # the same event twice: a no-op
 
     resp = await client.get("/v1/events", headers=AUTH)
-    stored_notice = {**notice, "time": NOW, "attributes": {}}
+    deploy = {**deploy, "cluster": "default"}  # this collector's (``?cluster=`` reads another)
+    stored_notice = {**notice, "time": NOW, "attributes": {}, "cluster": "default"}
     assert await resp.json() == {"events": [deploy, stored_notice], "truncated": False}
     resp = await client.get("/v1/events?kind=deploy&since=1h", headers=AUTH)
     assert await resp.json() == {"events": [deploy], "truncated": False}

@@ -213,8 +213,14 @@ class Storage(Protocol):
         """Insert or replace the deployment of ``model.name``; return whether anything changed."""
         ...
 
-    def models(self) -> list[ModelDeployment]:
-        """Every model deployment, ordered by name."""
+    def models(self, *, cluster: str | None = None) -> list[ModelDeployment]:
+        """Every model deployment of ``cluster`` (``None``: this store's; ``ALL_CLUSTERS``: every
+        one), ordered by name."""
+        ...
+
+    def cluster_names(self) -> list[str]:
+        """Every cluster with a row on the database (incidents, actions, models, events or jobs),
+        sorted: the clusters an organisation-wide read goes through."""
         ...
 
     def model(self, name: str) -> ModelDeployment | None:
@@ -231,8 +237,10 @@ class Storage(Protocol):
         since: float | None = None,
         kinds: Collection[EventKind] | None = None,
         subject: str | None = None,
+        cluster: str | None = None,
     ) -> list[Event]:
-        """Events at or after ``since``, oldest first, optionally of some kinds or one subject."""
+        """Events at or after ``since``, oldest first, optionally of some kinds or one subject, of
+        ``cluster`` (``None``: this store's; ``ALL_CLUSTERS``: every one)."""
         ...
 
     # Accounting ------------------------------------------------------------------------------
@@ -352,8 +360,10 @@ class Storage(Protocol):
         states: Collection[str] | None = None,
         incident_id: int | None = None,
         limit: int | None = None,
+        cluster: str | None = None,
     ) -> list[ActionRecord]:
-        """Actions (optionally in some states or of one incident), newest first."""
+        """Actions (optionally in some states or of one incident), newest first, of ``cluster``
+        (``None``: this store's; ``ALL_CLUSTERS``: every one)."""
         ...
 
     def cooldown_until(self, action: str, target: str, *, dry_run: bool) -> float | None:

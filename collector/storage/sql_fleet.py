@@ -55,6 +55,9 @@ _ACCOUNTING = Codec(
     from_sql={"job_key": lambda key: key or None},
 )
 # The cluster is the last stamp of every insert: this store's own (``SqlBase.cluster``).
+#: the tables whose clusters ``cluster_names`` lists (each indexed by cluster first; not the
+#: accounting table, the largest: a cluster that only ever wrote accounting rows is in ``jobs``)
+_CLUSTER_TABLES = ("incidents", "remediation_actions", "models", "events", "jobs")
 _UPSERT_JOB = {d: _JOBS.upsert_sql(("first_seen", "updated_at", "cluster"), d) for d in DIALECTS}
 _UPSERT_MODEL = {d: _MODELS.upsert_sql(("updated_at", "cluster"), d) for d in DIALECTS}
 _INSERT_EVENT = _EVENTS.insert_sql(("recorded_at", "cluster"), "ON CONFLICT DO NOTHING")
@@ -115,9 +118,14 @@ class FleetRecords(SqlBase):
         with self._write() as conn:
             return conn.execute(_UPSERT_MODEL[self.dialect], params).rowcount > 0
 
-    def models(self) -> list[ModelDeployment]:
-        rows = self._read("SELECT * FROM models WHERE cluster = ? ORDER BY name", (self.cluster,))
+    def models(self, *, cluster: str | None = None) -> list[ModelDeployment]:
+        scope, scoped = self._scope(cluster)
+        rows = self._read(f"SELECT * FROM models WHERE {scope} ORDER BY name", scoped)  # noqa: S608 - a constant condition
         return [_MODELS.load(row) for row in rows]
+
+    def cluster_names(self) -> list[str]:
+        union = " UNION ".join(f"SELECT DISTINCT cluster FROM {t}" for t in _CLUSTER_TABLES)  # noqa: S608 - constant names
+        return sorted(str(row[0]) for row in self._read(union, ()))
 
     def model(self, name: str) -> ModelDeployment | None:
         return self._one(_MODELS, "SELECT * FROM models WHERE name = ?", name)
@@ -133,9 +141,11 @@ class FleetRecords(SqlBase):
         since: float | None = None,
         kinds: Collection[EventKind] | None = None,
         subject: str | None = None,
+        cluster: str | None = None,
     ) -> list[Event]:
-        sql = "SELECT * FROM events WHERE cluster = ? AND time >= ?"
-        params: list[Any] = [self.cluster, ALL if since is None else since]
+        scope, scoped = self._scope(cluster)
+        sql = f"SELECT * FROM events WHERE {scope} AND time >= ?"  # noqa: S608 - a constant condition
+        params: list[Any] = [*scoped, ALL if since is None else since]
         if kinds is not None:
             sql += f" AND {one_of('kind', len(kinds))}"
             params += [EventKind(k) for k in kinds]

@@ -236,13 +236,13 @@ class RemediationRecords(SqlBase):
         states: Collection[str] | None = None,
         incident_id: int | None = None,
         limit: int | None = None,
+        cluster: str | None = None,
     ) -> list[ActionRecord]:
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        sql = (
-            "SELECT * FROM remediation_actions WHERE cluster = ? AND (? IS NULL OR incident_id = ?)"
-        )
-        params: list[Any] = [self.cluster, incident_id, incident_id]
+        scope, scoped = self._scope(cluster)
+        sql = f"SELECT * FROM remediation_actions WHERE {scope} AND (? IS NULL OR incident_id = ?)"  # noqa: S608 - a constant condition
+        params: list[Any] = [*scoped, incident_id, incident_id]
         if states is not None:
             sql += f" AND {one_of('state', len(states))}"
             params += [str(state) for state in states]

@@ -60,6 +60,7 @@ from gpuwarden.collector.web.keys import (
     Handler,
     add_route,
 )
+from gpuwarden.collector.web.scope import per_cluster, scope_of
 
 log = logging.getLogger(__name__)
 
@@ -365,9 +366,17 @@ async def post_jobs(request: web.Request) -> web.Response:
 
 
 async def get_models(request: web.Request) -> web.Response:
-    """``GET /v1/models``: every model deployment by name."""
-    models = await asyncio.to_thread(request.app[SERVICE].storage.models)
-    return web.json_response({"models": _plain(models)})
+    """``GET /v1/models[?cluster=NAME|*]``: every model deployment by name, of this collector's
+    cluster, another one's, or every cluster's (``*``), each naming its cluster."""
+    storage = request.app[SERVICE].storage
+    scope = _query(request, "cluster", lambda text: scope_of(text, storage), storage.cluster)
+
+    def read() -> list[tuple[str, ModelDeployment]]:
+        found = per_cluster(storage, scope, lambda name: storage.models(cluster=name))
+        return sorted(found, key=lambda pair: (pair[1].name, pair[0]))
+
+    found = await asyncio.to_thread(read)
+    return web.json_response({"models": [{**_plain(m), "cluster": c} for c, m in found]})
 
 
 async def post_models(request: web.Request) -> web.Response:
@@ -378,18 +387,37 @@ async def post_models(request: web.Request) -> web.Response:
 
 
 async def get_events(request: web.Request) -> web.Response:
-    """``GET /v1/events[?since=24h][&kind=deploy,...][&subject=...][&limit=N]``: oldest first."""
+    """``GET /v1/events[?since=24h][&kind=deploy,...][&subject=...][&limit=N][&cluster=NAME|*]``:
+    oldest first, of this collector's cluster, another one's, or every cluster's (``*``), each
+    naming its cluster."""
     service = request.app[SERVICE]
+    storage = service.storage
     since = _query(request, "since", lambda t: parse_time(t, service.clock()), "24h")
     kinds = _query(request, "kind", _choices(tuple(EventKind)), "")
     limit = _query(request, "limit", _limit, str(MAX_ITEMS))
-    events = await asyncio.to_thread(
-        service.storage.events,
-        since=since,
-        kinds=[EventKind(k) for k in kinds] or None,
-        subject=request.query.get("subject"),
+    scope = _query(request, "cluster", lambda text: scope_of(text, storage), storage.cluster)
+    subject = request.query.get("subject")
+
+    def read() -> list[tuple[str, Event]]:
+        found = per_cluster(
+            storage,
+            scope,
+            lambda name: storage.events(
+                since=since,
+                kinds=[EventKind(k) for k in kinds] or None,
+                subject=subject,
+                cluster=name,
+            ),
+        )
+        return sorted(found, key=lambda pair: pair[1].time)  # stable: stored order within a time
+
+    events = await asyncio.to_thread(read)
+    return web.json_response(
+        {
+            "events": [{**_plain(e), "cluster": c} for c, e in events[-limit:]],
+            "truncated": len(events) > limit,
+        }
     )
-    return web.json_response({"events": _plain(events[-limit:]), "truncated": len(events) > limit})
 
 
 async def post_events(request: web.Request) -> web.Response:

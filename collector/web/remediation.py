@@ -53,6 +53,7 @@ from gpuwarden.collector.web.keys import (
     add_route,
 )
 from gpuwarden.collector.web.remediation_setup import Remediation
+from gpuwarden.collector.web.scope import per_cluster, scope_of
 from gpuwarden.collector.web.session import (
     CSRF_FIELD,
     DECIDING_ROLES,
@@ -336,15 +337,32 @@ async def show_incident(request: web.Request) -> web.Response:
 
 @_storage_answers
 async def list_actions(request: web.Request) -> web.Response:
-    """``GET /v1/actions?state=...&incident=...&limit=...`` (newest first)."""
+    """``GET /v1/actions?state=...&incident=...&limit=...[&cluster=NAME|*]`` (newest first): of
+    this collector's cluster, another one's, or every cluster's (``*``), each naming its
+    cluster."""
     r = request.app[REMEDIATION]
     states = request.query.getall("state", []) or None
     incident = _int(request, "incident") if "incident" in request.query else None
     limit = min(_int(request, "limit"), MAX_LIST) if "limit" in request.query else MAX_LIST
-    rows = await asyncio.to_thread(
-        r.storage.actions, states=states, incident_id=incident, limit=limit
-    )
-    return web.json_response({"actions": [action_json(a) for a in rows]})
+    try:
+        scope = scope_of(request.query.get("cluster"), r.storage)
+    except ValueError as exc:
+        return _error(400, f"cluster: {exc}")
+
+    def read() -> list[tuple[str, ActionRecord]]:
+        found = per_cluster(
+            r.storage,
+            scope,
+            lambda name: r.storage.actions(
+                states=states, incident_id=incident, limit=limit, cluster=name
+            ),
+        )
+        # action ids rise across clusters (one table)
+        found.sort(key=lambda pair: pair[1].action_id or 0, reverse=True)
+        return found[:limit]
+
+    rows = await asyncio.to_thread(read)
+    return web.json_response({"actions": [{**action_json(a), "cluster": c} for c, a in rows]})
 
 
 @_storage_answers
