@@ -44,6 +44,7 @@ from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks
 from gpuwarden.collector.rules.model import ActionMode, ActionSpec, Rule, Selector, Severity
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.storage.sqlite import SqliteStorage
+from tests.storage_backends import Backend, SqlStorage
 
 BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
 NOON = dt.datetime(2026, 11, 25, 12, 0, tzinfo=BERLIN).timestamp()  # a Wednesday
@@ -93,7 +94,7 @@ def rule(kind: str, parameters: Mapping[str, Any] | None = None) -> Rule:
 
 @dataclass
 class Fleet:
-    storage: SqliteStorage
+    storage: SqlStorage
     clock: Clock
     registry: JobRegistry
     actuator: Actuator = field(default_factory=Actuator)
@@ -150,6 +151,15 @@ class Fleet:
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
     clock = Clock()
     storage = SqliteStorage(str(tmp_path / "state.db"), clock=clock)
+    yield Fleet(storage, clock, JobRegistry(storage))
+    storage.close()
+
+
+@pytest.fixture
+def either_fleet(backend: Backend) -> Iterator[Fleet]:
+    """On SQLite and on PostgreSQL: the approval flow and the breach incidents are storage's."""
+    clock = Clock()
+    storage = backend.open(clock)
     yield Fleet(storage, clock, JobRegistry(storage))
     storage.close()
 
@@ -299,7 +309,8 @@ def test_a_policy_refuses_what_it_forbids_audited_by_name(
         assert (row.state, entry.verdict) == (ActionState.REFUSED, "policy_refused")
 
 
-def test_the_spot_to_on_demand_fallback_waits_for_approval_then_runs(fleet: Fleet) -> None:
+def test_the_spot_to_on_demand_fallback_waits_for_approval_then_runs(either_fleet: Fleet) -> None:
+    fleet = either_fleet
     fleet.registry.put([job("slurm:c:7", "ml-a", 8, price_tier="spot")])
     fallback = rule("requeue", {"price_tier": "on-demand"})
     remediator = fleet.remediator(
@@ -343,7 +354,8 @@ def test_quiet_hours_defer_to_the_window_end_then_act(fleet: Fleet) -> None:
     assert [c.kind for c in fleet.actuator.calls] == ["drain"]
 
 
-def test_breaches_open_and_resolve_incidents_naming_the_policy(fleet: Fleet) -> None:
+def test_breaches_open_and_resolve_incidents_naming_the_policy(either_fleet: Fleet) -> None:
+    fleet = either_fleet
     policies: list[Policy] = [
         LimitPolicy(
             name="ml-share", selector=PolicySelector(teams=("ml-*",)), max_gpus_per_team=16

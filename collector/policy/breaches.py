@@ -140,12 +140,11 @@ class BreachBook:
         opened = 0
         for breach in breaches:
             log.warning("policy breach: %s", breach.reason)
-            if self._rule is None:
-                continue
-            opened += self._fold(breach, now, origin)
+            if self._rule is not None:
+                opened += self._fold(self._rule, breach, now, origin)
         return opened
 
-    def _fold(self, breach: PolicyBreach, now: float, origin: str) -> int:
+    def _fold(self, rule: Rule, breach: PolicyBreach, now: float, origin: str) -> int:
         evidence: dict[str, object] = {
             "subject": breach.subject,
             "summary": breach.reason,
@@ -169,11 +168,10 @@ class BreachBook:
                 )
             )
             return 0
-        assert self._rule is not None  # noqa: S101 - checked by record()
         incident = Incident(
             fingerprint=key,
-            rule_id=self._rule.id,
-            severity=str(self._rule.severity),
+            rule_id=rule.id,
+            severity=str(rule.severity),
             first_seen=now,
             last_seen=now,
             evidence=evidence,

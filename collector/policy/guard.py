@@ -56,8 +56,9 @@ def _text(value: object) -> str | None:
 
 
 def _number(value: object) -> float | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    return float(value) if ok else None  # type: ignore[arg-type]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
 
 
 class PolicyGuard:

@@ -25,9 +25,9 @@ from __future__ import annotations
 import difflib
 import re
 import zoneinfo
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import msgspec
 
@@ -240,7 +240,9 @@ def _quiet_hours(keys: QuietHoursKeys, found: list[InvalidError], source: Policy
     )
 
 
-_BUILD = {
+_Build = Callable[[Any, list[InvalidError], PolicySource], Policy]
+"""Builds one kind's policy from its keys (a struct of that kind), adding what is wrong."""
+_BUILD: dict[PolicyKind, _Build] = {
     PolicyKind.LIMIT: _limit,
     PolicyKind.APPROVAL: _approval,
     PolicyKind.COST_CAP: _cost_cap,
@@ -264,7 +266,7 @@ def _policy(raw: object, source: PolicySource) -> Policy | list[InvalidError]:
     except InvalidError as exc:
         return [exc]
     found: list[InvalidError] = []
-    policy = _BUILD[kind](keys, found, source)  # type: ignore[operator]
+    policy = _BUILD[kind](keys, found, source)
     return found or policy
 
 

@@ -216,7 +216,7 @@ class Decider:
                 state=state,
             )
         if self._guard is not None and decision.verdict in _GUARDED:
-            decision, state = self._ask_policies(decision, row, spec, incident, state)
+            decision, state = _ask_policies(self._guard, decision, row, spec, incident, state)
         inputs = {
             "rule_id": incident.rule_id,
             "incident_id": incident.incident_id,
@@ -240,39 +240,6 @@ class Decider:
             Verdict.EXECUTE: self._executor.execute,
         }[decision.verdict]
         return handler(Step(row, decision, incident, inputs, state))
-
-    def _ask_policies(
-        self,
-        decision: Decision,
-        row: ActionRecord,
-        spec: ActionSpec,
-        incident: Incident,
-        state: PolicyState,
-    ) -> tuple[Decision, PolicyState]:
-        """The decision once the policies had their say (a refusal, a deferral to the end of
-        quiet hours, or an approval they require); the reason names the policy."""
-        assert self._guard is not None  # noqa: S101 - checked by the caller
-        facts = self._guard.facts(
-            kind=spec.kind,
-            target=row.target or None,
-            parameters=spec.parameters,
-            evidence=incident.evidence,
-            first_seen=incident.first_seen,
-            human_approved="approved_by" in row.params,
-        )
-        ruling = self._guard.review(facts)
-        said = f"policy {ruling.policy}: {ruling.reason}"
-        if ruling.outcome is Outcome.REFUSE:
-            return Decision(Verdict.POLICY_REFUSED, said), state
-        if decision.verdict is Verdict.AWAIT_APPROVAL:
-            return decision, state  # a human decides anyway; only a refusal comes first
-        if ruling.outcome is Outcome.DEFER:
-            return Decision(Verdict.POLICY_DEFERRED, said), replace(
-                state, cooldown_until=ruling.until
-            )
-        if ruling.outcome is Outcome.REQUIRE_APPROVAL:
-            return Decision(Verdict.AWAIT_APPROVAL, said), state
-        return decision, state
 
     # One handler per verdict ------------------------------------------------------------------
 
@@ -347,3 +314,34 @@ def _spec(rule: Rule | None, kind: str) -> ActionSpec | None:
     if rule is None:
         return None
     return next((spec for spec in rule.actions if spec.kind == kind), None)
+
+
+def _ask_policies(
+    guard: PolicyGuard,
+    decision: Decision,
+    row: ActionRecord,
+    spec: ActionSpec,
+    incident: Incident,
+    state: PolicyState,
+) -> tuple[Decision, PolicyState]:
+    """The decision once the policies had their say (a refusal, a deferral to the end of
+    quiet hours, or an approval they require); the reason names the policy."""
+    facts = guard.facts(
+        kind=spec.kind,
+        target=row.target or None,
+        parameters=spec.parameters,
+        evidence=incident.evidence,
+        first_seen=incident.first_seen,
+        human_approved="approved_by" in row.params,
+    )
+    ruling = guard.review(facts)
+    said = f"policy {ruling.policy}: {ruling.reason}"
+    if ruling.outcome is Outcome.REFUSE:
+        return Decision(Verdict.POLICY_REFUSED, said), state
+    if decision.verdict is Verdict.AWAIT_APPROVAL:
+        return decision, state  # a human decides anyway; only a refusal comes first
+    if ruling.outcome is Outcome.DEFER:
+        return Decision(Verdict.POLICY_DEFERRED, said), replace(state, cooldown_until=ruling.until)
+    if ruling.outcome is Outcome.REQUIRE_APPROVAL:
+        return Decision(Verdict.AWAIT_APPROVAL, said), state
+    return decision, state
