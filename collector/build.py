@@ -173,10 +173,20 @@ def build_policy_guard(
 
     policies = load_policies([config.policies_dir])
 
+    # Spend changes once per accounting period: each period's answer is kept until the next.
+    answers: dict[tuple[CapPeriod, int], Mapping[str, float]] = {}
+
     def spend(period: CapPeriod, now: float) -> Mapping[str, float]:
         """Spend per team so far this UTC day or month (``gpuwarden report costs --by team``)."""
-        lines = cost_lines(service.storage, since=period_start(period, now), until=now, by="team")
-        return {line.group: line.cost for line in lines if line.cost is not None}
+        key = (period, int(now // config.accounting_period_seconds))
+        if key not in answers:
+            for old in [k for k in answers if k[1] != key[1]]:
+                del answers[old]
+            lines = cost_lines(
+                service.storage, since=period_start(period, now), until=now, by="team"
+            )
+            answers[key] = {line.group: line.cost for line in lines if line.cost is not None}
+        return answers[key]
 
     rule = next((r for r in rules.enabled() if r.id == RULE_ID), None)
     return PolicyGuard(

@@ -42,7 +42,7 @@ from gpuwarden.collector.remediate.policy import PolicyConfig
 from gpuwarden.collector.remediate.remediator import ActionState, Remediator
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import ActionMode, ActionSpec, Rule, Selector, Severity
-from gpuwarden.collector.storage.records import Incident, IncidentState
+from gpuwarden.collector.storage.records import AccountingRow, Incident, IncidentState
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from tests.storage_backends import Backend, SqlStorage
 
@@ -417,3 +417,76 @@ def test_the_collector_builds_its_guard_from_policies_dir(tmp_path: Path) -> Non
 
 def replace_dir(config: CollectorConfig, path: Path | None) -> CollectorConfig:
     return msgspec.structs.replace(config, policies_dir=path)
+
+
+def test_cost_caps_read_the_days_and_the_months_spend_from_accounting(tmp_path: Path) -> None:
+    now = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC).timestamp()
+    examples = tmp_path / "policies"
+    examples.mkdir()
+    (examples / "caps.yaml").write_text(
+        "policies:\n"
+        "  - {name: day-50, kind: cost_cap, period: day, cap_dollars: 50}\n"
+        "  - {name: month-150, kind: cost_cap, period: month, cap_dollars: 150}\n"
+        "  - {name: month-200, kind: cost_cap, period: month, cap_dollars: 200}\n"
+    )
+    config = CollectorConfig(database=tmp_path / "c.db", policies_dir=examples)
+    service = build_service(config, job_sources=[])
+    rules = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
+
+    def row(start: dt.datetime, dollars: float) -> AccountingRow:
+        return AccountingRow(
+            period_start=start.timestamp(),
+            period_seconds=60.0,
+            job_key="slurm:c:1",
+            team="ml-a",
+            model=None,
+            node="n1",
+            gpu_uuid="GPU-1",
+            price_tier="on-demand",
+            gpu_seconds_allocated=60.0,
+            gpu_seconds_busy=60.0,
+            gpu_seconds_idle=0.0,
+            cost=dollars,
+            currency="USD",
+        )
+
+    try:
+        service.storage.write_rollups(
+            [
+                row(dt.datetime(2026, 11, 25, 11, 0, tzinfo=dt.UTC), 60.0),  # today
+                row(dt.datetime(2026, 11, 3, 9, 0, tzinfo=dt.UTC), 100.0),  # this month
+                row(dt.datetime(2026, 10, 31, 23, 0, tzinfo=dt.UTC), 1000.0),  # last month
+            ]
+        )
+        clock = Clock()
+        clock.now = now
+        guard = build_policy_guard(config, service, rules, clock=clock)
+        assert guard is not None
+        assert guard.sweep() == (2, 0)
+        # spend is read again once per accounting period, not on every pass
+        service.storage.write_rollups([row(dt.datetime(2026, 11, 25, 11, 1, tzinfo=dt.UTC), 50.0)])
+        assert guard.sweep() == (0, 0)
+        clock.now += config.accounting_period_seconds
+        assert guard.sweep() == (1, 0)  # month-200: $210 now
+        opened = sorted(
+            (str(i.evidence["policy"]), str(i.evidence["summary"]))
+            for i in service.storage.incidents(state=IncidentState.OPEN)
+        )
+        assert opened == [
+            (
+                "day-50",
+                "team ml-a spent $110.00 this day, at or over the $50.00 cap of policy day-50",
+            ),
+            (
+                "month-150",
+                "team ml-a spent $210.00 this month, at or over the $150.00 cap of policy "
+                "month-150",
+            ),
+            (
+                "month-200",
+                "team ml-a spent $210.00 this month, at or over the $200.00 cap of policy "
+                "month-200",
+            ),
+        ]
+    finally:
+        service.storage.close()
