@@ -28,6 +28,7 @@ from gpuwarden.collector.web.remediation_setup import Remediation, create_remedi
 if TYPE_CHECKING:
     from gpuwarden.collector.alerts.model import Notifier
     from gpuwarden.collector.clients.http import HttpClient
+    from gpuwarden.collector.policy.guard import PolicyGuard
     from gpuwarden.collector.remediate.actuators.base import Actuator
     from gpuwarden.collector.remediate.actuators.build import JobLookup
     from gpuwarden.collector.remote_write.reader import TsdbReader
@@ -144,6 +145,56 @@ def build_remediation(
             (len(service.registry.jobs()) + len(service.nodes) + len(service.storage.models()))
             or None
         ),
+        clock=clock,
+        guard=build_policy_guard(config, service, rules, clock=clock),
+    )
+
+
+def build_policy_guard(
+    config: CollectorConfig,
+    service: CollectorService,
+    rules: RuleSet,
+    *,
+    clock: Callable[[], float] = time.time,
+) -> PolicyGuard | None:
+    """The policies of ``policies_dir`` as the remediator asks them (``None``: none set).
+
+    Raises ``PolicyError`` (a ``ValueError``) naming the file, policy and key of the first
+    mistake: a collector does not start with policies it cannot read.
+    """
+    if config.policies_dir is None:
+        return None
+    from gpuwarden.collector.accounting.report import cost_lines
+    from gpuwarden.collector.policy.breaches import RULE_ID, BreachBook
+    from gpuwarden.collector.policy.evaluate import period_start
+    from gpuwarden.collector.policy.guard import PolicyGuard
+    from gpuwarden.collector.policy.loader import load_policies
+    from gpuwarden.collector.policy.model import CapPeriod
+
+    policies = load_policies([config.policies_dir])
+
+    # Spend changes once per accounting period: each period's answer is kept until the next.
+    answers: dict[tuple[CapPeriod, int], Mapping[str, float]] = {}
+
+    def spend(period: CapPeriod, now: float) -> Mapping[str, float]:
+        """Spend per team so far this UTC day or month (``gpuwarden report costs --by team``)."""
+        key = (period, int(now // config.accounting_period_seconds))
+        if key not in answers:
+            for old in [k for k in answers if k[1] != key[1]]:
+                del answers[old]
+            lines = cost_lines(
+                service.storage, since=period_start(period, now), until=now, by="team"
+            )
+            answers[key] = {line.group: line.cost for line in lines if line.cost is not None}
+        return answers[key]
+
+    rule = next((r for r in rules.enabled() if r.id == RULE_ID), None)
+    return PolicyGuard(
+        policies.policies,
+        jobs=service.registry,
+        spend=spend,
+        breaches=BreachBook(service.storage, rule),
+        cluster=config.cluster,
         clock=clock,
     )
 

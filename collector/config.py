@@ -245,6 +245,8 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     rules: Annotated[tuple[Path, ...], ONE_OR_MANY] = ()
     runbooks_dir: Path | None = None
     skip_bad_rules: bool = False
+    #: folder (or files) of policy YAML (docs/policies.md); default: none, so no policies
+    policies_dir: Path | None = None
     detection_seconds: Positive = 60.0
     #: "<#channel> <incoming-webhook URL>" per line; "<service> <integration key>" per line
     slack_webhooks_file: Path | None = None

@@ -122,9 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     from gpuwarden.collector.accounting.report import add_report_parser
 
     add_report_parser(sub)
-    from gpuwarden.collector.cli.rules import add_rules_parser
-
-    add_rules_parser(sub)
+    _add_rules_and_policies_parsers(sub)
     from gpuwarden.collector.cli.actions import add_actions_parser, add_incidents_parser
 
     add_incidents_parser(sub)
@@ -151,6 +149,16 @@ _AGENT_FLAGS: dict[str, tuple[str, str]] = {
     "nvml_library_path": ("--nvml-library", "nvml_library"),
     "spool.directory": ("--spool-dir", "spool_dir"),
 }
+
+
+def _add_rules_and_policies_parsers(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    from gpuwarden.collector.cli.policies import add_policies_parser
+    from gpuwarden.collector.cli.rules import add_rules_parser
+
+    add_rules_parser(sub)
+    add_policies_parser(sub)
 
 
 def _run_agent(args: argparse.Namespace) -> int:
@@ -208,6 +216,12 @@ def _run_rules(args: argparse.Namespace) -> int:
     return run_rules(args)
 
 
+def _run_policies(args: argparse.Namespace) -> int:
+    from gpuwarden.collector.cli.policies import run_policies
+
+    return run_policies(args)
+
+
 def _run_incidents(args: argparse.Namespace) -> int:
     from gpuwarden.collector.cli.actions import run_incidents
 
@@ -253,6 +267,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "collector": _run_collector,
     "demo": _run_demo,
     "rules": _run_rules,
+    "policies": _run_policies,
     "incidents": _run_incidents,
     "actions": _run_actions,
     "silence": _run_silence,

@@ -76,6 +76,7 @@ from gpuwarden.demo_fleet import (
     scaled_rules,
     scenario,
 )
+from gpuwarden.demo_policy import with_demo_policies
 from gpuwarden.demo_report import print_report, print_status
 from gpuwarden.demo_router import RouterState, create_router_app
 from gpuwarden.demo_serving import ServingProfile, SimulatedModelServer
@@ -257,7 +258,7 @@ class _Demo:
         )
         actuators: list[Actuator] = [self.scheduler, router]
         remediation = build_remediation(
-            self.config,
+            with_demo_policies(self.config, spool.parent / "policies", _say),
             self.service,
             rules,
             actuators=actuators,

@@ -15,6 +15,8 @@ command -v promtool >/dev/null || pkgs+=(prometheus)
 [ -x /usr/bin/prometheus-alertmanager ] || pkgs+=(prometheus-alertmanager)
 [ -x /usr/bin/victoria-metrics ] || pkgs+=(victoria-metrics)
 command -v chromium >/dev/null || pkgs+=(chromium)
+# the IANA time zones quiet-hours policies name (zoneinfo reads /usr/share/zoneinfo)
+[ -e /usr/share/zoneinfo/Europe/Berlin ] || pkgs+=(tzdata)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null \
   || pkgs+=(postgresql)
 [ ${#pkgs[@]} -eq 0 ] && exit 0

@@ -41,6 +41,7 @@ SCRIPTED: dict[str, tuple[str, ...]] = {
     "slo-burn-fast": ("llama-70b",),  # the slow deploy: scale-up, degrade, restore
     "deploy-regression": ("llama-70b",),  # the slow deploy, ended by the rollback
     "input-bound-job": ("slurm:demo:101",),  # the starved training job
+    "policy-breach": ("llama-70b",),  # the scale-up the demo's policy refused
 }
 
 
@@ -105,9 +106,15 @@ def test_the_report_has_waste_detections_and_actions(demo):
     assert "operator: approved through the signed link -> HTTP 200" in out
     assert "requeued for real on the simulated scheduler: slurm:demo:102" in out
     assert re.search(r"requeue\s+slurm:demo:102\s+approve\s+verified", out)
-    # the slow deploy burned the SLO: scaling had no room (escalated), so traffic moved to the
-    # smaller model; once the incident resolved and the settle time passed, it was restored
-    assert re.search(r"scale_up\s+llama-70b\s+auto\s+escalated", out)
+    # the slow deploy burned the SLO: the demo's policy refused the scale-up (llama-70b may hold
+    # 8 GPUs, gpuwarden/demo_policy.py), so traffic moved to the smaller model; once the
+    # incident resolved and the settle time passed, it was restored
+    assert re.search(r"scale_up\s+llama-70b\s+auto\s+refused", out)
+    assert re.search(
+        r"\[FIRING\] policy-breach \(warning\): model llama-70b would hold 9 GPUs \(8 held \+ 1 "
+        r"requested\); policy llama-70b-ceiling allows at most 8",
+        out,
+    )
     assert "router: 50% of llama-70b traffic now goes to llama-8b" in out
     assert re.search(r"degrade\s+llama-70b\s+approve\s+restored", out)
     assert "router: all llama-70b traffic is back on llama-70b" in out

@@ -353,7 +353,7 @@ def test_loaded_rule_is_typed_frozen_and_has_defaults(tmp_path, runbooks):
         ("requeue", ActionMode.APPROVE),
         ("notify", ActionMode.NOTIFY),  # mode defaults to the least powerful one
     ]
-    assert rule.actions[0].parameters == {"max_attempts": 1}
+    assert rule.actions[0].parameters == {"max_attempts": 1, "price_tier": "same"}
     assert rule.selector.teams == ("ml-*",)
     assert rule.description == "Idle."
     assert rule.routes == ("slack:#gpu-waste",)

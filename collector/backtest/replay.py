@@ -10,6 +10,7 @@ incidents in a temporary SQLite file, exactly as the running collector does.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import sys
@@ -17,6 +18,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TextIO
 
 from tqdm import tqdm
@@ -74,6 +76,8 @@ class FoundIncident:
     covers: tuple[str, ...] = ()
     """The GPUs (``node/uuid``) an incident about a job names (evidence ``gpu_ids``): a truth
     window labelled on one of them is the incident's too."""
+    evidence: Mapping[str, object] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    """The incident's evidence as stored (``policies test`` asks the policies about it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +244,7 @@ def _found(
         waste_gpu_hours=hours,
         waste_usd=usd,
         covers=tuple(g for g in str(evidence.get("gpu_ids") or "").split(",") if g),
+        evidence=MappingProxyType(dict(evidence)),
     )
 
 

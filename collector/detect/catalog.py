@@ -31,6 +31,7 @@ from gpuwarden.collector.detect import (
     node_silent,
     orphaned,
     overprovisioned,
+    policy_breach,
     preemption,
     slo,
     straggler,
@@ -61,6 +62,7 @@ DETECTORS: Mapping[str, Detector[Any]] = MappingProxyType(
             metric_anomaly.DETECTOR,
             level_shift.DETECTOR,
             alertmanager.DETECTOR,
+            policy_breach.DETECTOR,
         )
     }
 )

@@ -52,7 +52,7 @@ EXTENT_PARAMETERS = (
 """Parameters that each span the data a rule reads back from now: the longest counts."""
 PRECEDING_PARAMETERS = ("baseline_seconds", "reference_seconds")
 """Parameters that span data before the judged window: added to it."""
-NO_HISTORY = frozenset({"preemption", "alertmanager"})
+NO_HISTORY = frozenset({"preemption", "alertmanager", "policy_breach"})
 """Detectors that read stored events or pushed alerts, not the store's history."""
 MEMORY_KEPT = frozenset({"distribution_drift"})
 """Detectors whose history lives in their own state, rebuilt from the recent window at start."""

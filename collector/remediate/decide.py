@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from gpuwarden.collector.alerts.redact import redact
+from gpuwarden.collector.policy.evaluate import Outcome
+from gpuwarden.collector.policy.guard import PolicyGuard
 from gpuwarden.collector.remediate.execute import Actuators, Executor
 from gpuwarden.collector.remediate.ledger import Ledger, Step
 from gpuwarden.collector.remediate.paging import Pager
@@ -29,6 +31,11 @@ from gpuwarden.collector.storage.base import ActionRecord, BreakerRecord, Storag
 from gpuwarden.collector.storage.records import AuditEntry, Incident, IncidentState
 
 log = logging.getLogger(__name__)
+
+_GUARDED = frozenset(
+    {Verdict.EXECUTE, Verdict.DRY_RUN, Verdict.TRIP_BREAKER, Verdict.AWAIT_APPROVAL}
+)
+"""Verdicts the policies are asked about: the action would run, be dry-run, or ask a human."""
 
 
 def target_for(kind: str, incident: Incident) -> str | None:
@@ -65,6 +72,8 @@ class Decider:
         pager: approval requests, escalations and breaker pages.
         fleet_size: number of targets in the fleet for the blast-radius ratio.
         clock: wall clock.
+        guard: the policies (``policies/``) asked before an action runs, is dry-run or waits
+            for approval (``None``: no policies).
     """
 
     def __init__(
@@ -80,7 +89,9 @@ class Decider:
         pager: Pager,
         fleet_size: Callable[[], int | None],
         clock: Callable[[], float],
+        guard: PolicyGuard | None = None,
     ) -> None:
+        self._guard = guard
         self._storage = storage
         self._ledger = ledger
         self._rules = rules
@@ -204,6 +215,8 @@ class Decider:
                 parameters=spec.parameters,
                 state=state,
             )
+        if self._guard is not None and decision.verdict in _GUARDED:
+            decision, state = _ask_policies(self._guard, decision, row, spec, incident, state)
         inputs = {
             "rule_id": incident.rule_id,
             "incident_id": incident.incident_id,
@@ -221,6 +234,8 @@ class Decider:
             Verdict.TRIP_BREAKER: self._trip,
             Verdict.COOLDOWN: self._to_deferred,
             Verdict.MAX_ATTEMPTS: self._to_escalated,
+            Verdict.POLICY_REFUSED: self._to_refused,
+            Verdict.POLICY_DEFERRED: self._to_deferred,
             Verdict.DRY_RUN: self._executor.dry_run,
             Verdict.EXECUTE: self._executor.execute,
         }[decision.verdict]
@@ -299,3 +314,34 @@ def _spec(rule: Rule | None, kind: str) -> ActionSpec | None:
     if rule is None:
         return None
     return next((spec for spec in rule.actions if spec.kind == kind), None)
+
+
+def _ask_policies(
+    guard: PolicyGuard,
+    decision: Decision,
+    row: ActionRecord,
+    spec: ActionSpec,
+    incident: Incident,
+    state: PolicyState,
+) -> tuple[Decision, PolicyState]:
+    """The decision once the policies had their say (a refusal, a deferral to the end of
+    quiet hours, or an approval they require); the reason names the policy."""
+    facts = guard.facts(
+        kind=spec.kind,
+        target=row.target or None,
+        parameters=spec.parameters,
+        evidence=incident.evidence,
+        first_seen=incident.first_seen,
+        human_approved="approved_by" in row.params,
+    )
+    ruling = guard.review(facts)
+    said = f"policy {ruling.policy}: {ruling.reason}"
+    if ruling.outcome is Outcome.REFUSE:
+        return Decision(Verdict.POLICY_REFUSED, said), state
+    if decision.verdict is Verdict.AWAIT_APPROVAL:
+        return decision, state  # a human decides anyway; only a refusal comes first
+    if ruling.outcome is Outcome.DEFER:
+        return Decision(Verdict.POLICY_DEFERRED, said), replace(state, cooldown_until=ruling.until)
+    if ruling.outcome is Outcome.REQUIRE_APPROVAL:
+        return Decision(Verdict.AWAIT_APPROVAL, said), state
+    return decision, state

@@ -113,6 +113,8 @@ class Verdict(enum.StrEnum):
     TRIP_BREAKER = "trip_breaker"  # this action would exceed the blast radius: trip now
     COOLDOWN = "cooldown"  # the target was acted on too recently
     MAX_ATTEMPTS = "max_attempts"  # escalate to a human
+    POLICY_REFUSED = "policy_refused"  # a policy (policies/) forbids it: refused, audited
+    POLICY_DEFERRED = "policy_deferred"  # a policy's quiet hours: decided again at their end
 
 
 @dataclass(frozen=True, slots=True)

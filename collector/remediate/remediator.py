@@ -38,6 +38,7 @@ from typing import Any
 
 from gpuwarden.collector.alerts.model import AlertOutbox
 from gpuwarden.collector.alerts.runbooks import Links
+from gpuwarden.collector.policy.guard import PolicyGuard
 from gpuwarden.collector.remediate.actuators.base import Actuator
 from gpuwarden.collector.remediate.approvals import Approvals
 from gpuwarden.collector.remediate.decide import Decider, target_for
@@ -114,6 +115,8 @@ class Remediator:
         held: whether an operator's silence holds an incident's actions (``actions: true``):
             no action is decided for it while it does; it is decided once the silence ends.
         clock: wall clock.
+        guard: the policies (``policies/``): asked before each action, and each pass for
+            standing breaches (``None``: no policies).
 
     Raises:
         PolicyError: a rule names an unknown action kind.
@@ -135,8 +138,10 @@ class Remediator:
         fleet_size: Callable[[], int | None] = lambda: None,
         held: Callable[[Incident], bool] = lambda _incident: False,
         clock: Callable[[], float] = time.time,
+        guard: PolicyGuard | None = None,
     ) -> None:
         self._storage = storage
+        self._guard = guard
         self._held = held
         self._rules = {rule.id: rule for rule in rules}
         self.policy = Policy(config, self._rules.values())
@@ -174,6 +179,7 @@ class Remediator:
             pager=pager,
             fleet_size=fleet_size,
             clock=clock,
+            guard=guard,
         )
         self._verifications = Verifications(
             storage,
@@ -192,11 +198,13 @@ class Remediator:
 
     def tick(self) -> TickResult:
         """One pass: reconcile crashed executions, expire approval requests nobody needs any
-        more, decide new incidents, run due actions, verify settled ones. Each row's failure is
-        logged and isolated."""
+        more, open and resolve standing policy breaches, decide new incidents, run due actions,
+        verify settled ones. Each row's failure is logged and isolated."""
         with self._lock:
             reconciled = self._each(self._executor.stale(), self._reconcile)
             expired = self._each(self._expiry.awaiting(), self._expire)
+            if self._guard is not None:  # standing breaches open incidents decided below
+                self._each((self._guard,), self._sweep)
             decided = self._each(self._storage.incidents(state=IncidentState.OPEN), self.handle)
             executed = self._each(self._decider.due(), self._advance)
             verified = self._each(self._verifications.settled(), self._verify)
@@ -243,6 +251,10 @@ class Remediator:
 
     def _expire(self, row: ActionRecord) -> bool:
         return self._expiry.expire(row)
+
+    def _sweep(self, guard: PolicyGuard) -> bool:
+        opened, resolved = guard.sweep()
+        return bool(opened or resolved)
 
     def _advance(self, row: ActionRecord) -> bool:
         return self._decider.advance(row)

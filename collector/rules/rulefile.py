@@ -159,6 +159,11 @@ def _parse(data: bytes) -> object:
         raise InvalidError("", "not valid YAML: nested too deeply") from None
 
 
+def parse_yaml(data: bytes) -> object:
+    """The YAML document in ``data``, read as rule files are (also for policy files)."""
+    return _parse(data)
+
+
 def read_rules(path: Path) -> list[object]:
     """The ``rules`` list of one file; ``InvalidError`` keys are file-level."""
     try:

@@ -39,7 +39,12 @@ _J, _N, _D = Subject.JOB, Subject.NODE, Subject.DEPLOYMENT
 # fmt: off
 ACTIONS: Mapping[str, ActionKindSpec] = MappingProxyType({spec.kind: spec for spec in (
     ActionKindSpec("requeue", "Requeue the job (Slurm scontrol requeue, Kubernetes re-create).",
-                   _J, _table(max_attempts=_p(_T.INT, 1, 1, 10, "Requeues per incident."))),
+                   _J, _table(max_attempts=_p(_T.INT, 1, 1, 10, "Requeues per incident."),
+                              price_tier=_p(_T.STR, "same", None, None,
+                                            "Tier to requeue at: 'same', or a fallback such as "
+                                            "'on-demand' (policies may make it wait for an "
+                                            "approval).",
+                                            ("same", "spot", "on-demand", "reserved")))),
     ActionKindSpec("scale_up", "Add replicas to the deployment.", _D, _table(
         step_replicas=_p(_T.INT, 1, 1, 100, "Replicas added per action."),
         max_replicas=_p(_T.INT, 32, 1, 10_000, "Never scale beyond this."))),

@@ -17,6 +17,7 @@ from gpuwarden.collector.alerts.runbooks import Links, RunbookRenderer
 from gpuwarden.collector.alerts.silencing import holding
 from gpuwarden.collector.notify.dispatcher import AlertDispatcher
 from gpuwarden.collector.notify.settings import AlertingSettings
+from gpuwarden.collector.policy.guard import PolicyGuard
 from gpuwarden.collector.remediate.actuators.base import Actuator
 from gpuwarden.collector.remediate.approvals import (
     SECRET_ENV,
@@ -59,6 +60,7 @@ def create_remediation(
     fleet_size: Callable[[], int | None] = lambda: None,
     alerting: AlertingSettings | None = None,
     clock: Callable[[], float] = time.time,
+    guard: PolicyGuard | None = None,
 ) -> Remediation:
     """Assemble the remediator, runbooks and approval links the settings describe.
 
@@ -103,6 +105,7 @@ def create_remediation(
         fleet_size=fleet_size,
         held=held,
         clock=clock,
+        guard=guard,
     )
     return Remediation(
         storage=storage,

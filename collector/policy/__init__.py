@@ -1,0 +1,1 @@
+"""Policy as code: ``policies/*.yaml`` loaded into frozen objects and asked before actions."""
