@@ -25,6 +25,7 @@ from gpuwarden.collector.storage.sql_lease import LeaseRecords
 from gpuwarden.collector.web import tasks
 from gpuwarden.collector.web.access_log import RedactingAccessLogger, server_logger
 from gpuwarden.collector.web.admin import setup_admin
+from gpuwarden.collector.web.admission import setup_admission
 from gpuwarden.collector.web.api import setup_api
 from gpuwarden.collector.web.auth import authentication
 from gpuwarden.collector.web.exposition import setup_metrics
@@ -141,6 +142,7 @@ def create_app(
         setup_metrics(app)
         setup_status_page(app)
         setup_silences(app)
+        setup_admission(app)  # the Kubernetes webhook and the Slurm hook (limit policies)
         app[SKIPPED_RULES] = tuple(rule_problems)
         if rules is None:
             rules = RuleSet(tuple(detection.rules) if detection is not None else ())

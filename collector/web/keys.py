@@ -31,6 +31,7 @@ from gpuwarden.collector.web.throttle import FailureThrottle
 
 __all__ = [
     "ADMINS",
+    "ADMISSION_CALLERS",
     "AGENTS",
     "ALERT_RECEIVER",
     "ALERT_SOURCES",
@@ -157,6 +158,8 @@ AGENTS = Admits(frozenset({Role.AGENT}), plain_refusals=True)
 """OTLP ingest, each agent for its bound nodes."""
 ALERT_SOURCES = Admits(frozenset({Role.ALERT_SOURCE}))
 """The Alertmanager webhook."""
+ADMISSION_CALLERS = Admits(frozenset({Role.ADMISSION}))
+"""The admission checks (``web.admission``): the API server's webhook and the Slurm hook."""
 ADMINS = Admits()
 """Administrators only (configuration reloads): what a route that declares nothing gets (fail
 closed)."""

@@ -1,0 +1,434 @@
+"""Admission: a Kubernetes ``AdmissionReview`` or a Slurm job request, judged by ``limit`` policies.
+
+Pure: bytes or data in, a :class:`Decision` out; no clock, store or network. The web route
+(``web.admission``) reads the body, takes the fleet's usage from the job registry
+(:func:`usage_of`) and answers what :func:`decide` says.
+
+What a request asks for:
+
+- **Pod** (``v1``): its effective ``nvidia.com/gpu`` (configurable) request as the scheduler
+  counts it: the larger of the app containers plus restartable init containers ("sidecars")
+  and, for each plain init container, its own request plus the sidecars started before it.
+  A container's ``limits`` win over its ``requests`` (for extended resources both must be equal
+  when both are set; ``limits`` alone imply ``requests``).
+- **Job** (``batch/v1``): its pod template's GPUs times ``parallelism`` (default 1). Its pods are
+  also admitted one by one when the controller creates them, which the team limits count.
+- **Workload** (``kueue.x-k8s.io/v1beta1``): the sum over ``podSets`` of ``count`` times the
+  template's GPUs.
+- **Slurm** (``job_submit.lua``): ``tres_per_job``, else ``tres_per_node`` times the node count,
+  else ``tres_per_task`` times the task count; ``account`` is the team.
+
+The team is the object's ``team`` label (configurable), else its namespace (as the Kubernetes
+job source counts it); the model its ``gpuwarden.io/model`` label. An AdmissionReview carries
+the object, not its namespace's labels, so a namespace label is not read here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from gpuwarden.collector.jobs.model import Job, JobState
+from gpuwarden.collector.policy.limits import Breach, LimitRequest, Usage, check_limits
+from gpuwarden.collector.policy.model import Policy
+
+ADMISSION_API: Final = "admission.k8s.io/v1"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+HOLDING_STATES: Final = frozenset(
+    {JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED, JobState.REQUEUED}
+)
+"""Jobs in these states count against team and model limits: admitted and not ended (a queued
+job will hold its GPUs, and counting it stops a burst of submissions slipping through)."""
+
+
+class AdmissionError(ValueError):
+    """A review or request that is not what the API server (or the Slurm hook) sends: a 400."""
+
+
+_Label = Annotated[str, msgspec.Meta(min_length=1, max_length=317)]  # prefix/name: 253 + 1 + 63
+_MIB = 1024 * 1024
+
+
+class AdmissionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``admission:``: which labels name a request's team, model and job kind, the GPU
+    resource counted, and the largest AdmissionReview read (``docs/admission.md``).
+
+    The defaults are the Kubernetes job source's, so admission counts a pod as the registry
+    will once it runs.
+    """
+
+    team_label: _Label = "team"
+    model_label: _Label = "gpuwarden.io/model"
+    job_kind_label: _Label = "gpuwarden.io/job-kind"
+    gpu_resource: _Label = GPU_RESOURCE
+    #: an AdmissionReview carries the object (and on UPDATE the old one): etcd's 1.5 MiB
+    #: object limit twice, with room; larger is a 413
+    max_review_bytes: Annotated[int, msgspec.Meta(gt=0)] = 4 * _MIB
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The verdict on one request: allowed, or denied by ``breaches`` with ``message``."""
+
+    allowed: bool
+    message: str
+    request: LimitRequest | None = None
+    breaches: tuple[Breach, ...] = ()
+
+
+# The AdmissionReview, as far as it is read. Unknown fields are ignored (the API server adds
+# fields over releases); the fields read are checked strictly.
+
+
+class _Resources(msgspec.Struct, frozen=True):
+    limits: dict[str, str | int] | None = None
+    requests: dict[str, str | int] | None = None
+
+
+class _Container(msgspec.Struct, frozen=True):
+    name: str
+    resources: _Resources | None = None
+    restartPolicy: str | None = None  # noqa: N815 (the API's name)
+
+
+class _PodSpec(msgspec.Struct, frozen=True):
+    containers: list[_Container]
+    initContainers: list[_Container] | None = None  # noqa: N815
+
+
+class _Meta(msgspec.Struct, frozen=True):
+    name: str | None = None
+    generateName: str | None = None  # noqa: N815
+    namespace: str | None = None
+    labels: dict[str, str] | None = None
+
+
+class _Template(msgspec.Struct, frozen=True):
+    spec: _PodSpec
+    metadata: _Meta | None = None
+
+
+class _JobSpec(msgspec.Struct, frozen=True):
+    template: _Template
+    parallelism: int | None = None
+
+
+class _PodSet(msgspec.Struct, frozen=True):
+    name: str
+    template: _Template
+    count: int = 1
+
+
+class _WorkloadSpec(msgspec.Struct, frozen=True):
+    podSets: list[_PodSet]  # noqa: N815
+
+
+class _Pod(msgspec.Struct, frozen=True):
+    spec: _PodSpec
+    metadata: _Meta | None = None
+
+
+class _Job(msgspec.Struct, frozen=True):
+    spec: _JobSpec
+    metadata: _Meta | None = None
+
+
+class _Workload(msgspec.Struct, frozen=True):
+    spec: _WorkloadSpec
+    metadata: _Meta | None = None
+
+
+class _Kind(msgspec.Struct, frozen=True):
+    group: str
+    version: str
+    kind: str
+
+
+class _Request(msgspec.Struct, frozen=True):
+    uid: str
+    kind: _Kind
+    operation: str
+    namespace: str | None = None
+    name: str | None = None
+    object: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # JSON null: b"null"
+    dryRun: bool = False  # noqa: N815
+
+
+class _Review(msgspec.Struct, frozen=True):
+    apiVersion: str  # noqa: N815
+    kind: str
+    request: _Request
+
+
+#: (group, kind) → the struct its object decodes to
+_OBJECTS: Final[dict[tuple[str, str], type[_Pod | _Job | _Workload]]] = {
+    ("", "Pod"): _Pod,
+    ("batch", "Job"): _Job,
+    ("kueue.x-k8s.io", "Workload"): _Workload,
+}
+_QUANTITY = re.compile(r"([0-9]+)(|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)")
+_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_SUFFIX |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+@dataclass(frozen=True, slots=True)
+class Review:
+    """A decoded AdmissionReview: its ``uid`` (echoed in the answer) and what it asks for
+    (``None``: nothing to judge, such as a DELETE or a kind without GPUs to count)."""
+
+    uid: str
+    request: LimitRequest | None
+
+
+def quantity(value: str | int, where: str) -> int:
+    """A whole-number Kubernetes quantity (``2``, ``"2"``, ``"1k"``); extended resources such as
+    GPUs cannot be fractional."""
+    if isinstance(value, int):
+        if value < 0:
+            raise AdmissionError(f"{where}: negative quantity {value}")
+        return value
+    match = _QUANTITY.fullmatch(value.strip())
+    if match is None:
+        raise AdmissionError(f"{where}: not a whole-number quantity: {value[:40]!r}")
+    return int(match[1]) * _SUFFIX[match[2]]
+
+
+def _container_gpus(container: _Container, resource: str, where: str) -> int:
+    resources = container.resources or _Resources()
+    for key, table in (("limits", resources.limits), ("requests", resources.requests)):
+        if table is not None and resource in table:
+            return quantity(table[resource], f"{where}.resources.{key}[{resource}]")
+    return 0
+
+
+def pod_gpus(spec: _PodSpec, resource: str = GPU_RESOURCE, where: str = "spec") -> int:
+    """The GPUs a pod needs while it runs or initialises, as the scheduler counts them."""
+    sidecars = 0
+    peak = 0
+    for i, init in enumerate(spec.initContainers or ()):
+        gpus = _container_gpus(init, resource, f"{where}.initContainers[{i}]")
+        if init.restartPolicy == "Always":  # a sidecar: runs on beside what follows
+            sidecars += gpus
+            peak = max(peak, sidecars)
+        else:
+            peak = max(peak, sidecars + gpus)
+    app = sum(
+        _container_gpus(c, resource, f"{where}.containers[{i}]")
+        for i, c in enumerate(spec.containers)
+    )
+    return max(peak, app + sidecars)
+
+
+def _limit_request(
+    gpus: int, meta: _Meta | None, namespace: str | None, labels: AdmissionSettings
+) -> LimitRequest:
+    tags = (meta.labels if meta is not None else None) or {}
+    name = (meta.name or meta.generateName) if meta is not None else None
+    space = namespace or (meta.namespace if meta is not None else None)
+    return LimitRequest(
+        gpus=gpus,
+        team=tags.get(labels.team_label) or space or None,
+        job=f"{space}/{name}" if space and name else name,
+        job_kind=tags.get(labels.job_kind_label) or None,
+        model=tags.get(labels.model_label) or None,
+    )
+
+
+def _merged(meta: _Meta | None, templates: Sequence[_Meta | None]) -> _Meta | None:
+    """The object's metadata with its pod templates' labels under its own (a Job's team label
+    may sit on the Job or only on its pods)."""
+    labels: dict[str, str] = {}
+    for template in templates:
+        labels |= (template.labels if template is not None else None) or {}
+    if not labels:
+        return meta
+    own = meta if meta is not None else _Meta()
+    return msgspec.structs.replace(own, labels=labels | (own.labels or {}))
+
+
+def _object_request(
+    request: _Request, object_type: type[_Pod | _Job | _Workload], labels: AdmissionSettings
+) -> LimitRequest:
+    if bytes(request.object) in (b"", b"null"):
+        raise AdmissionError(f"request.object: required for {request.operation}")
+    try:
+        found = msgspec.json.decode(request.object, type=object_type)
+    except msgspec.ValidationError as exc:
+        raise AdmissionError(f"request.object: {exc}") from None
+    resource = labels.gpu_resource
+    if isinstance(found, _Pod):
+        gpus = pod_gpus(found.spec, resource, "request.object.spec")
+    elif isinstance(found, _Job):
+        per_pod = pod_gpus(found.spec.template.spec, resource, "request.object.spec.template.spec")
+        gpus = per_pod * (found.spec.parallelism if found.spec.parallelism is not None else 1)
+    else:
+        gpus = sum(
+            pod_set.count
+            * pod_gpus(
+                pod_set.template.spec, resource, f"request.object.spec.podSets[{i}].template.spec"
+            )
+            for i, pod_set in enumerate(found.spec.podSets)
+        )
+    templates = (
+        [found.spec.template]
+        if isinstance(found, _Job)
+        else [p.template for p in found.spec.podSets]
+        if isinstance(found, _Workload)
+        else []
+    )
+    meta = _merged(found.metadata, [t.metadata for t in templates])
+    return _limit_request(gpus, meta, request.namespace, labels)
+
+
+def parse_review(body: bytes, labels: AdmissionSettings | None = None) -> Review:
+    """Decode an ``admission.k8s.io/v1`` AdmissionReview into what it asks for.
+
+    Only ``CREATE`` is judged (a pod's GPUs cannot change afterwards); other operations and
+    kinds other than Pod, batch Job and Kueue Workload yield ``request=None`` (allowed).
+
+    Raises:
+        AdmissionError: not JSON, not an ``admission.k8s.io/v1`` AdmissionReview, or a judged
+            object that is not shaped as its kind (one line naming the field).
+    """
+    labels = labels or AdmissionSettings()
+    try:
+        review = msgspec.json.decode(body, type=_Review)
+    except msgspec.DecodeError as exc:
+        raise AdmissionError(f"not an AdmissionReview: {exc}") from None
+    if review.apiVersion != ADMISSION_API or review.kind != "AdmissionReview":
+        raise AdmissionError(
+            f"expected apiVersion {ADMISSION_API} kind AdmissionReview, "
+            f"got {review.apiVersion[:60]!r} {review.kind[:60]!r}"
+        )
+    request = review.request
+    if not request.uid:
+        raise AdmissionError("request.uid: required (the answer echoes it)")
+    object_type = _OBJECTS.get((request.kind.group, request.kind.kind))
+    if request.operation != "CREATE" or object_type is None:
+        return Review(request.uid, None)
+    return Review(request.uid, _object_request(request, object_type, labels))
+
+
+def review_response(uid: str, decision: Decision) -> dict[str, Any]:
+    """The AdmissionReview the API server expects back: ``uid`` echoed, ``allowed``, and for a
+    denial ``status.code`` 403 with the message the user sees (``kubectl`` prints it)."""
+    response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
+    if not decision.allowed:
+        response["status"] = {"code": 403, "reason": "Forbidden", "message": decision.message}
+    return {"apiVersion": ADMISSION_API, "kind": "AdmissionReview", "response": response}
+
+
+def usage_of(jobs: Iterable[Job]) -> Usage:
+    """GPUs per team and per model of the jobs admitted and not ended (:data:`HOLDING_STATES`)."""
+    by_team: Counter[str] = Counter()
+    by_model: Counter[str] = Counter()
+    for job in jobs:
+        if job.state not in HOLDING_STATES or job.gpus <= 0:
+            continue
+        if job.team is not None:
+            by_team[job.team] += job.gpus
+        if job.model is not None:
+            by_model[job.model] += job.gpus
+    return Usage(dict(by_team), dict(by_model))
+
+
+def decide(policies: Sequence[Policy], request: LimitRequest | None, usage: Usage) -> Decision:
+    """Allowed unless ``request`` breaches a ``limit`` policy; the message names each breach."""
+    if request is None:
+        return Decision(True, "nothing to judge (not a create of a Pod, Job or Workload)")
+    if request.gpus <= 0:
+        return Decision(True, "no GPUs requested", request)
+    breaches = tuple(check_limits(policies, request, usage))
+    if not breaches:
+        return Decision(True, f"{request.gpus} GPUs within every limit policy", request)
+    reasons = "; ".join(breach.reason for breach in breaches)
+    return Decision(False, f"gpuwarden: denied: {reasons}", request, breaches)
+
+
+# Slurm -----------------------------------------------------------------------------------------
+
+
+class SlurmJobRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The ``job_desc`` fields ``deploy/slurm/job_submit.lua`` sends (Slurm 22.05 names)."""
+
+    user: str | None = None
+    account: str | None = None
+    partition: str | None = None
+    name: str | None = None
+    comment: str | None = None
+    tres_per_job: str | None = None
+    tres_per_node: str | None = None
+    tres_per_task: str | None = None
+    min_nodes: int | None = None
+    num_tasks: int | None = None
+    cluster: str | None = None
+
+
+_GPU_TRES = re.compile(r"(?:gres[:/])?gpu(?::[^:,]+)?:([0-9]+)(?=,|$)")
+_COMMENT_MODEL = re.compile(r"(?:^|[\s,;])model=([A-Za-z0-9._/-]{1,128})")
+_NO_VALUE: Final = 0xFFFFFFFE
+"""Slurm's ``NO_VAL`` (0xfffffffe) for an unset count; 22.05 passes it through to Lua."""
+
+
+def tres_gpus(tres: str | None) -> int | None:
+    """The GPU count in a Slurm TRES string (``gres:gpu:2``, ``gres/gpu:a100:4``); ``None``
+    when it names no GPUs."""
+    if not tres:
+        return None
+    for item in tres.split(","):
+        match = _GPU_TRES.fullmatch(item.strip())
+        if match is not None:
+            return int(match[1])
+    return None
+
+
+def _count(value: int | None) -> int:
+    return 1 if value is None or value <= 0 or value >= _NO_VALUE else value
+
+
+def slurm_request(job: SlurmJobRequest) -> LimitRequest:
+    """What a Slurm submission asks for: GPUs per job, per node times nodes, or per task times
+    tasks; the account is the team (the partition when none, as the Slurm job source counts);
+    ``model=<name>`` in the comment is the model."""
+    per_job = tres_gpus(job.tres_per_job)
+    per_node = tres_gpus(job.tres_per_node)
+    per_task = tres_gpus(job.tres_per_task)
+    if per_job is not None:
+        gpus = per_job
+    elif per_node is not None:
+        gpus = per_node * _count(job.min_nodes)
+    elif per_task is not None:
+        gpus = per_task * _count(job.num_tasks)
+    else:
+        gpus = 0
+    model = _COMMENT_MODEL.search(job.comment or "")
+    return LimitRequest(
+        gpus=gpus,
+        team=job.account or job.partition or None,
+        job=job.name,
+        model=model[1] if model else None,
+        cluster=job.cluster,
+    )
+
+
+def parse_slurm(body: bytes) -> LimitRequest:
+    """Decode the hook's JSON into what it asks for.
+
+    Raises:
+        AdmissionError: not JSON or not the hook's fields (one line naming the field).
+    """
+    try:
+        job = msgspec.json.decode(body, type=SlurmJobRequest)
+    except msgspec.DecodeError as exc:
+        raise AdmissionError(f"not a Slurm job request: {exc}") from None
+    return slurm_request(job)
+
+
+def slurm_answer(decision: Decision) -> Mapping[str, object]:
+    """The hook's answer: ``allowed`` and the ``message`` sbatch prints on a denial."""
+    return {"allowed": decision.allowed, "message": decision.message}

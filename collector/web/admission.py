@@ -1,0 +1,133 @@
+"""Admission over HTTP: the Kubernetes validating webhook and the Slurm hook's check.
+
+* ``POST /admission/v1/validate``: an ``admission.k8s.io/v1`` AdmissionReview in (a Pod,
+  batch Job or Kueue Workload being created), the AdmissionReview out: the request's ``uid``,
+  ``allowed``, and for a denial ``status.code`` 403 and a message naming the policy and the
+  numbers. A body that is not such a review is a 400 (the API server then applies the
+  webhook's ``failurePolicy``); one over ``admission.max_review_bytes`` a 413.
+* ``POST /admission/v1/slurm``: the fields ``deploy/slurm/job_submit.lua`` sends (through
+  ``gpuwarden policies admit``), answered ``{"allowed": ..., "message": ...}``.
+
+Both admit the ``admission`` role (and admins). The ``limit`` policies come from
+``policies_dir``, read once when the app is built; the GPUs each team and model already hold
+or wait for come from the job registry at each request (``policy.admission.usage_of``).
+Serve HTTPS (``tls:``): the API server calls webhooks over TLS only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from gpuwarden.collector.config import ConfigError
+from gpuwarden.collector.policy.admission import (
+    AdmissionError,
+    AdmissionSettings,
+    Decision,
+    decide,
+    parse_review,
+    parse_slurm,
+    review_response,
+    slurm_answer,
+    usage_of,
+)
+from gpuwarden.collector.policy.limits import LimitRequest
+from gpuwarden.collector.policy.loader import load_policies
+from gpuwarden.collector.policy.model import Policy, PolicyError, PolicyKind
+from gpuwarden.collector.web.keys import ADMISSION_CALLERS, CALLER, CONFIG, SERVICE, add_route
+
+__all__ = ["ADMISSION", "REVIEW_PATH", "SLURM_PATH", "Admission", "setup_admission"]
+
+log = logging.getLogger(__name__)
+REVIEW_PATH = "/admission/v1/validate"
+SLURM_PATH = "/admission/v1/slurm"
+MAX_SLURM_BYTES = 64 * 1024
+"""A job request is a few short strings; the hook sends no script."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What the admission routes judge by: the limit policies and the label settings."""
+
+    policies: tuple[Policy, ...]
+    settings: AdmissionSettings
+
+
+ADMISSION = web.AppKey("admission", Admission)
+
+
+def _limits(config_dir: Path | None) -> tuple[Policy, ...]:
+    """The ``limit`` policies of ``policies_dir`` (none when unset).
+
+    Raises:
+        ConfigError: a policy file that does not load (its one line).
+    """
+    if config_dir is None:
+        return ()
+    try:
+        loaded = load_policies([config_dir])
+    except PolicyError as exc:
+        raise ConfigError(f"policies_dir: {exc}") from None
+    return tuple(loaded.of_kind(PolicyKind.LIMIT))
+
+
+def setup_admission(app: web.Application, policies: tuple[Policy, ...] | None = None) -> None:
+    """Add the admission routes; ``policies`` default to the limits of ``policies_dir``."""
+    config = app[CONFIG]
+    found = _limits(config.policies_dir) if policies is None else policies
+    app[ADMISSION] = Admission(found, config.admission)
+    add_route(app, "POST", REVIEW_PATH, validate, ADMISSION_CALLERS)
+    add_route(app, "POST", SLURM_PATH, slurm_check, ADMISSION_CALLERS)
+
+
+def _judge(request: web.Request, asked: LimitRequest | None) -> Decision:
+    """The decision on ``asked`` against the limits and the registry's jobs now."""
+    usage = usage_of(request.app[SERVICE].registry.jobs())
+    decision = decide(request.app[ADMISSION].policies, asked, usage)
+    if not decision.allowed:
+        log.info("admission denied for %s: %s", request[CALLER], decision.message)
+    return decision
+
+
+async def _body(request: web.Request, limit: int) -> bytes | web.Response:
+    """The JSON body, or the 413/415 refusing it."""
+    body = await request.read()  # buffered by the body guard, within max_body_bytes
+    if len(body) > limit:
+        return web.json_response({"error": f"body exceeds {limit} bytes"}, status=413)
+    if request.content_type != "application/json":
+        message = f"expected Content-Type application/json, got {request.content_type[:60]!r}"
+        return web.json_response({"error": message}, status=415)
+    return body
+
+
+def _bad(exc: AdmissionError) -> web.Response:
+    return web.json_response({"error": str(exc)}, status=400)
+
+
+async def validate(request: web.Request) -> web.Response:
+    """``POST /admission/v1/validate``: judge one AdmissionReview."""
+    settings = request.app[ADMISSION].settings
+    body = await _body(request, settings.max_review_bytes)
+    if isinstance(body, web.Response):
+        return body
+    try:
+        review = parse_review(body, settings)
+    except AdmissionError as exc:
+        return _bad(exc)
+    decision = _judge(request, review.request)
+    return web.json_response(review_response(review.uid, decision))
+
+
+async def slurm_check(request: web.Request) -> web.Response:
+    """``POST /admission/v1/slurm``: judge one Slurm job submission."""
+    body = await _body(request, MAX_SLURM_BYTES)
+    if isinstance(body, web.Response):
+        return body
+    try:
+        asked = parse_slurm(body)
+    except AdmissionError as exc:
+        return _bad(exc)
+    return web.json_response(dict(slurm_answer(_judge(request, asked))))
