@@ -9,6 +9,7 @@ userInfo, the object, ``oldObject: null``, ``dryRun``, ``options``). Team ``ml``
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import ssl
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.collector.config import TlsSettings
+from gpuwarden.collector.config import CollectorConfig, ConfigError, TlsSettings
 from gpuwarden.collector.credentials import Role, TokenTable, credential
 from gpuwarden.collector.jobs.model import Job, JobState
 from gpuwarden.collector.jobs.registry import JobRegistry
@@ -27,8 +28,12 @@ from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from gpuwarden.collector.store.window import WindowStore
 from gpuwarden.collector.web.admission import REVIEW_PATH
+from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.tls import server_context
 from tests.collector_server import CollectorThread
+from tests.k8s_stub import KubeApiStub
+from tests.test_build_actuators import TOKEN as KUBE_TOKEN
+from tests.test_build_actuators import write_kubeconfig
 from tests.test_tls import Authority
 
 NOW = 1_700_002_800.0
@@ -150,9 +155,9 @@ def job(name: str, gpus_per_pod: int, parallelism: int) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
-def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CollectorThread, Path]]:
-    folder = tmp_path_factory.mktemp("admission")
+@contextlib.contextmanager
+def serving(folder: Path, **settings: Any) -> Iterator[tuple[CollectorThread, Path]]:
+    """The collector over HTTPS (a throwaway CA), ``HELD`` in its registry, ``POLICIES``."""
     ca = Authority(folder, "gpuwarden test CA")
     server = ca.issue("collector", "collector", dns=("localhost",), ips=("127.0.0.1",))
     (folder / "policies").mkdir()
@@ -173,15 +178,19 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Collec
             credential(READER_TOKEN, Role.READER, "grafana"),
         )
     )
-    settings = {
-        "tokens": tokens,
-        "tls": tls,
-        "policies_dir": folder / "policies",
-        "admission": AdmissionSettings(max_review_bytes=MAX_REVIEW_BYTES),
-    }
-    with CollectorThread(service=service, settings=settings, ssl_context=server_context(tls)) as c:
-        yield c, ca.ca_file
-    storage.close()
+    keys = {"tokens": tokens, "tls": tls, "policies_dir": folder / "policies", **settings}
+    try:
+        with CollectorThread(service=service, settings=keys, ssl_context=server_context(tls)) as c:
+            yield c, ca.ca_file
+    finally:
+        storage.close()
+
+
+@pytest.fixture(scope="module")
+def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CollectorThread, Path]]:
+    folder = tmp_path_factory.mktemp("admission")
+    with serving(folder, admission=AdmissionSettings(max_review_bytes=MAX_REVIEW_BYTES)) as c:
+        yield c
 
 
 def post(
@@ -386,3 +395,47 @@ def test_usage_is_read_from_the_registry_at_each_review(collector):
         assert verdict(collector, pod("train-6", 3))["allowed"] is True  # 4 + 3 <= 8
     finally:
         thread.service.registry.put([ended])
+
+
+def test_a_namespace_label_names_the_team_of_an_unlabelled_pod(tmp_path):
+    """``team_namespace_label``: the namespace is read from the Kubernetes API (the stub),
+    once for two reviews (cached); a pod's own team label still wins."""
+    with KubeApiStub([], token=KUBE_TOKEN) as stub:
+        stub.objects.put(
+            "/api/v1/namespaces/research",
+            {"apiVersion": "v1", "kind": "Namespace",
+             "metadata": {"name": "research", "labels": {"gpuwarden.io/team": "ml"}}},
+        )  # fmt: skip
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", stub.url)
+        admission = AdmissionSettings(team_namespace_label="gpuwarden.io/team")
+        with serving(tmp_path, admission=admission, kubernetes_kubeconfig=kubeconfig) as c:
+            unlabelled = pod("train-7", 3)
+            unlabelled["metadata"]["namespace"] = "research"
+            first, again = verdict(c, unlabelled), verdict(c, unlabelled)
+            assert first == again
+            assert first["allowed"] is False
+            assert "team ml would hold 9 GPUs" in first["status"]["message"]
+            labelled = pod("train-8", 3, labels={"team": "vision"})
+            labelled["metadata"]["namespace"] = "research"
+            assert verdict(c, labelled)["allowed"] is True
+            elsewhere = pod("train-9", 3)
+            elsewhere["metadata"]["namespace"] = "sandbox"  # no such namespace: its name
+            assert verdict(c, elsewhere)["allowed"] is True
+        reads = [r.path for r in stub.requests if r.path.startswith("/api/v1/namespaces/")]
+        assert reads == ["/api/v1/namespaces/research", "/api/v1/namespaces/sandbox"]
+
+
+def test_a_namespace_label_without_a_kubernetes_client_stops_the_start():
+    admission = AdmissionSettings(team_namespace_label="gpuwarden.io/team")
+    storage = SqliteStorage(":memory:")
+    service = CollectorService(
+        store=WindowStore(step_seconds=10, recent_seconds=60),
+        storage=storage,
+        registry=JobRegistry(storage),
+    )
+    config = CollectorConfig(admission=admission, allow_unauthenticated=True)
+    try:
+        with pytest.raises(ConfigError, match=r"^admission\.team_namespace_label: needs kube"):
+            create_app(config, service=service, background=False)
+    finally:
+        storage.close()

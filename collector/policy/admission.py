@@ -25,6 +25,7 @@ the object, not its namespace's labels, so a namespace label is not read here.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -63,6 +64,10 @@ class AdmissionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     """
 
     team_label: _Label = "team"
+    #: a namespace label naming the team of objects without ``team_label`` (read from the
+    #: Kubernetes API, ``kubernetes_*``: RBAC ``get namespaces``); unset: the namespace's name
+    team_namespace_label: _Label | None = None
+    namespace_cache_seconds: Annotated[float, msgspec.Meta(ge=0)] = 60.0
     model_label: _Label = "gpuwarden.io/model"
     job_kind_label: _Label = "gpuwarden.io/job-kind"
     gpu_resource: _Label = GPU_RESOURCE
@@ -183,6 +188,14 @@ class Review:
 
     uid: str
     request: LimitRequest | None
+    namespace: str | None = None
+    """The object's namespace when its team is that namespace (no team label on the object):
+    a team named by a namespace label may replace it (:func:`with_team`)."""
+
+
+def with_team(request: LimitRequest, team: str) -> LimitRequest:
+    """``request`` of ``team`` instead."""
+    return dataclasses.replace(request, team=team)
 
 
 def quantity(value: str | int, where: str) -> int:
@@ -226,17 +239,20 @@ def pod_gpus(spec: _PodSpec, resource: str = GPU_RESOURCE, where: str = "spec") 
 
 def _limit_request(
     gpus: int, meta: _Meta | None, namespace: str | None, labels: AdmissionSettings
-) -> LimitRequest:
+) -> tuple[LimitRequest, bool]:
+    """The request, and whether its team is its namespace (no team label)."""
     tags = (meta.labels if meta is not None else None) or {}
     name = (meta.name or meta.generateName) if meta is not None else None
     space = namespace or (meta.namespace if meta is not None else None)
-    return LimitRequest(
+    labelled = tags.get(labels.team_label) or None
+    asked = LimitRequest(
         gpus=gpus,
-        team=tags.get(labels.team_label) or space or None,
+        team=labelled or space or None,
         job=f"{space}/{name}" if space and name else name,
         job_kind=tags.get(labels.job_kind_label) or None,
         model=tags.get(labels.model_label) or None,
     )
+    return asked, labelled is None and bool(space)
 
 
 def _merged(meta: _Meta | None, templates: Sequence[_Meta | None]) -> _Meta | None:
@@ -253,7 +269,7 @@ def _merged(meta: _Meta | None, templates: Sequence[_Meta | None]) -> _Meta | No
 
 def _object_request(
     request: _Request, object_type: type[_Pod | _Job | _Workload], labels: AdmissionSettings
-) -> LimitRequest:
+) -> tuple[LimitRequest, bool]:
     if bytes(request.object) in (b"", b"null"):
         raise AdmissionError(f"request.object: required for {request.operation}")
     try:
@@ -311,7 +327,8 @@ def parse_review(body: bytes, labels: AdmissionSettings | None = None) -> Review
     object_type = _OBJECTS.get((request.kind.group, request.kind.kind))
     if request.operation != "CREATE" or object_type is None:
         return Review(request.uid, None)
-    return Review(request.uid, _object_request(request, object_type, labels))
+    asked, by_namespace = _object_request(request, object_type, labels)
+    return Review(request.uid, asked, asked.team if by_namespace else None)
 
 
 def review_response(uid: str, decision: Decision) -> dict[str, Any]:

@@ -16,13 +16,18 @@ Serve HTTPS (``tls:``): the API server calls webhooks over TLS only.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
-from gpuwarden.collector.config import ConfigError
+from gpuwarden.collector.config import CollectorConfig, ConfigError
+from gpuwarden.collector.extras import needs_extra
+from gpuwarden.collector.jobs import JobSourceError
+from gpuwarden.collector.jobs.kube_client import KubeApis, load_client
+from gpuwarden.collector.jobs.kube_namespaces import NamespaceLabels
 from gpuwarden.collector.policy.admission import (
     AdmissionError,
     AdmissionSettings,
@@ -33,6 +38,7 @@ from gpuwarden.collector.policy.admission import (
     review_response,
     slurm_answer,
     usage_of,
+    with_team,
 )
 from gpuwarden.collector.policy.limits import LimitRequest
 from gpuwarden.collector.policy.loader import load_policies
@@ -50,10 +56,12 @@ MAX_SLURM_BYTES = 64 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """What the admission routes judge by: the limit policies and the label settings."""
+    """What the admission routes judge by: the limit policies, the label settings, and the
+    namespace labels (when ``team_namespace_label`` is set)."""
 
     policies: tuple[Policy, ...]
     settings: AdmissionSettings
+    namespaces: NamespaceLabels | None = None
 
 
 ADMISSION = web.AppKey("admission", Admission)
@@ -74,11 +82,38 @@ def _limits(config_dir: Path | None) -> tuple[Policy, ...]:
     return tuple(loaded.of_kind(PolicyKind.LIMIT))
 
 
+def _namespace_labels(config: CollectorConfig) -> NamespaceLabels | None:
+    """The namespace label reader for ``admission.team_namespace_label`` (None when unset).
+
+    Raises:
+        ConfigError: the label is set without a Kubernetes client (``kubernetes_kubeconfig`` or
+            ``kubernetes_in_cluster``), or the client cannot be configured.
+    """
+    settings = config.admission
+    if settings.team_namespace_label is None:
+        return None
+    if config.kubernetes_kubeconfig is None and not config.kubernetes_in_cluster:
+        raise ConfigError(
+            "admission.team_namespace_label: needs kubernetes_kubeconfig or "
+            "kubernetes_in_cluster (the namespaces are read from the Kubernetes API)"
+        )
+    with needs_extra("kubernetes", "admission.team_namespace_label"):
+        try:
+            client = load_client(
+                kubeconfig=config.kubernetes_kubeconfig,
+                context=config.kubernetes_context,
+                in_cluster=config.kubernetes_in_cluster,
+            )
+        except JobSourceError as exc:
+            raise ConfigError(f"admission.team_namespace_label: {exc}") from None
+    return NamespaceLabels(KubeApis(client).core(), ttl_seconds=settings.namespace_cache_seconds)
+
+
 def setup_admission(app: web.Application, policies: tuple[Policy, ...] | None = None) -> None:
     """Add the admission routes; ``policies`` default to the limits of ``policies_dir``."""
     config = app[CONFIG]
     found = _limits(config.policies_dir) if policies is None else policies
-    app[ADMISSION] = Admission(found, config.admission)
+    app[ADMISSION] = Admission(found, config.admission, _namespace_labels(config))
     add_route(app, "POST", REVIEW_PATH, validate, ADMISSION_CALLERS)
     add_route(app, "POST", SLURM_PATH, slurm_check, ADMISSION_CALLERS)
 
@@ -117,7 +152,14 @@ async def validate(request: web.Request) -> web.Response:
         review = parse_review(body, settings)
     except AdmissionError as exc:
         return _bad(exc)
-    decision = _judge(request, review.request)
+    asked = review.request
+    namespaces = request.app[ADMISSION].namespaces
+    label = settings.team_namespace_label
+    if asked is not None and review.namespace and namespaces is not None and label:
+        labels = await asyncio.to_thread(namespaces.labels, review.namespace)  # cached
+        if labels and labels.get(label):
+            asked = with_team(asked, labels[label])
+    decision = _judge(request, asked)
     return web.json_response(review_response(review.uid, decision))
 
 
