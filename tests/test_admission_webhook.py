@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.collector.config import CollectorConfig, ConfigError, TlsSettings
 from gpuwarden.collector.credentials import Role, TokenTable, credential
@@ -439,3 +440,39 @@ def test_a_namespace_label_without_a_kubernetes_client_stops_the_start():
             create_app(config, service=service, background=False)
     finally:
         storage.close()
+
+
+def admission_counts(collector: tuple[CollectorThread, Path]) -> dict[tuple[str, str], float]:
+    """``gpuwarden_admission_reviews_total`` from ``GET /metrics`` (a reader's token)."""
+    thread, ca_file = collector
+    context = ssl.create_default_context(cafile=str(ca_file))
+    connection = http.client.HTTPSConnection("127.0.0.1", thread.port, context=context, timeout=10)
+    try:
+        connection.request("GET", "/metrics", headers={"Authorization": f"Bearer {READER_TOKEN}"})
+        answer = connection.getresponse()
+        assert answer.status == 200
+        text = answer.read().decode()
+    finally:
+        connection.close()
+    return {
+        (sample.labels["source"], sample.labels["verdict"]): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "gpuwarden_admission_reviews"
+        for sample in family.samples
+        if sample.name == "gpuwarden_admission_reviews_total"
+    }
+
+
+def test_verdicts_are_counted_on_metrics(collector):
+    before = admission_counts(collector)
+    verdict(collector, pod("count-1", 1))  # allowed
+    verdict(collector, pod("count-2", 3))  # denied
+    verdict(collector, pod("count-3", 3))  # denied
+    assert post(collector, b"{")[0] == 400  # malformed
+    after = admission_counts(collector)
+
+    def delta(verdict: str) -> float:
+        key = ("kubernetes", verdict)
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert (delta("allowed"), delta("denied"), delta("malformed")) == (1.0, 2.0, 1.0)

@@ -8,7 +8,8 @@
 * ``POST /admission/v1/slurm``: the fields ``deploy/slurm/job_submit.lua`` sends (through
   ``gpuwarden policies admit``), answered ``{"allowed": ..., "message": ...}``.
 
-Both admit the ``admission`` role (and admins). The ``limit`` policies come from
+Both admit the ``admission`` role (and admins); each answer is counted by source and verdict
+(``gpuwarden_admission_reviews_total``). The ``limit`` policies come from
 ``policies_dir``, read once when the app is built; the GPUs each team and model already hold
 or wait for come from the job registry at each request (``policy.admission.usage_of``).
 Serve HTTPS (``tls:``): the API server calls webhooks over TLS only.
@@ -43,13 +44,22 @@ from gpuwarden.collector.policy.admission import (
 from gpuwarden.collector.policy.limits import LimitRequest
 from gpuwarden.collector.policy.loader import load_policies
 from gpuwarden.collector.policy.model import Policy, PolicyError, PolicyKind
-from gpuwarden.collector.web.keys import ADMISSION_CALLERS, CALLER, CONFIG, SERVICE, add_route
+from gpuwarden.collector.web.keys import (
+    ADMISSION_CALLERS,
+    ADMISSION_STATS,
+    CALLER,
+    CONFIG,
+    SERVICE,
+    add_route,
+)
 
 __all__ = ["ADMISSION", "REVIEW_PATH", "SLURM_PATH", "Admission", "setup_admission"]
 
 log = logging.getLogger(__name__)
 REVIEW_PATH = "/admission/v1/validate"
 SLURM_PATH = "/admission/v1/slurm"
+KUBERNETES, SLURM = "kubernetes", "slurm"
+"""The ``source`` label of ``gpuwarden_admission_reviews_total``."""
 MAX_SLURM_BYTES = 64 * 1024
 """A job request is a few short strings; the hook sends no script."""
 
@@ -118,40 +128,49 @@ def setup_admission(app: web.Application, policies: tuple[Policy, ...] | None = 
     add_route(app, "POST", SLURM_PATH, slurm_check, ADMISSION_CALLERS)
 
 
-def _judge(request: web.Request, asked: LimitRequest | None) -> Decision:
+def _count(request: web.Request, source: str, verdict: str) -> None:
+    stats = request.app.get(ADMISSION_STATS)
+    if stats is not None:
+        stats.verdicts[(source, verdict)] += 1
+
+
+def _judge(request: web.Request, source: str, asked: LimitRequest | None) -> Decision:
     """The decision on ``asked`` against the limits and the registry's jobs now."""
     usage = usage_of(request.app[SERVICE].registry.jobs())
     decision = decide(request.app[ADMISSION].policies, asked, usage)
+    _count(request, source, "allowed" if decision.allowed else "denied")
     if not decision.allowed:
         log.info("admission denied for %s: %s", request[CALLER], decision.message)
     return decision
 
 
-async def _body(request: web.Request, limit: int) -> bytes | web.Response:
+def _refuse(request: web.Request, source: str, status: int, message: str) -> web.Response:
+    """A 4xx for a request that could not be judged, counted as ``malformed``."""
+    _count(request, source, "malformed")
+    return web.json_response({"error": message}, status=status)
+
+
+async def _body(request: web.Request, source: str, limit: int) -> bytes | web.Response:
     """The JSON body, or the 413/415 refusing it."""
     body = await request.read()  # buffered by the body guard, within max_body_bytes
     if len(body) > limit:
-        return web.json_response({"error": f"body exceeds {limit} bytes"}, status=413)
+        return _refuse(request, source, 413, f"body exceeds {limit} bytes")
     if request.content_type != "application/json":
         message = f"expected Content-Type application/json, got {request.content_type[:60]!r}"
-        return web.json_response({"error": message}, status=415)
+        return _refuse(request, source, 415, message)
     return body
-
-
-def _bad(exc: AdmissionError) -> web.Response:
-    return web.json_response({"error": str(exc)}, status=400)
 
 
 async def validate(request: web.Request) -> web.Response:
     """``POST /admission/v1/validate``: judge one AdmissionReview."""
     settings = request.app[ADMISSION].settings
-    body = await _body(request, settings.max_review_bytes)
+    body = await _body(request, KUBERNETES, settings.max_review_bytes)
     if isinstance(body, web.Response):
         return body
     try:
         review = parse_review(body, settings)
     except AdmissionError as exc:
-        return _bad(exc)
+        return _refuse(request, KUBERNETES, 400, str(exc))
     asked = review.request
     namespaces = request.app[ADMISSION].namespaces
     label = settings.team_namespace_label
@@ -159,17 +178,17 @@ async def validate(request: web.Request) -> web.Response:
         labels = await asyncio.to_thread(namespaces.labels, review.namespace)  # cached
         if labels and labels.get(label):
             asked = with_team(asked, labels[label])
-    decision = _judge(request, asked)
+    decision = _judge(request, KUBERNETES, asked)
     return web.json_response(review_response(review.uid, decision))
 
 
 async def slurm_check(request: web.Request) -> web.Response:
     """``POST /admission/v1/slurm``: judge one Slurm job submission."""
-    body = await _body(request, MAX_SLURM_BYTES)
+    body = await _body(request, SLURM, MAX_SLURM_BYTES)
     if isinstance(body, web.Response):
         return body
     try:
         asked = parse_slurm(body)
     except AdmissionError as exc:
-        return _bad(exc)
-    return web.json_response(dict(slurm_answer(_judge(request, asked))))
+        return _refuse(request, SLURM, 400, str(exc))
+    return web.json_response(dict(slurm_answer(_judge(request, SLURM, asked))))

@@ -32,6 +32,7 @@ from gpuwarden.collector.web.exposition import setup_metrics
 from gpuwarden.collector.web.guard import body_guard, header_guard
 from gpuwarden.collector.web.headers import security_headers
 from gpuwarden.collector.web.keys import (
+    ADMISSION_STATS,
     ALERT_RECEIVER,
     AUTH_STATS,
     CONFIG,
@@ -48,6 +49,7 @@ from gpuwarden.collector.web.keys import (
     STATS,
     THROTTLE,
     TOKENS,
+    AdmissionStats,
     AuthStats,
     IngestStats,
 )
@@ -123,6 +125,7 @@ def create_app(
     app.cleanup_ctx.append(lag_monitor(app[LOOP_LAG]))  # what ingest's shedding reads
     app[ROUTE_ACCESS] = {}
     app[AUTH_STATS] = AuthStats()
+    app[ADMISSION_STATS] = AdmissionStats()  # web.admission counts, /metrics shows
     app[CREDENTIAL_SOURCES] = []
     app[TOKENS] = LiveTokens(config.tokens)
     app[THROTTLE] = FailureThrottle(

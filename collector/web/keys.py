@@ -32,6 +32,7 @@ from gpuwarden.collector.web.throttle import FailureThrottle
 __all__ = [
     "ADMINS",
     "ADMISSION_CALLERS",
+    "ADMISSION_STATS",
     "AGENTS",
     "ALERT_RECEIVER",
     "ALERT_SOURCES",
@@ -58,6 +59,7 @@ __all__ = [
     "STATUS_TEMPLATES",
     "THROTTLE",
     "TOKENS",
+    "AdmissionStats",
     "Admits",
     "AuthStats",
     "Caller",
@@ -118,6 +120,14 @@ class AuthStats:
             self.unbound_logged.clear()
         self.unbound_logged.add((caller, node))
         return True
+
+
+@dataclass
+class AdmissionStats:
+    """Admission checks answered, by source (``kubernetes``, ``slurm``) and verdict
+    (``allowed``, ``denied``, ``malformed``: a 4xx) (``gpuwarden_admission_reviews_total``)."""
+
+    verdicts: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
 def route_template(request: web.Request) -> str:
@@ -184,6 +194,7 @@ ALERT_RECEIVER = web.AppKey("alert_receiver", AlertReceiver)
 ROUTE_ACCESS: web.AppKey[dict[Handler, Admits]] = web.AppKey("route_access")
 """Each handler's :class:`Admits`, as declared by :func:`add_route`."""
 AUTH_STATS = web.AppKey("auth_stats", AuthStats)
+ADMISSION_STATS = web.AppKey("admission_stats", AdmissionStats)
 THROTTLE = web.AppKey("throttle", FailureThrottle)
 """Failed authentications per source address (``auth_failure_*`` of the config)."""
 TOKENS = web.AppKey("tokens", LiveTokens)
