@@ -8,16 +8,10 @@ import msgspec
 import pytest
 
 from gpuwarden.collector.jobs.model import Job, JobState
-from gpuwarden.collector.policy.admission import (
-    AdmissionError,
-    SlurmJobRequest,
-    pod_gpus,
-    quantity,
-    slurm_request,
-    tres_gpus,
-    usage_of,
-)
-from gpuwarden.collector.policy.admission import _PodSpec as PodSpec
+from gpuwarden.collector.policy.admission import AdmissionError, usage_of
+from gpuwarden.collector.policy.review import _PodSpec as PodSpec
+from gpuwarden.collector.policy.review import pod_gpus, quantity
+from gpuwarden.collector.policy.slurm_job import SlurmJobRequest, slurm_request, tres_gpus
 
 
 def container(name: str, gpus: int | None, *, sidecar: bool = False) -> dict[str, Any]:

@@ -34,16 +34,13 @@ from gpuwarden.collector.policy.admission import (
     AdmissionSettings,
     Decision,
     decide,
-    parse_review,
-    parse_slurm,
-    review_response,
-    slurm_answer,
     usage_of,
-    with_team,
 )
 from gpuwarden.collector.policy.limits import LimitRequest
 from gpuwarden.collector.policy.loader import load_policies
 from gpuwarden.collector.policy.model import Policy, PolicyError, PolicyKind
+from gpuwarden.collector.policy.review import parse_review, review_response, with_team
+from gpuwarden.collector.policy.slurm_job import parse_slurm, slurm_answer
 from gpuwarden.collector.web.keys import (
     ADMISSION_CALLERS,
     ADMISSION_STATS,
