@@ -3,7 +3,7 @@
 
 Account ``physics`` already holds 1 GPU in the collector's job registry and may hold 2: an
 ``sbatch --gres=gpu:2`` is refused with the policy's message, an ``sbatch --gres=gpu:1`` runs.
-With the collector stopped, the hook has no verdict and lets the job in (``fail_open``).
+With the collector out of reach, the hook has no verdict and lets the job in (``fail_open``).
 Needs root and the Debian Slurm packages (as ``tests/slurm``), and Debian's
 ``slurm-wlm-basic-plugins``, which ships ``job_submit_lua.so`` (linked to liblua5.1).
 """
@@ -29,7 +29,7 @@ from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from gpuwarden.collector.store.window import WindowStore
 from gpuwarden.collector.web.tls import server_context
-from tests.collector_server import CollectorThread
+from tests.collector_server import CollectorThread, free_port
 from tests.slurm.cluster import SlurmCluster, SlurmClusterError, missing_binaries
 from tests.test_tls import Authority
 
@@ -93,16 +93,18 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CollectorT
     storage.close()
 
 
-def hook_settings(thread: CollectorThread, folder: Path) -> str:
-    """``job_submit_gpuwarden.lua``: how the hook reaches the collector."""
+def hook_settings(
+    thread: CollectorThread, folder: Path, port: int | None = None, *, fail_open: bool = True
+) -> str:
+    """``job_submit_gpuwarden.lua``: how the hook reaches the collector (on ``port``)."""
     return (
         "return {\n"
         f"  command = {{{json.dumps(sys.executable)}, '-m', 'gpuwarden'}},\n"
-        f"  url = 'https://127.0.0.1:{thread.port}',\n"
+        f"  url = 'https://127.0.0.1:{port or thread.port}',\n"
         f"  token_file = {json.dumps(str(folder / 'token'))},\n"
         f"  ca_file = {json.dumps(str(folder / 'gpuwarden-slurm-CA.pem'))},\n"
         "  timeout_seconds = 10,\n"
-        "  fail_open = true,\n"
+        f"  fail_open = {'true' if fail_open else 'false'},\n"
         "}\n"
     )
 
@@ -142,17 +144,29 @@ def test_gpus_per_task_count_times_the_tasks(cluster):
 
 
 def test_without_a_collector_the_hook_lets_jobs_in(cluster, setup):
-    thread, _ = setup
-    thread.stop()
+    """The hook reads its settings at each submission: point it at a port nobody serves."""
+    thread, folder = setup
+    settings = cluster.root / "job_submit_gpuwarden.lua"
+    settings.write_text(hook_settings(thread, folder, port=free_port()))
     try:
         job_id = cluster.sbatch("#!/bin/sh\ntrue\n", "--account=physics", "--gres=gpu:2")
         assert cluster.job_state(job_id) is not None
-        assert (
-            "gpuwarden admission: no verdict"
-            in (cluster.root / "log" / "slurmctld.log").read_text()
-        )
+        log = (cluster.root / "log" / "slurmctld.log").read_text()
+        assert "gpuwarden admission: no verdict: no answer from the collector" in log
     finally:
-        thread.start()
+        settings.write_text(hook_settings(thread, folder))
+
+
+def test_failing_closed_the_hook_refuses_jobs_without_a_verdict(cluster, setup):
+    thread, folder = setup
+    settings = cluster.root / "job_submit_gpuwarden.lua"
+    settings.write_text(hook_settings(thread, folder, port=free_port(), fail_open=False))
+    try:
+        with pytest.raises(SlurmClusterError) as refused:
+            cluster.sbatch("#!/bin/sh\ntrue\n", "--account=physics", "--gres=gpu:1")
+        assert "gpuwarden admission is unavailable; try again later" in str(refused.value)
+    finally:
+        settings.write_text(hook_settings(thread, folder))
 
 
 def test_the_cli_says_deny_or_error_on_one_line(setup, monkeypatch, capsys):
