@@ -26,6 +26,7 @@ from gpuwarden.collector.credentials import parse_tokens as parse_tokens_text
 from gpuwarden.collector.ha.settings import HaSettings
 from gpuwarden.collector.ingest.otlp_limits import IngestLimits
 from gpuwarden.collector.notify.settings import AlertingSettings
+from gpuwarden.collector.policy.admission import AdmissionSettings
 from gpuwarden.collector.remediate.actuators.settings import ActuatorSettings, traffic_targets
 from gpuwarden.collector.remediate.policy import RemediationSection, RemediationSettings
 from gpuwarden.collector.remote_write.settings import RemoteWriteSettings
@@ -247,6 +248,8 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     skip_bad_rules: bool = False
     #: folder (or files) of policy YAML (docs/policies.md); default: none, so no policies
     policies_dir: Path | None = None
+    #: admission webhook and Slurm hook: team/model labels, review size (docs/admission.md)
+    admission: AdmissionSettings = msgspec.field(default_factory=AdmissionSettings)
     detection_seconds: Positive = 60.0
     #: "<#channel> <incoming-webhook URL>" per line; "<service> <integration key>" per line
     slack_webhooks_file: Path | None = None

@@ -9,6 +9,7 @@ The tokens file has one credential per line, ``#`` starts a comment::
     operator      alice          sha256:...
     admin         root           sha256:...
     alert-source  alertmanager   sha256:...
+    admission     kube-apiserver sha256:...
 
 The *role* says what the token may do (:class:`Role`; an unknown role is a load error), the
 *subject* names who holds it (the audit and the logs show it; one subject may hold several
@@ -77,6 +78,9 @@ class Role(enum.Enum):
     """Every route, including configuration reloads; writes any node."""
     ALERT_SOURCE = "alert-source"
     """The Alertmanager webhook only."""
+    ADMISSION = "admission"
+    """The admission checks only: the Kubernetes API server's validating webhook calls and the
+    Slurm ``job_submit`` hook (``docs/admission.md``)."""
 
 
 _ROLES = ", ".join(role.value for role in Role)

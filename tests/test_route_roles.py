@@ -36,6 +36,7 @@ WRONG = "wrong-token-0123456789abcdef"
 
 OPEN = "open"
 R, OP, A, AG, AS = Role.READER, Role.OPERATOR, Role.ADMIN, Role.AGENT, Role.ALERT_SOURCE
+AD = Role.ADMISSION
 READ = frozenset({R, OP, A})
 DECIDE = frozenset({OP, A})
 
@@ -80,6 +81,9 @@ TABLE: dict[tuple[str, str], frozenset[Role] | str] = {
     # the incident page's "Silence 4h" button: the handler checks Origin and CSRF itself
     ("POST", "/status/incidents/{id}/silence"): DECIDE,
     ("POST", "/v1/admin/reload"): frozenset({A}),
+    # the Kubernetes API server's validating webhook and the Slurm job_submit hook
+    ("POST", "/admission/v1/validate"): frozenset({AD, A}),
+    ("POST", "/admission/v1/slurm"): frozenset({AD, A}),
 }
 #: Pages for people: without any credential a browser's GET goes to /login, a POST gets 401.
 PAGES = {

@@ -62,12 +62,13 @@ def test_every_role_and_both_forms_load():
             f"node-a {PLAIN}",
             "t:2: two columns is the old '<name> <token>' format, which made every token an "
             "admin; write '<role> <subject> <token or sha256:hex> [nodes=a,b]' "
-            "(roles: agent, reader, operator, admin, alert-source)",
+            "(roles: agent, reader, operator, admin, alert-source, admission)",
         ),
         ("agent", "t:2: expected '<role> <subject> <token or sha256:hex> [nodes=a,b]'"),
         (
             f"agnet node-a {PLAIN}",
-            "t:2: unknown role 'agnet'; roles: agent, reader, operator, admin, alert-source",
+            "t:2: unknown role 'agnet'; roles: agent, reader, operator, admin, alert-source, "
+            "admission",
         ),
         # a long first column may be a token in the wrong place: not repeated
         (f"{PLAIN} node-a agent", "t:2: unknown role; roles: agent, reader,"),

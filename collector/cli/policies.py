@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from gpuwarden.collector.cli.admit import add_admit_parser, run_admit
 from gpuwarden.collector.extras import MissingExtraError, needs_extra
 from gpuwarden.collector.policy.loader import load_policies
 from gpuwarden.collector.policy.model import PolicyKind, PolicySet
@@ -74,12 +75,15 @@ def add_policies_parser(subparsers: argparse._SubParsersAction[argparse.Argument
         help="spend so far of a team for the cost caps, repeatable (default: unknown)",
     )
     test.add_argument("--format", choices=("table", "json"), default="table")
+    add_admit_parser(actions)
 
 
 def run_policies(
     args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
     """Run ``gpuwarden policies ...`` from parsed arguments; return the exit code."""
+    if args.policies_command == "admit":
+        return run_admit(args, out=out)
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     result = load_policies(list(args.paths), skip_bad=True)

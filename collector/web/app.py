@@ -25,12 +25,14 @@ from gpuwarden.collector.storage.sql_lease import LeaseRecords
 from gpuwarden.collector.web import tasks
 from gpuwarden.collector.web.access_log import RedactingAccessLogger, server_logger
 from gpuwarden.collector.web.admin import setup_admin
+from gpuwarden.collector.web.admission import setup_admission
 from gpuwarden.collector.web.api import setup_api
 from gpuwarden.collector.web.auth import authentication
 from gpuwarden.collector.web.exposition import setup_metrics
 from gpuwarden.collector.web.guard import body_guard, header_guard
 from gpuwarden.collector.web.headers import security_headers
 from gpuwarden.collector.web.keys import (
+    ADMISSION_STATS,
     ALERT_RECEIVER,
     AUTH_STATS,
     CONFIG,
@@ -47,6 +49,7 @@ from gpuwarden.collector.web.keys import (
     STATS,
     THROTTLE,
     TOKENS,
+    AdmissionStats,
     AuthStats,
     IngestStats,
 )
@@ -122,6 +125,7 @@ def create_app(
     app.cleanup_ctx.append(lag_monitor(app[LOOP_LAG]))  # what ingest's shedding reads
     app[ROUTE_ACCESS] = {}
     app[AUTH_STATS] = AuthStats()
+    app[ADMISSION_STATS] = AdmissionStats()  # web.admission counts, /metrics shows
     app[CREDENTIAL_SOURCES] = []
     app[TOKENS] = LiveTokens(config.tokens)
     app[THROTTLE] = FailureThrottle(
@@ -141,6 +145,7 @@ def create_app(
         setup_metrics(app)
         setup_status_page(app)
         setup_silences(app)
+        setup_admission(app)  # the Kubernetes webhook and the Slurm hook (limit policies)
         app[SKIPPED_RULES] = tuple(rule_problems)
         if rules is None:
             rules = RuleSet(tuple(detection.rules) if detection is not None else ())

@@ -48,6 +48,7 @@ from gpuwarden.collector.storage.records import IncidentState, RollupTotal
 from gpuwarden.collector.web.exposition_models import model_families
 from gpuwarden.collector.web.gpus import GPU_READINGS, gpu_statuses
 from gpuwarden.collector.web.keys import (
+    ADMISSION_STATS,
     AUTH_STATS,
     LEADERSHIP,
     LOOP_LAG,
@@ -55,6 +56,7 @@ from gpuwarden.collector.web.keys import (
     READERS,
     SERVICE,
     STATS,
+    AdmissionStats,
     AuthStats,
     IngestStats,
     add_route,
@@ -86,6 +88,7 @@ class FleetMetrics:
         service: the collector core.
         stats: the OTLP receiver's counters (``gpuwarden_collector_requests_total``), if any.
         auth: the refusals (``gpuwarden_collector_auth_refusals_total``), if any.
+        admission: the admission verdicts (``gpuwarden_admission_reviews_total``), if any.
         accounting_window_seconds: rolling window of the per-job and per-team families.
         max_jobs: cap on jobs in the per-job families (largest by allocated GPU-hours).
         clock: Unix time in seconds (default: the service's clock).
@@ -97,6 +100,7 @@ class FleetMetrics:
         *,
         stats: IngestStats | None = None,
         auth: AuthStats | None = None,
+        admission: AdmissionStats | None = None,
         lag: LoopLag | None = None,
         accounting_window_seconds: float = DEFAULT_ACCOUNTING_WINDOW_SECONDS,
         max_jobs: int = DEFAULT_MAX_JOBS,
@@ -108,6 +112,7 @@ class FleetMetrics:
         self._service = service
         self._stats = stats
         self._auth = auth
+        self._admission = admission
         self._lag = lag
         self._window = accounting_window_seconds
         self._max_jobs = max_jobs
@@ -401,6 +406,15 @@ class FleetMetrics:
         refused = dict(self._auth.refusals) if self._auth is not None else {}
         for (method, route, status, reason), count in sorted(refused.items()):
             refusals.add_metric([method, route, str(status), reason], float(count))
+        admissions = CounterMetricFamily(
+            "gpuwarden_admission_reviews",
+            "Admission checks answered (docs/admission.md), by source (kubernetes: the "
+            "validating webhook, slurm: job_submit.lua) and verdict (allowed, denied, malformed).",
+            labels=["source", "verdict"],
+        )
+        verdicts = dict(self._admission.verdicts) if self._admission is not None else {}
+        for (source, verdict), count in sorted(verdicts.items()):
+            admissions.add_metric([source, verdict], float(count))
         lag = GaugeMetricFamily(
             "gpuwarden_collector_lag_seconds",
             "Wall clock minus the time of the newest point received (absent before the first).",
@@ -417,7 +431,10 @@ class FleetMetrics:
                 ("jobs", "Current jobs (schedulers and API).", len(service.registry.jobs())),
             )
         ]
-        return [points, duplicates, requests, received, shed, gone, *waits, refusals, *simple, lag]
+        return [
+            points, duplicates, requests, received, shed, gone, *waits, refusals, admissions,
+            *simple, lag,
+        ]  # fmt: skip
 
 
 def _seconds(total: RollupTotal) -> tuple[float, float, float]:
@@ -451,6 +468,7 @@ def setup_metrics(
             service,
             stats=app.get(STATS),
             auth=app.get(AUTH_STATS),
+            admission=app.get(ADMISSION_STATS),
             lag=app.get(LOOP_LAG),
             accounting_window_seconds=accounting_window_seconds,
             max_jobs=max_jobs,

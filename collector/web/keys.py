@@ -31,6 +31,8 @@ from gpuwarden.collector.web.throttle import FailureThrottle
 
 __all__ = [
     "ADMINS",
+    "ADMISSION_CALLERS",
+    "ADMISSION_STATS",
     "AGENTS",
     "ALERT_RECEIVER",
     "ALERT_SOURCES",
@@ -57,6 +59,7 @@ __all__ = [
     "STATUS_TEMPLATES",
     "THROTTLE",
     "TOKENS",
+    "AdmissionStats",
     "Admits",
     "AuthStats",
     "Caller",
@@ -119,6 +122,14 @@ class AuthStats:
         return True
 
 
+@dataclass
+class AdmissionStats:
+    """Admission checks answered, by source (``kubernetes``, ``slurm``) and verdict
+    (``allowed``, ``denied``, ``malformed``: a 4xx) (``gpuwarden_admission_reviews_total``)."""
+
+    verdicts: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+
 def route_template(request: web.Request) -> str:
     """The matched route's path template (``/v1/actions/{id}/{verb}``), never the raw path."""
     resource = request.match_info.route.resource
@@ -157,6 +168,8 @@ AGENTS = Admits(frozenset({Role.AGENT}), plain_refusals=True)
 """OTLP ingest, each agent for its bound nodes."""
 ALERT_SOURCES = Admits(frozenset({Role.ALERT_SOURCE}))
 """The Alertmanager webhook."""
+ADMISSION_CALLERS = Admits(frozenset({Role.ADMISSION}))
+"""The admission checks (``web.admission``): the API server's webhook and the Slurm hook."""
 ADMINS = Admits()
 """Administrators only (configuration reloads): what a route that declares nothing gets (fail
 closed)."""
@@ -181,6 +194,7 @@ ALERT_RECEIVER = web.AppKey("alert_receiver", AlertReceiver)
 ROUTE_ACCESS: web.AppKey[dict[Handler, Admits]] = web.AppKey("route_access")
 """Each handler's :class:`Admits`, as declared by :func:`add_route`."""
 AUTH_STATS = web.AppKey("auth_stats", AuthStats)
+ADMISSION_STATS = web.AppKey("admission_stats", AdmissionStats)
 THROTTLE = web.AppKey("throttle", FailureThrottle)
 """Failed authentications per source address (``auth_failure_*`` of the config)."""
 TOKENS = web.AppKey("tokens", LiveTokens)

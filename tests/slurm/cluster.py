@@ -18,7 +18,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -113,10 +113,18 @@ class SlurmCluster:
             (munged refuses its socket otherwise, so pytest's 0700 ``tmp_path`` will not do).
             By default a fresh directory under the system temp dir, removed by ``stop``.
         start_timeout_seconds: How long ``start`` waits for the node to become idle.
+        job_submit_lua: Files of the ``job_submit/lua`` plugin (``job_submit.lua`` and what it
+            reads), by name, written next to ``slurm.conf``; given, ``JobSubmitPlugins=lua``.
 
     """
 
-    def __init__(self, root: Path | None = None, *, start_timeout_seconds: float = 60.0) -> None:
+    def __init__(
+        self,
+        root: Path | None = None,
+        *,
+        start_timeout_seconds: float = 60.0,
+        job_submit_lua: Mapping[str, str] | None = None,
+    ) -> None:
         self._owns_root = root is None
         if root is None:
             root = Path(tempfile.mkdtemp(prefix="gwslurm-"))
@@ -125,6 +133,7 @@ class SlurmCluster:
         self.hostname = socket.gethostname().split(".")[0]
         self.start_timeout_seconds = start_timeout_seconds
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.job_submit_lua = dict(job_submit_lua or {})
         if len(str(root / "munge" / "munge.sock")) > _MAX_SOCKET_PATH:
             msg = f"{root} is too long a path for munge's unix socket"
             raise SlurmClusterError(msg)
@@ -282,9 +291,12 @@ class SlurmCluster:
         ctld_port, slurmd_port = _free_ports(2)
         cpus = len(os.sched_getaffinity(0))
         fields = {"host": self.hostname, "root": self.root, "cpus": cpus}
-        self.conf_path.write_text(
-            SLURM_CONF.format(**fields, ctld_port=ctld_port, slurmd_port=slurmd_port)
-        )
+        conf = SLURM_CONF.format(**fields, ctld_port=ctld_port, slurmd_port=slurmd_port)
+        if self.job_submit_lua:  # slurmctld reads job_submit.lua next to slurm.conf
+            conf += "JobSubmitPlugins=lua\n"
+            for name, text in self.job_submit_lua.items():
+                (self.root / name).write_text(text)
+        self.conf_path.write_text(conf)
         (self.root / "gres.conf").write_text(GRES_CONF.format(**fields))
 
     def _spawn(self, name: str, args: list[str]) -> None:
