@@ -37,6 +37,9 @@ from gpuwarden.collector.storage.records import AccountingRow
 from gpuwarden.collector.store.types import LatestValues
 from gpuwarden.collector.store.window import WindowStore
 
+PROJECT_LABEL = "project"
+"""The job label naming the project a job's cost is charged to (chargeback, budgets)."""
+
 
 @dataclass
 class Fleet:
@@ -249,6 +252,8 @@ class Fleet:
                     cost=use.cost,
                     currency=currency,
                     carbon_grams=use.carbon_grams,
+                    project=(job.labels.get(PROJECT_LABEL) or None) if job else None,
+                    gpu_model=use.model or None,
                 )
             )
         return rows

@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuwarden.collector.accounting.prices import PriceTable
+from gpuwarden.collector.budgets.config import Budgets
 from gpuwarden.collector.jobs.model import Job, JobState
 
 FloatArray = npt.NDArray[np.floating[Any]]
@@ -46,6 +47,8 @@ class AccountingConfig:
     #: samples of a GPU further apart than this (or than three of its own sampling intervals,
     #: if longer) leave "no data" between them; closer ones cover the slots between them
     max_sample_gap_seconds: float = 30.0
+    #: the teams' and projects' monthly budgets (``budgets:``; none by default)
+    budgets: Budgets = field(default_factory=Budgets)
 
 
 @dataclass(frozen=True, slots=True)

@@ -396,21 +396,42 @@ def add_report_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="the collector's config file, whose prices: --explain shows "
         "(default: the built-in table)",
     )
+    from gpuwarden.collector.budgets.report import add_budgets_parser
+
+    add_budgets_parser(kinds)
 
 
 def run_report(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
-    """Run ``gpuwarden report costs`` from parsed arguments; return the exit code."""
-    from gpuwarden.collector.storage.base import StorageError
+    """Run ``gpuwarden report costs`` or ``budgets`` from parsed arguments; return the exit
+    code."""
+    out = out if out is not None else sys.stdout
+    if not _database_exists(args.db):
+        return EXIT_ERROR
+    if args.report == "budgets":
+        from gpuwarden.collector.budgets.report import run_budgets
+
+        return run_budgets(args, out=out, open_db=_open, now=time.time())
+    return _run_costs(args, out)
+
+
+def _database_exists(db: str) -> bool:
+    """Whether ``--db`` names a PostgreSQL URL or an existing file (said on stderr if not:
+    opening a missing SQLite file would create an empty database)."""
     from gpuwarden.collector.storage.urls import is_postgresql_url
 
-    path = Path(args.db)
-    if not is_postgresql_url(args.db) and not path.is_file():
-        print(
-            f"gpuwarden report: {path}: no such database; point --db at the collector's "
-            "database file (the 'database' key of its config)",
-            file=sys.stderr,
-        )
-        return EXIT_ERROR
+    if is_postgresql_url(db) or Path(db).is_file():
+        return True
+    print(
+        f"gpuwarden report: {db}: no such database; point --db at the collector's "
+        "database file (the 'database' key of its config)",
+        file=sys.stderr,
+    )
+    return False
+
+
+def _run_costs(args: argparse.Namespace, out: TextIO) -> int:
+    from gpuwarden.collector.storage.base import StorageError
+
     try:
         until = parse_time(args.until, time.time())
     except ValueError as exc:
@@ -437,7 +458,7 @@ def run_report(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
                 until=until,
                 by=args.by,
                 fmt=args.fmt,
-                out=out if out is not None else sys.stdout,
+                out=out,
                 prices=prices,
                 cluster=args.cluster,
             )

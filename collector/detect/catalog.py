@@ -18,6 +18,7 @@ from typing import Any
 
 from gpuwarden.collector.detect import (
     alertmanager,
+    budget_burn,
     deploy,
     distribution,
     drift,
@@ -61,6 +62,7 @@ DETECTORS: Mapping[str, Detector[Any]] = MappingProxyType(
             metric_anomaly.DETECTOR,
             level_shift.DETECTOR,
             alertmanager.DETECTOR,
+            budget_burn.DETECTOR,
         )
     }
 )

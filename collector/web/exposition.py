@@ -40,11 +40,14 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuwarden.collector.accounting.prices import DEFAULT_MODEL
+from gpuwarden.collector.budgets.spend import DailySpend
+from gpuwarden.collector.budgets.status import budget_statuses
 from gpuwarden.collector.ha.leadership import Leadership
 from gpuwarden.collector.remediate.states import BREAKER_SCOPE
 from gpuwarden.collector.remote_write.metrics import remote_write_families
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import IncidentState, RollupTotal
+from gpuwarden.collector.web.exposition_budgets import budget_families
 from gpuwarden.collector.web.exposition_models import model_families
 from gpuwarden.collector.web.gpus import GPU_READINGS, gpu_statuses
 from gpuwarden.collector.web.keys import (
@@ -113,6 +116,7 @@ class FleetMetrics:
         self._max_jobs = max_jobs
         self._clock = clock if clock is not None else service.clock
         self._leadership = leadership
+        self._daily = DailySpend(service.storage)  # the month's complete days, read once
 
     def collect(self) -> Iterator[Metric]:
         """Every family; a failing section is logged and left out (scrape_success 0)."""
@@ -127,6 +131,7 @@ class FleetMetrics:
             ("nodes", self._nodes),
             ("accounting", self._accounting),
             ("prices", self._prices),
+            ("budgets", self._budgets),
             ("models", self._models),
             ("incidents", self._incidents),
             ("remediation", self._remediation),
@@ -275,6 +280,13 @@ class FleetMetrics:
                 row.price_per_hour,
             )
         return [family]
+
+    def _budgets(self, now: float) -> list[Metric]:
+        budgets = self._service.accounting.budgets
+        if not budgets.items:
+            return []
+        statuses = budget_statuses(budgets, self._daily, now)
+        return budget_families(statuses, budgets.currency, budgets.interval_level)
 
     def _models(self, now: float) -> list[Metric]:
         return model_families(self._service, now)

@@ -25,6 +25,8 @@ from jinja2 import PackageLoader
 from jinja2.sandbox import SandboxedEnvironment
 from markupsafe import Markup
 
+from gpuwarden.collector.budgets.spend import DailySpend
+from gpuwarden.collector.budgets.status import budget_statuses
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.base import ActionRecord
 from gpuwarden.collector.storage.records import Incident, IncidentState
@@ -39,6 +41,7 @@ from gpuwarden.collector.web.keys import (
     add_page,
 )
 from gpuwarden.collector.web.session import CSRF_FIELD, DECIDING_ROLES, page_csrf_token
+from gpuwarden.collector.web.status_budgets import budgets_context
 from gpuwarden.collector.web.status_charts import fleet_chart, incident_chart
 from gpuwarden.collector.web.status_clusters import clusters_context
 from gpuwarden.collector.web.status_nodes import node_freshness
@@ -254,6 +257,7 @@ def status_context(service: CollectorService, now: float) -> dict[str, object]:
         "incidents": [incident_view(i) for i in incidents],
         "waste": _waste(service, now),
         "prices": prices_context(service.accounting.prices),
+        "budgets": _budgets(service, now),
         "actions": _action_rows(actions),
         "audit": [
             {
@@ -269,6 +273,12 @@ def status_context(service: CollectorService, now: float) -> dict[str, object]:
             for e in audit
         ],
     }
+
+
+def _budgets(service: CollectorService, now: float) -> dict[str, object]:
+    budgets = service.accounting.budgets
+    statuses = budget_statuses(budgets, DailySpend(service.storage), now) if budgets.items else []
+    return budgets_context(statuses, budgets.currency, budgets.interval_level)
 
 
 def _severity_rank(severity: str) -> int:
