@@ -208,6 +208,14 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     snapshot_file: Path | None = None
     idle_threshold_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
     grid_intensity_grams_per_kwh: Annotated[float, msgspec.Meta(ge=0)] = 400.0
+    #: per cluster (``gpuwarden.cluster``) and per region (``cloud.region``) overrides of
+    #: ``grid_intensity_grams_per_kwh`` (g CO2e/kWh; a cluster's first, then its region's)
+    grid_intensity_clusters: Mapping[str, Annotated[float, msgspec.Meta(ge=0)]] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    grid_intensity_regions: Mapping[str, Annotated[float, msgspec.Meta(ge=0)]] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
     #: prices per GPU-hour by GPU model, tier and cluster (``accounting.prices``); written as
     #: a ``PricesSection``, held as the effective table (default: the built-in table)
     prices: PriceTable = msgspec.field(default_factory=PriceTable)
