@@ -41,6 +41,8 @@ SCRIPTED: dict[str, tuple[str, ...]] = {
     "slo-burn-fast": ("llama-70b",),  # the slow deploy: scale-up, degrade, restore
     "deploy-regression": ("llama-70b",),  # the slow deploy, ended by the rollback
     "input-bound-job": ("slurm:demo:101",),  # the starved training job
+    "budget-burn-fast": ("team:vision",),  # the vision team's tiny budget (demo_budget)
+    "budget-burn-slow": ("team:vision",),
 }
 
 
