@@ -83,9 +83,14 @@ class DetectionView:
         return self._fleet.accounting.budgets
 
     def spend(self, *, since: float, until: float) -> WindowSpend:
-        """Spend per budget scope over ``[since, until)`` (this collector's accounting)."""
+        """Spend per budget scope over ``[since, until)`` (this collector's accounting), cut at
+        the end of the last period the accounting wrote (its ``seconds`` say how much is left)."""
+        accounted = self._fleet.accounted_until
+        end = until if accounted is None else min(until, accounted)
+        if end <= since:
+            return WindowSpend({}, accounted=False, seconds=0.0)
         scopes = sorted({b.scope for b in self.budgets().items})
-        return self._spend.spend_in(scopes, since, until)
+        return self._spend.spend_in(scopes, since, end)
 
     def price(self, gpu_model: str, tier: str, cluster: str | None = None) -> float:
         """Price per GPU-hour (in the price table's currency)."""

@@ -126,3 +126,21 @@ def test_the_engine_opens_both_incidents_through_the_normal_path(tmp_path, fork)
     opened = service.storage.incidents(state=IncidentState.OPEN)
     assert sorted(i.rule_id for i in opened) == ["budget-burn-fast", "budget-burn-slow"]
     assert {i.evidence["budget"] for i in opened} == {"team:nlp"}
+
+
+def test_windows_stop_at_the_last_period_the_accounting_wrote(tmp_path):
+    """The period in progress is not written yet: a 5-minute window read as 5 minutes would
+    burn 16x, not 20x (one period of five missing), and a 15x burn would never page."""
+    now = SURGE_AT + 60 * MINUTE
+    service, _ = make_service(tmp_path, now)
+    written = now - MINUTE  # the accounting wrote up to the last complete period
+    service.storage.write_rollups(surge_rows(written))
+    service.fleet.accounted_until = written
+    rule = shipped_rule("budget-burn-fast")
+    (finding,) = DETECTORS["budget_burn"].detect(service.detection_view, rule, now)
+    assert finding.evidence["burn_rate_5m"] == pytest.approx(SURGE_BURN)
+    assert finding.verdict is Verdict.FIRING
+    # with less than half of a window written, the window is unknown
+    service.fleet.accounted_until = now - 4 * MINUTE
+    (finding,) = DETECTORS["budget_burn"].detect(service.detection_view, rule, now)
+    assert finding.evidence["burn_rate_5m"] is None

@@ -54,6 +54,9 @@ class Fleet:
     clock: Callable[[], float] = time.time
     #: node facts by host name (price tier, cluster), as the intake keeps them
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: the end of the newest period ``run_accounting`` wrote (None: it has not run here): spend
+    #: windows ending now stop there (``views.DetectionView.spend``)
+    accounted_until: float | None = None
     #: each GPU's newest sample time at the previous ``run_accounting``
     _newest_seen: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
 
@@ -305,6 +308,7 @@ class Fleet:
             rows = not_less_informed(self._rows(start, usage), stored)
             if rows:
                 written += self.storage.write_rollups(rows)
+        self.accounted_until = last_complete
         return written
 
 

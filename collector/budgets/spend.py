@@ -77,11 +77,14 @@ def window_spend(reader: RollupReader, scope: Scope, since: float, until: float)
 
 @dataclass(frozen=True, slots=True)
 class WindowSpend:
-    """Spend per scope and name over a window, and whether the accounting wrote any row in it
-    (none at all: the collector was not accounting, so the spend is unknown, not zero)."""
+    """Spend per scope and name over a window, whether the accounting wrote any row in it (none
+    at all: the collector was not accounting, so the spend is unknown, not zero), and the
+    seconds of the window the accounting covers (a window ending now misses the period in
+    progress: a rate is spend over these seconds, never over the nominal window)."""
 
     by_scope: Mapping[Scope, SpendByName]
     accounted: bool
+    seconds: float
 
     def of(self, budget: Budget) -> float:
         """A budget's spend in its unit."""
@@ -95,7 +98,9 @@ def spend_in(
     dims = tuple(_DIMENSION[s] for s in scopes)
     totals = reader.rollups(since=since, until=until, by=dims)
     return WindowSpend(
-        {scope: spend_of(totals, _DIMENSION[scope]) for scope in scopes}, bool(totals)
+        {scope: spend_of(totals, _DIMENSION[scope]) for scope in scopes},
+        bool(totals),
+        until - since,
     )
 
 
@@ -143,7 +148,7 @@ def _merged(parts: Sequence[WindowSpend]) -> WindowSpend:
             into = out.setdefault(scope, {})
             for name, spend in spends.items():
                 into[name] = into.get(name, NO_SPEND) + spend
-    return WindowSpend(out, any(p.accounted for p in parts))
+    return WindowSpend(out, any(p.accounted for p in parts), sum(p.seconds for p in parts))
 
 
 class WindowSpendCache:

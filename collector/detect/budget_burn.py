@@ -8,10 +8,11 @@ rate) fires when both windows burn faster than the rate: the long window proves 
 significant, the short one that it is still going on.
 
 Spend comes from the accounting rollups (``DetectionContext.spend``, the rows ``gpuwarden report
-costs`` sums); windows end at the cycle's time. A window in which the collector wrote no
-accounting row at all is unknown (the collector was down or not accounting), never zero spend.
-The accounting writes a period once it ends, so the newest period (60 s by default) is missing
-from a window: a short window reads up to one period low, which delays a firing, never starts one.
+costs`` sums); windows end at the cycle's time, cut at the end of the last period the accounting
+wrote (it writes a period once the period ends), and the rate is the spend over the part of the
+window written, so a short window is not read low by the period in progress. A window the
+accounting covers less than half of, or with no accounting row at all (the collector was down or
+not accounting), is unknown, never zero spend.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from gpuwarden.collector.detect.slo import PairVerdict, judge_pairs
 from gpuwarden.collector.rules.durations import format_duration
 from gpuwarden.collector.rules.model import Rule, Subject
 from gpuwarden.collector.rules.params import durations, numbers
+
+MIN_COVERAGE = 0.5
+"""Share of a window the accounting must have written for the window to have a burn rate."""
 
 
 def budget_burn_rate(
@@ -102,7 +106,11 @@ def _finding(
     currency: str,
 ) -> Finding:
     burns: dict[float, float | None] = {
-        w: budget_burn_rate(s.of(budget), w, budget.amount, month_seconds) if s.accounted else None
+        w: (
+            budget_burn_rate(s.of(budget), s.seconds, budget.amount, month_seconds)
+            if s.accounted and s.seconds >= MIN_COVERAGE * w
+            else None
+        )
         for w, s in spends.items()
     }
     pairs = [
