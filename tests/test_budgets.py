@@ -219,3 +219,29 @@ def test_report_budgets_without_a_budgets_section_says_so(tmp_path, capsys):
     code = main(["report", "budgets", "--db", str(tmp_path / "c.db"), "--config", str(config)])
     assert code == 1
     assert "no budgets: section" in capsys.readouterr().err
+
+
+def test_days_without_any_accounting_are_unknown_not_zero_spend():
+    """A collector installed on the 21st: the 20 days before it are left out of the fit."""
+    month = forecast_month_end([None] * 20, 50.0, 12 * 3600, 30, 0.8)
+    assert month.method == RUN_RATE
+    assert month.forecast == pytest.approx(50.0 + 100.0 * 9.5)  # 100 a day over 9.5 days left
+    steady = [None] * 10 + [100.0, 104.0, 97.0, 101.0, 98.0, 103.0, 99.0, 100.0, 102.0, 96.0]
+    month = forecast_month_end(steady, 50.0, 12 * 3600, 30, 0.8)
+    assert month.method == LINEAR
+    assert month.low is not None
+    assert month.high is not None
+    assert month.low < sum(v for v in steady if v) + 50.0 + 100.0 * 9.5 < month.high
+
+
+def test_a_project_budget_spends_what_the_jobs_labelled_with_it_spend(tmp_path):
+    budget = Budget(Scope.PROJECT, "llama-ft", Unit.GPU_HOURS, 100.0)
+    service, _ = make_service(tmp_path, NOW, Budgets((budget,)))
+    day = MONTH_START + 3 * DAY
+    rows = minute_rows("nlp", day, day + 3600, _flat(0.001), project="llama-ft")
+    rows += minute_rows("vision", day, day + 7200, _flat(0.001), gpu="GPU-b")
+    rows += minute_rows("nlp", day, day + 1800, _flat(0.001), gpu="GPU-c")  # no project
+    service.storage.write_rollups(rows)
+    (status,) = budget_statuses(service.accounting.budgets, DailySpend(service.storage), NOW)
+    assert status.mtd == pytest.approx(1.0)  # one GPU for one hour
+    assert status.currency is None  # a GPU-hours budget

@@ -69,12 +69,6 @@ def spend_of(totals: Sequence[RollupTotal], dimension: RollupDimension) -> dict[
     return out
 
 
-def window_spend(reader: RollupReader, scope: Scope, since: float, until: float) -> SpendByName:
-    """Spend per team (or project) over ``[since, until)``."""
-    dimension = _DIMENSION[scope]
-    return spend_of(reader.rollups(since=since, until=until, by=(dimension,)), dimension)
-
-
 @dataclass(frozen=True, slots=True)
 class WindowSpend:
     """Spend per scope and name over a window, whether the accounting wrote any row in it (none
@@ -110,19 +104,26 @@ def budget_spend(spends: Mapping[Scope, SpendByName], budget: Budget) -> float:
 
 
 class DailySpend:
-    """Each day's spend of the month so far, per scope and name, complete days read once."""
+    """Each day's spend of the month so far, per scope and name, complete days read once.
+
+    A day with no accounting row at all (the collector was not running) is ``None``: unknown,
+    not zero spend.
+    """
 
     def __init__(self, reader: RollupReader, *, settle_seconds: float = 3600.0) -> None:
         self._reader = reader
         self._settle = settle_seconds
-        self._done: dict[tuple[Scope, float], SpendByName] = {}
+        self._done: dict[tuple[Scope, float], tuple[SpendByName | None]] = {}
         self._lock = threading.Lock()
 
-    def days(self, scope: Scope, month_start: float, now: float) -> tuple[list[SpendByName], float]:
+    def days(
+        self, scope: Scope, month_start: float, now: float
+    ) -> tuple[list[SpendByName | None], float]:
         """The spend of each day from ``month_start`` to ``now`` (the last one in progress),
         and the length of the day in progress in seconds."""
         count = max(1, math.ceil((now - month_start) / DAY_SECONDS))
-        out: list[SpendByName] = []
+        dimension = _DIMENSION[scope]
+        out: list[SpendByName | None] = []
         for i in range(count):
             start = month_start + i * DAY_SECONDS
             end = min(start + DAY_SECONDS, now)
@@ -130,11 +131,12 @@ class DailySpend:
             with self._lock:
                 cached = self._done.get(key)
             if cached is None:
-                cached = window_spend(self._reader, scope, start, end)
+                totals = self._reader.rollups(since=start, until=end, by=(dimension,))
+                cached = (spend_of(totals, dimension) if totals else None,)
                 if end == start + DAY_SECONDS and now - end >= self._settle:
                     with self._lock:
                         self._done[key] = cached
-            out.append(cached)
+            out.append(cached[0])
         with self._lock:  # forget past months
             for old in [k for k in self._done if k[1] < month_start]:
                 del self._done[old]

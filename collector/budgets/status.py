@@ -51,15 +51,17 @@ def budget_statuses(budgets: Budgets, daily: DailySpend, now: float) -> list[Bud
     """The status of every budget at ``now`` (the UTC month holding it)."""
     start, end = month_bounds(now)
     days_in_month = round((end - start) / DAY_SECONDS)
-    by_scope: dict[Scope, tuple[list[SpendByName], float]] = {}
+    by_scope: dict[Scope, tuple[list[SpendByName | None], float]] = {}
     for scope in {b.scope for b in budgets.items}:
         by_scope[scope] = daily.days(scope, start, now)
     out = []
     for budget in budgets.items:
         days, today_seconds = by_scope[budget.scope]
-        amounts = [d.get(budget.name, NO_SPEND).amount(budget.unit) for d in days]
+        amounts = [
+            None if d is None else d.get(budget.name, NO_SPEND).amount(budget.unit) for d in days
+        ]
         month = forecast_month_end(
-            amounts[:-1], amounts[-1], today_seconds, days_in_month, budgets.interval_level
+            amounts[:-1], amounts[-1] or 0.0, today_seconds, days_in_month, budgets.interval_level
         )
         out.append(
             BudgetStatus(
@@ -68,7 +70,7 @@ def budget_statuses(budgets: Budgets, daily: DailySpend, now: float) -> list[Bud
                 month_start=start,
                 month_end=end,
                 budget_amount=budget.amount,
-                mtd=sum(amounts),
+                mtd=sum(a for a in amounts if a is not None),
                 forecast=month.forecast,
                 forecast_low=month.low,
                 forecast_high=month.high,
