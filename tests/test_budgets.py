@@ -245,3 +245,13 @@ def test_a_project_budget_spends_what_the_jobs_labelled_with_it_spend(tmp_path):
     (status,) = budget_statuses(service.accounting.budgets, DailySpend(service.storage), NOW)
     assert status.mtd == pytest.approx(1.0)  # one GPU for one hour
     assert status.currency is None  # a GPU-hours budget
+
+
+def test_the_status_page_section_renders_the_budget_row(curve):
+    from gpuwarden.collector.web.status_page import environment
+
+    service, _ = curve
+    context = status_context(service, NOW)
+    html = environment().get_template("status_budgets.html").render(budgets=context["budgets"])
+    assert '<section id="budgets">' in html
+    assert '<td>team:nlp</td><td>USD</td><td class="num">30,000.00</td>' in html

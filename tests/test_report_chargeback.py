@@ -20,6 +20,8 @@ from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.jobs.model import GpuAllocation, Job, JobState
 from gpuwarden.collector.service import CollectorService
+from tests.budget_curves import minute_rows
+from tests.storage_backends import Backend, backend  # noqa: F401 - a fixture
 from tests.test_accounting_scenario import END, HOURS, JOBS, MODEL, STEP, T0, scripted_points
 
 REGION, REGION_G_PER_KWH, FLEET_G_PER_KWH = "eu-north-1", 30.0, 400.0
@@ -161,3 +163,24 @@ def test_the_cli_exports_and_refuses_a_table(service, database, capsys):
     assert capsys.readouterr().out.splitlines()[0] == ",".join(COLUMNS)
     assert main(args) == 1
     assert "--chargeback goes with --format csv or json" in capsys.readouterr().err
+
+
+def test_project_and_gpu_model_are_kept_on_both_backends(backend: Backend):  # noqa: F811
+    """Migration 10's columns: written, read back and grouped by, on SQLite and PostgreSQL."""
+    rows = [
+        *minute_rows("nlp", T0, T0 + 600, lambda _t: 0.001, project="llama-ft"),
+        *minute_rows("vision", T0, T0 + 300, lambda _t: 0.001, gpu="GPU-b"),
+    ]
+    with backend.open(lambda: END) as store:
+        store.write_rollups(rows)
+        back = store.accounting_rows(since=T0, until=END)
+        assert {(r.team, r.project, r.gpu_model) for r in back} == {
+            ("nlp", "llama-ft", "NVIDIA H100 80GB HBM3"),
+            ("vision", None, "NVIDIA H100 80GB HBM3"),
+        }
+        by = store.rollups(since=T0, until=END, by=("project", "gpu_model"))
+        hours = {(t.group["project"], t.group["gpu_model"]): t.gpu_seconds_allocated for t in by}
+        assert hours == {
+            (None, "NVIDIA H100 80GB HBM3"): 300.0,
+            ("llama-ft", "NVIDIA H100 80GB HBM3"): 600.0,
+        }
