@@ -52,6 +52,7 @@ from gpuwarden.collector.web.exposition_models import model_families
 from gpuwarden.collector.web.gpus import GPU_READINGS, gpu_statuses
 from gpuwarden.collector.web.keys import (
     AUTH_STATS,
+    DAILY_SPEND,
     LEADERSHIP,
     LOOP_LAG,
     METRICS_REGISTRY,
@@ -105,6 +106,7 @@ class FleetMetrics:
         max_jobs: int = DEFAULT_MAX_JOBS,
         clock: Callable[[], float] | None = None,
         leadership: Leadership | None = None,
+        daily: DailySpend | None = None,
     ) -> None:
         if accounting_window_seconds <= 0 or max_jobs < 0:
             raise ValueError("accounting_window_seconds must be > 0 and max_jobs >= 0")
@@ -116,7 +118,8 @@ class FleetMetrics:
         self._max_jobs = max_jobs
         self._clock = clock if clock is not None else service.clock
         self._leadership = leadership
-        self._daily = DailySpend(service.storage)  # the month's complete days, read once
+        # the month's complete days, read once (shared with /status through the app)
+        self._daily = daily if daily is not None else DailySpend(service.storage)
 
     def collect(self) -> Iterator[Metric]:
         """Every family; a failing section is logged and left out (scrape_success 0)."""
@@ -468,6 +471,7 @@ def setup_metrics(
             max_jobs=max_jobs,
             clock=clock if clock is not None else service.clock,
             leadership=app.get(LEADERSHIP),
+            daily=app.get(DAILY_SPEND),
         )
     )
     app[METRICS_REGISTRY] = registry

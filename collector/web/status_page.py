@@ -33,6 +33,7 @@ from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.gpus import gpu_statuses
 from gpuwarden.collector.web.keys import (
     CALLER,
+    DAILY_SPEND,
     LEADERSHIP,
     READERS,
     RULE_BOARD,
@@ -244,8 +245,10 @@ def _money(amount: float | None, currency: str | None) -> str:
     return "—" if amount is None else f"{amount:,.2f} {currency or ''}".rstrip()
 
 
-def status_context(service: CollectorService, now: float) -> dict[str, object]:
-    """Everything ``status.html`` shows."""
+def status_context(
+    service: CollectorService, now: float, daily: DailySpend | None = None
+) -> dict[str, object]:
+    """Everything ``status.html`` shows (``daily``: the app's cache of the month's spend)."""
     storage = service.storage
     incidents = storage.incidents(state=IncidentState.OPEN)
     incidents.sort(key=lambda i: (-_severity_rank(i.severity), -i.first_seen))
@@ -257,7 +260,7 @@ def status_context(service: CollectorService, now: float) -> dict[str, object]:
         "incidents": [incident_view(i) for i in incidents],
         "waste": _waste(service, now),
         "prices": prices_context(service.accounting.prices),
-        "budgets": _budgets(service, now),
+        "budgets": _budgets(service, now, daily or DailySpend(service.storage)),
         "actions": _action_rows(actions),
         "audit": [
             {
@@ -275,9 +278,9 @@ def status_context(service: CollectorService, now: float) -> dict[str, object]:
     }
 
 
-def _budgets(service: CollectorService, now: float) -> dict[str, object]:
+def _budgets(service: CollectorService, now: float, daily: DailySpend) -> dict[str, object]:
     budgets = service.accounting.budgets
-    statuses = budget_statuses(budgets, DailySpend(service.storage), now) if budgets.items else []
+    statuses = budget_statuses(budgets, daily, now) if budgets.items else []
     return budgets_context(statuses, budgets.currency, budgets.interval_level)
 
 
@@ -300,7 +303,7 @@ async def status(request: web.Request) -> web.Response:
     leadership = request.app.get(LEADERSHIP)
 
     def render() -> str:
-        context = status_context(service, service.clock())
+        context = status_context(service, service.clock(), request.app.get(DAILY_SPEND))
         if leadership is not None:
             lead = leadership.status()
             context["leadership"] = {"replica": lead.replica, "detail": lead.describe()}
