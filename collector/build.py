@@ -364,7 +364,10 @@ def build_service(
         accounting=AccountingConfig(
             idle_threshold_ratio=config.idle_threshold_ratio,
             grid_intensity_grams_per_kwh=config.grid_intensity_grams_per_kwh,
+            grid_intensity_clusters=config.grid_intensity_clusters,
+            grid_intensity_regions=config.grid_intensity_regions,
             prices=config.prices,
+            budgets=config.budgets,
         ),
         period_seconds=config.accounting_period_seconds,
         clock=clock,

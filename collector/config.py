@@ -21,6 +21,7 @@ import msgspec
 from gpuwarden.agent.config import DEFAULT_TIMEOUT_SECONDS as AGENT_TIMEOUT_SECONDS
 from gpuwarden.agent.schema import ONE_OR_MANY, ConfigError, convert, read_yaml, redacted_repr
 from gpuwarden.collector.accounting.prices import PricesSection, PriceTable
+from gpuwarden.collector.budgets.config import Budgets, BudgetsSection
 from gpuwarden.collector.credentials import CredentialsError, TokenTable
 from gpuwarden.collector.credentials import parse_tokens as parse_tokens_text
 from gpuwarden.collector.ha.settings import HaSettings
@@ -208,9 +209,20 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     snapshot_file: Path | None = None
     idle_threshold_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
     grid_intensity_grams_per_kwh: Annotated[float, msgspec.Meta(ge=0)] = 400.0
+    #: per cluster (``gpuwarden.cluster``) and per region (``cloud.region``) overrides of
+    #: ``grid_intensity_grams_per_kwh`` (g CO2e/kWh; a cluster's first, then its region's)
+    grid_intensity_clusters: Mapping[str, Annotated[float, msgspec.Meta(ge=0)]] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    grid_intensity_regions: Mapping[str, Annotated[float, msgspec.Meta(ge=0)]] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
     #: prices per GPU-hour by GPU model, tier and cluster (``accounting.prices``); written as
     #: a ``PricesSection``, held as the effective table (default: the built-in table)
     prices: PriceTable = msgspec.field(default_factory=PriceTable)
+    #: monthly budgets per team and project (``budgets.config``); written as a
+    #: ``BudgetsSection``, held with the prices' currency (default: none)
+    budgets: Budgets = msgspec.field(default_factory=Budgets)
     #: the Kubernetes job source's namespace (default: all); its client is kubernetes_*
     kubernetes_namespace: str | None = None
     job_poll_seconds: Positive = 30.0
@@ -432,6 +444,11 @@ def _prices(written: object, where: str, key: str) -> PriceTable:
     return convert(written, PricesSection, where, section=key).table(source=where)
 
 
+def _budgets(written: object, where: str, key: str) -> BudgetsSection:
+    """``budgets``: the section as written (held once the prices' currency is known)."""
+    return convert(written, BudgetsSection, where, section=key)
+
+
 #: Keys written in one form and held in another: key → its reader, (written, file, key) → held,
 #: which checks what is written through the schema too. The held value then passes through.
 _READERS: Mapping[str, Callable[[object, str, str], object]] = MappingProxyType(
@@ -464,4 +481,9 @@ def load_collector_config(
     for key, read in _READERS.items():
         if key in data:
             data[key] = read(data[key], where, key)
-    return convert(data, CollectorConfig, where)
+    budgets = data.pop("budgets", None)
+    config = convert(data, CollectorConfig, where)
+    if budgets is None:
+        return config
+    section = _budgets(budgets, where, "budgets")
+    return msgspec.structs.replace(config, budgets=section.budgets(config.prices.currency))

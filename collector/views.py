@@ -19,6 +19,8 @@ import numpy as np
 
 from gpuwarden.collector.accounting.fleet import Fleet
 from gpuwarden.collector.accounting.gpu_time import GpuRef, GpuTimeline
+from gpuwarden.collector.budgets.config import Budgets
+from gpuwarden.collector.budgets.spend import WindowSpend, WindowSpendCache
 from gpuwarden.collector.jobs.model import Job
 from gpuwarden.collector.storage.records import Event, EventKind, ModelDeployment
 from gpuwarden.collector.store.fresh import FreshReads
@@ -36,6 +38,7 @@ class DetectionView:
         self._store = FreshReads(fleet.store, clock=self.now)
         self._caches: dict[object, object] = {}
         self._lock = threading.Lock()
+        self._spend = WindowSpendCache(fleet.storage)  # settled hours of spend, read once
 
     @property
     def store(self) -> WindowStore:
@@ -74,6 +77,20 @@ class DetectionView:
     def events(self, *, since: float, kinds: Collection[EventKind]) -> list[Event]:
         """Events of some kinds at or after ``since``."""
         return self._fleet.storage.events(since=since, kinds=kinds)
+
+    def budgets(self) -> Budgets:
+        """The monthly budgets (the accounting config's)."""
+        return self._fleet.accounting.budgets
+
+    def spend(self, *, since: float, until: float) -> WindowSpend:
+        """Spend per budget scope over ``[since, until)`` (this collector's accounting), cut at
+        the end of the last period the accounting wrote (its ``seconds`` say how much is left)."""
+        accounted = self._fleet.accounted_until
+        end = until if accounted is None else min(until, accounted)
+        if end <= since:
+            return WindowSpend({}, accounted=False, seconds=0.0)
+        scopes = sorted({b.scope for b in self.budgets().items})
+        return self._spend.spend_in(scopes, since, end)
 
     def price(self, gpu_model: str, tier: str, cluster: str | None = None) -> float:
         """Price per GPU-hour (in the price table's currency)."""

@@ -61,6 +61,7 @@ from gpuwarden.collector.remediate.actuators.settings import RouteSpec
 from gpuwarden.collector.remediate.policy import SETTLE_SECONDS, PolicyConfig, RemediationSettings
 from gpuwarden.collector.storage.records import Event, EventKind, IncidentState
 from gpuwarden.collector.web.app import create_app
+from gpuwarden.demo_budget import print_budgets, with_budget
 from gpuwarden.demo_fleet import (
     FALLBACK_MODEL,
     HOST_CPU_BUSY,
@@ -218,7 +219,7 @@ class _Demo:
         self.environ = {"GPUWARDEN_APPROVAL_SECRET": secrets.token_urlsafe(48)}
         self.port, self.model_port = port or _free_port(), _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.config = _server_config(self.port, db, self.model_port, speed)
+        self.config = with_budget(_server_config(self.port, db, self.model_port, speed))
         db.unlink(missing_ok=True)
         self.service = build_service(self.config)
         self.started = time.time()
@@ -404,6 +405,7 @@ class _Demo:
             self.base,
             self.scheduler.requeued,
         )
+        await asyncio.to_thread(print_budgets, service, ended)
 
     async def close(self) -> None:
         """Stop the agents, stop serving (the collector's loops end first), close the database."""

@@ -27,6 +27,7 @@ from gpuwarden.collector.rules.model import Rule, RuleSet, Selector
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import Event, EventKind, ModelDeployment
 from tests import (
+    budget_curves,
     test_detect_deploy,
     test_detect_deploy_drift,
     test_detect_distribution,
@@ -306,6 +307,14 @@ def slo_burn(tmp: Path) -> Scenario:
     return Scenario(svc, end, shipped_rule("slo-burn-fast"))
 
 
+def budget_burn(tmp: Path) -> Scenario:
+    """test_budget_burn's surge: nlp spends 20x its budget's even rate for the last hour."""
+    now = budget_curves.SURGE_AT + 3600.0
+    svc, _ = budget_curves.make_service(tmp, now)
+    svc.storage.write_rollups(budget_curves.surge_rows(now))
+    return Scenario(svc, now, shipped_rule("budget-burn-fast"))
+
+
 def demand_forecast(tmp: Path) -> Scenario:
     """test_detect_forecast's growing load, 20 minutes before it reaches 80 % of capacity."""
     mod = test_detect_forecast
@@ -384,6 +393,7 @@ BUILDERS: dict[str, Callable[[Path], Scenario]] = {
     "deploy_regression": deploy_regression,
     "distribution_drift": distribution_drift,
     "slo_burn": slo_burn,
+    "budget_burn": budget_burn,
     "demand_forecast": demand_forecast,
     "hardware_fault": hardware_fault,
     "preemption": preemption,

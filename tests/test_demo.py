@@ -42,6 +42,8 @@ SCRIPTED: dict[str, tuple[str, ...]] = {
     "deploy-regression": ("llama-70b",),  # the slow deploy, ended by the rollback
     "input-bound-job": ("slurm:demo:101",),  # the starved training job
     "policy-breach": ("llama-70b",),  # the scale-up the demo's policy refused
+    "budget-burn-fast": ("team:vision",),  # the vision team's tiny budget (demo_budget)
+    "budget-burn-slow": ("team:vision",),
 }
 
 

@@ -101,6 +101,7 @@ BASELINE = {
     "deploy_regression": 1,
     "distribution_drift": 1,
     "slo_burn": 1,
+    "budget_burn": 1,
     "demand_forecast": 1,
     "hardware_fault": 4,
     "preemption": 3,
@@ -164,6 +165,9 @@ SELECTORS: dict[str, dict[str, tuple[Any, int, Any]]] = {
         "teams": (("ml",), 1, (NOWHERE,)),
         "models": (("llama",), 1, ("mistral",)),
         "labels": ({"host.name": "srv"}, 1, {"host.name": NOWHERE}),
+    },
+    "budget_burn": {
+        "teams": (("nlp",), 1, (NOWHERE,)),
     },
     "slo_burn": {
         "teams": (("ml",), 1, (NOWHERE,)),
@@ -308,6 +312,14 @@ PARAMS: dict[str, dict[str, Case]] = {
         ),
         "burn_rates": Fires((100.0, 100.0), 0),  # the burn is 20x
         "error_outcomes": Fires(("timeout",), 0),
+    },
+    "budget_burn": {
+        # 1 h of surge at 20x after days at 0.5x: a 1 d long window burns (23 x 0.5 + 20) / 24
+        "long_windows_seconds": Fires((DAY, 6 * 3600.0), 0),
+        "short_windows_seconds": Records(
+            (600.0, 1200.0), "burn_rate_10m", 20.0, "the last hour is all surge"
+        ),
+        "burn_rates": Fires((25.0, 25.0), 0),  # the hour's burn is 20x
     },
     "demand_forecast": {
         "horizon_seconds": Records(

@@ -517,7 +517,7 @@ def test_every_runbook_belongs_to_a_rule_and_has_valid_placeholders():
     for_alerts = {f"{name}.md" for name in re.findall(r"/runbooks/([a-z0-9-]+)", prometheus)}
     # every runbook serves a rule or a Prometheus alert (rules/prometheus/)
     assert files == {rule.runbook for rule in loaded.rules} | for_alerts
-    roots = {"rule", "job", "node", "gpu", "model", "evidence"}
+    roots = {"rule", "incident", "job", "node", "gpu", "model", "evidence"}
     for name in sorted(files):
         text = (default_runbooks_dir() / name).read_text(encoding="utf-8")
         assert text.startswith(f"# {name.removesuffix('.md')} — "), name

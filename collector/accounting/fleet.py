@@ -38,6 +38,9 @@ from gpuwarden.collector.storage.records import AccountingRow
 from gpuwarden.collector.store.types import LatestValues
 from gpuwarden.collector.store.window import WindowStore
 
+PROJECT_LABEL = "project"
+"""The job label naming the project a job's cost is charged to (chargeback, budgets)."""
+
 
 @dataclass
 class Fleet:
@@ -52,6 +55,9 @@ class Fleet:
     clock: Callable[[], float] = time.time
     #: node facts by host name (price tier, cluster), as the intake keeps them
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: the end of the newest period ``run_accounting`` wrote (None: it has not run here): spend
+    #: windows ending now stop there (``views.DetectionView.spend``)
+    accounted_until: float | None = None
     #: each GPU's newest sample time at the previous ``run_accounting``
     _newest_seen: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
 
@@ -273,6 +279,8 @@ class Fleet:
                     cost=use.cost,
                     currency=currency,
                     carbon_grams=use.carbon_grams,
+                    project=(job.labels.get(PROJECT_LABEL) or None) if job else None,
+                    gpu_model=use.model or None,
                 )
             )
         return rows
@@ -324,6 +332,7 @@ class Fleet:
             rows = not_less_informed(self._rows(start, usage), stored)
             if rows:
                 written += self.storage.write_rollups(rows)
+        self.accounted_until = last_complete
         return written
 
 

@@ -14,21 +14,25 @@ exactly.
 - GPU-hours of a job are its busy + idle time: what it is billed for.
 - energy comes from the energy counter's increases spread over the time they cover
   (:func:`.presence.spread_back`), never power samples × time.
+- carbon is kWh × the grid's intensity (g CO2e/kWh) of the node's cluster, else its region,
+  else the fleet's (``grid_intensity_grams_per_kwh``, default 400 g/kWh: roughly the world
+  average of electricity generation).
 - cost is a job's GPU-hours × the price of that GPU model at the job's price tier (on-demand,
-  spot, reserved) on the node's cluster or region (:mod:`.prices`), in the table's currency;
-  carbon is kWh × the grid's intensity.
+  spot, reserved) on the node's cluster or region (:mod:`.prices`), in the table's currency.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from gpuwarden.collector.accounting.prices import PriceTable
+from gpuwarden.collector.budgets.config import Budgets
 from gpuwarden.collector.jobs.model import Job, JobState
 
 FloatArray = npt.NDArray[np.floating[Any]]
@@ -46,6 +50,26 @@ class AccountingConfig:
     #: samples of a GPU further apart than this (or than three of its own sampling intervals,
     #: if longer) leave "no data" between them; closer ones cover the slots between them
     max_sample_gap_seconds: float = 30.0
+    #: grid carbon intensity per cluster (a node's ``gpuwarden.cluster``) and per region (its
+    #: ``cloud.region``), overriding ``grid_intensity_grams_per_kwh``: a cluster's first
+    grid_intensity_clusters: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    grid_intensity_regions: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    #: the teams' and projects' monthly budgets (``budgets:``; none by default)
+    budgets: Budgets = field(default_factory=Budgets)
+
+
+def grid_intensity(config: AccountingConfig, cluster: str | None, region: str | None) -> float:
+    """Grams CO2e per kWh on a node of ``cluster`` in ``region``: the cluster's intensity, else
+    the region's, else the fleet's (``grid_intensity_grams_per_kwh``)."""
+    if cluster and cluster in config.grid_intensity_clusters:
+        return config.grid_intensity_clusters[cluster]
+    if region and region in config.grid_intensity_regions:
+        return config.grid_intensity_regions[region]
+    return config.grid_intensity_grams_per_kwh
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,7 +339,7 @@ def account(
                     carbon_grams=(
                         None
                         if energy_j is None
-                        else energy_j / 3.6e6 * config.grid_intensity_grams_per_kwh
+                        else energy_j / 3.6e6 * grid_intensity(config, gpu.cluster, gpu.region)
                     ),
                 )
             )

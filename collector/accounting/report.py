@@ -299,6 +299,7 @@ def report_costs(
     out: TextIO,
     prices: PriceTable | None = None,
     cluster: str = ALL_CLUSTERS,
+    chargeback: str | None = None,
 ) -> int:
     """Print the cost report of ``[until - since_seconds, until)`` per group of ``cluster``
     (default: every cluster on the database); return 0.
@@ -311,6 +312,14 @@ def report_costs(
     if prices is not None and fmt == "csv":
         raise ValueError("the price table (--explain) goes with --format table or json")
     since = until - since_seconds
+    if chargeback is not None:  # the export: one line per period and chargeback key
+        from gpuwarden.collector.accounting.chargeback import chargeback_lines, write_chargeback
+
+        export = chargeback_lines(
+            storage, since=since, until=until, period=chargeback, cluster=cluster
+        )
+        write_chargeback(export, fmt, out)
+        return EXIT_OK
     lines = cost_lines(storage, since=since, until=until, by=by, cluster=cluster)
     total = sum_lines("TOTAL", lines)
     several = any(line.cluster is not None for line in lines)
@@ -386,6 +395,18 @@ def add_report_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     costs.add_argument("--by", choices=BY_CHOICES, default="team")
     costs.add_argument("--format", choices=FORMATS, default="table", dest="fmt")
     costs.add_argument(
+        "--chargeback",
+        action="store_true",
+        help="the chargeback export (with --format csv or json): one line per period and "
+        "team, project, job, model, GPU model and tier, stable columns (docs/chargeback.md)",
+    )
+    costs.add_argument(
+        "--period",
+        choices=("window", "day", "month"),
+        default="window",
+        help="the export's periods: the whole window, or each UTC day or month in it",
+    )
+    costs.add_argument(
         "--explain",
         action="store_true",
         help="print the price table used (currency, source, rows) before the report",
@@ -396,27 +417,51 @@ def add_report_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="the collector's config file, whose prices: --explain shows "
         "(default: the built-in table)",
     )
+    from gpuwarden.collector.budgets.report import add_budgets_parser
+
+    add_budgets_parser(kinds)
 
 
 def run_report(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
-    """Run ``gpuwarden report costs`` from parsed arguments; return the exit code."""
-    from gpuwarden.collector.storage.base import StorageError
+    """Run ``gpuwarden report costs`` or ``budgets`` from parsed arguments; return the exit
+    code."""
+    out = out if out is not None else sys.stdout
+    if not _database_exists(args.db):
+        return EXIT_ERROR
+    if args.report == "budgets":
+        from gpuwarden.collector.budgets.report import run_budgets
+
+        return run_budgets(args, out=out, open_db=_open, now=time.time())
+    return _run_costs(args, out)
+
+
+def _database_exists(db: str) -> bool:
+    """Whether ``--db`` names a PostgreSQL URL or an existing file (said on stderr if not:
+    opening a missing SQLite file would create an empty database)."""
     from gpuwarden.collector.storage.urls import is_postgresql_url
 
-    path = Path(args.db)
-    if not is_postgresql_url(args.db) and not path.is_file():
-        print(
-            f"gpuwarden report: {path}: no such database; point --db at the collector's "
-            "database file (the 'database' key of its config)",
-            file=sys.stderr,
-        )
-        return EXIT_ERROR
+    if is_postgresql_url(db) or Path(db).is_file():
+        return True
+    print(
+        f"gpuwarden report: {db}: no such database; point --db at the collector's "
+        "database file (the 'database' key of its config)",
+        file=sys.stderr,
+    )
+    return False
+
+
+def _run_costs(args: argparse.Namespace, out: TextIO) -> int:
+    from gpuwarden.collector.storage.base import StorageError
+
     try:
         until = parse_time(args.until, time.time())
     except ValueError as exc:
         print(f"gpuwarden report: --until: {exc}", file=sys.stderr)
         return EXIT_ERROR
     prices = None
+    if args.chargeback and (args.fmt == "table" or args.explain):
+        print("gpuwarden report: --chargeback goes with --format csv or json", file=sys.stderr)
+        return EXIT_ERROR
     if args.explain:
         from gpuwarden.collector.accounting.prices import PriceTable
         from gpuwarden.collector.config import ConfigError, load_collector_config
@@ -437,9 +482,10 @@ def run_report(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
                 until=until,
                 by=args.by,
                 fmt=args.fmt,
-                out=out if out is not None else sys.stdout,
+                out=out,
                 prices=prices,
                 cluster=args.cluster,
+                chargeback=args.period if args.chargeback else None,
             )
     except StorageError as exc:
         print(f"gpuwarden report: {exc}", file=sys.stderr)

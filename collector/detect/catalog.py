@@ -18,6 +18,7 @@ from typing import Any
 
 from gpuwarden.collector.detect import (
     alertmanager,
+    budget_burn,
     deploy,
     distribution,
     drift,
@@ -63,6 +64,7 @@ DETECTORS: Mapping[str, Detector[Any]] = MappingProxyType(
             level_shift.DETECTOR,
             alertmanager.DETECTOR,
             policy_breach.DETECTOR,
+            budget_burn.DETECTOR,
         )
     }
 )

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from gpuwarden.collector.accounting.gpu_time import GpuRef, GpuTimeline
+from gpuwarden.collector.budgets.config import Budgets
+from gpuwarden.collector.budgets.spend import WindowSpend
 from gpuwarden.collector.detect.findings import Finding
 from gpuwarden.collector.jobs.model import Job
 from gpuwarden.collector.rules.model import (
@@ -97,12 +99,31 @@ class DetectionContext(Protocol):
         """The tier of GPUs and jobs that name none."""
         ...
 
+    def budgets(self) -> Budgets:
+        """The teams' and projects' monthly budgets (the config's ``budgets:``)."""
+        ...
+
+    def spend(self, *, since: float, until: float) -> WindowSpend:
+        """Spend per budget scope (team, project) over ``[since, until)`` from the accounting
+        (a storage read: a forked cycle gets what :class:`ReadsSpend` rules asked for)."""
+        ...
+
     def cache(self, kind: Callable[[], C]) -> C:
         """The detector state of this kind (fit caches, trackers), made on first use.
 
         It lives as long as the context: one per engine, so two collectors in one process (tests,
         backtests) never share fits.
         """
+        ...
+
+
+@runtime_checkable
+class ReadsSpend(Protocol):
+    """Parameters of a rule that reads spend windows ending at the cycle's time: a forked
+    cycle reads them in the parent first (``detect.fork.ForkContext.prefetch``)."""
+
+    def spend_windows_seconds(self) -> tuple[float, ...]:
+        """The window lengths read, each ending at the cycle's ``now``."""
         ...
 
 

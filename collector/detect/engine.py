@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwarden.collector.detect.catalog import DETECTORS, keep_long_reads
-from gpuwarden.collector.detect.contract import DetectionContext, Detector
+from gpuwarden.collector.detect.contract import DetectionContext, Detector, ReadsSpend
 from gpuwarden.collector.detect.findings import Finding, Verdict
 from gpuwarden.collector.detect.fork import CycleStoppedError, ForkContext, ForkedCycles
 from gpuwarden.collector.detect.incidents import IncidentTracker, plot_points
@@ -156,6 +156,12 @@ class DetectionEngine:
         # the long rings these rules read (a reload may add some: they start from the recent
         # window's history, detect.catalog.LONG_READS)
         keep_long_reads(self._ctx.store, [b.rule for b in bound])
+        self._spend_windows = frozenset(
+            w
+            for b in bound
+            if isinstance(b.params, ReadsSpend)
+            for w in b.params.spend_windows_seconds()
+        )
         self._bound = bound  # one assignment: a cycle iterates the list it started with
         self.rules = [b.rule for b in bound]
         if self.not_implemented:
@@ -178,7 +184,7 @@ class DetectionEngine:
             detected = self._detect(bound, current)
             cpu = time.thread_time() - cpu_began
         else:
-            forked.prefetch(current)
+            forked.prefetch(current, self._spend_windows)
             try:
                 detected = cycles.run(lambda: self._detect(bound, current, caches=forked.caches))
             except CycleStoppedError:

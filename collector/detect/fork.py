@@ -47,6 +47,9 @@ from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 import numpy as np
 
 from gpuwarden.collector.accounting.gpu_time import GpuRef, GpuTimeline
+from gpuwarden.collector.budgets.calendar import month_bounds
+from gpuwarden.collector.budgets.config import Budgets
+from gpuwarden.collector.budgets.spend import WindowSpend
 from gpuwarden.collector.detect.contract import DetectionContext
 from gpuwarden.collector.jobs.model import Job
 from gpuwarden.collector.storage.records import Event, EventKind, ModelDeployment
@@ -88,14 +91,29 @@ class ForkContext:
         self._deployments: list[ModelDeployment] | None = None
         self._events: list[Event] | None = None
         self._events_since = 0.0
+        self._spend: dict[tuple[float, float], WindowSpend] = {}
         self._caches: dict[object, object] = {}
         self._lock = threading.Lock()
 
-    def prefetch(self, now: float) -> None:
-        """Read the deployments and recent events (in the parent, before a fork)."""
+    def prefetch(self, now: float, spend_windows_seconds: Collection[float] = ()) -> None:
+        """Read the deployments, recent events and the spend windows ending at ``now`` the
+        rules read, month-to-date included (in the parent, before a fork)."""
         self._events_since = now - self._lookback
         self._deployments = self._inner.deployments()
         self._events = self._inner.events(since=self._events_since, kinds=tuple(EventKind))
+        self._spend = {}
+        if spend_windows_seconds and self._inner.budgets().items:
+            starts = {now - w for w in spend_windows_seconds} | {month_bounds(now)[0]}
+            self._spend = {(s, now): self._inner.spend(since=s, until=now) for s in starts}
+
+    def budgets(self) -> Budgets:
+        """The inner view's budgets."""
+        return self._inner.budgets()
+
+    def spend(self, *, since: float, until: float) -> WindowSpend:
+        """The prefetched spend of the window (the inner view's when it was not prefetched)."""
+        got = self._spend.get((since, until))
+        return got if got is not None else self._inner.spend(since=since, until=until)
 
     def exclusive(self) -> AbstractContextManager[None]:
         """The inner view's locks (none if it has none)."""

@@ -38,6 +38,7 @@ class Subject(StrEnum):
     JOB = "job"
     NODE = "node"
     DEPLOYMENT = "deployment"
+    BUDGET = "budget"  # a team's or project's monthly budget (``team:nlp``)
 
 
 class ParamType(StrEnum):

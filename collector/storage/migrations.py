@@ -534,6 +534,14 @@ CREATE TABLE leader_lease (
 );
 """
 
+_ACCOUNTING_CHARGEBACK = """
+-- Chargeback (gpuwarden report costs --format csv|json, budgets per project): each row keeps
+-- its job's project label and its GPU's model, so totals by either survive job pruning and
+-- a GPU leaving the inventory. NULL on rows written before: unknown, never guessed.
+ALTER TABLE accounting ADD COLUMN project TEXT;
+ALTER TABLE accounting ADD COLUMN gpu_model TEXT;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, models, events, accounting", _CORE),
     Migration(
@@ -556,6 +564,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         sqlite=_CLUSTER_KEYS_SQLITE,
         postgresql=_CLUSTER_KEYS_POSTGRESQL,
     ),
+    # BUDGET's migration (issue 18): the next free number on this branch; the session's plan
+    # gives it 12 once FAIR's (11) is merged
+    Migration(10, "accounting: project and GPU model for chargeback", _ACCOUNTING_CHARGEBACK),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

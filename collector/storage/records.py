@@ -106,6 +106,10 @@ class AccountingRow:
     carbon_grams: float | None = None
     gpu_seconds_unknown: float = 0.0
     currency: str | None = None
+    #: the job's ``project`` label (chargeback by project; None: the job names none)
+    project: str | None = None
+    #: the GPU's model (``hw.model``), for chargeback by GPU model (None on older rows)
+    gpu_model: str | None = None
 
     def __post_init__(self) -> None:
         if not self.gpu_uuid:
@@ -131,7 +135,9 @@ _MEASURES = (
     "carbon_grams",
 )
 
-RollupDimension = Literal["cluster", "job_key", "team", "model", "node", "gpu_uuid", "price_tier"]
+RollupDimension = Literal[
+    "cluster", "job_key", "team", "model", "node", "gpu_uuid", "price_tier", "project", "gpu_model"
+]
 ROLLUP_DIMENSIONS: tuple[RollupDimension, ...] = (
     "cluster",  # the collector that wrote the row (organisation-wide reads)
     "job_key",
@@ -140,6 +146,8 @@ ROLLUP_DIMENSIONS: tuple[RollupDimension, ...] = (
     "node",
     "gpu_uuid",
     "price_tier",
+    "project",  # the job's project label (migration 10)
+    "gpu_model",  # the GPU's hw.model (migration 10)
 )
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
+from gpuwarden.collector.budgets.spend import DailySpend
 from gpuwarden.collector.build import load_configured_rules
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.engine import DetectionEngine
@@ -37,6 +38,7 @@ from gpuwarden.collector.web.keys import (
     AUTH_STATS,
     CONFIG,
     CREDENTIAL_SOURCES,
+    DAILY_SPEND,
     LEADERSHIP,
     LOOP_LAG,
     RELOADER,
@@ -138,6 +140,7 @@ def create_app(
     if service is not None:
         app[SERVICE] = service
         app[SINK] = service
+        app[DAILY_SPEND] = DailySpend(service.storage)
         election = _election(config, service, detection, remediation, lease_store)
         if election is not None:  # active/standby: /readyz, /status and /metrics say who leads
             app[LEADERSHIP] = election

@@ -40,16 +40,20 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuwarden.collector.accounting.prices import DEFAULT_MODEL
+from gpuwarden.collector.budgets.spend import DailySpend
+from gpuwarden.collector.budgets.status import budget_statuses
 from gpuwarden.collector.ha.leadership import Leadership
 from gpuwarden.collector.remediate.states import BREAKER_SCOPE
 from gpuwarden.collector.remote_write.metrics import remote_write_families
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import IncidentState, RollupTotal
+from gpuwarden.collector.web.exposition_budgets import budget_families
 from gpuwarden.collector.web.exposition_models import model_families
 from gpuwarden.collector.web.gpus import GPU_READINGS, gpu_statuses
 from gpuwarden.collector.web.keys import (
     ADMISSION_STATS,
     AUTH_STATS,
+    DAILY_SPEND,
     LEADERSHIP,
     LOOP_LAG,
     METRICS_REGISTRY,
@@ -106,6 +110,7 @@ class FleetMetrics:
         max_jobs: int = DEFAULT_MAX_JOBS,
         clock: Callable[[], float] | None = None,
         leadership: Leadership | None = None,
+        daily: DailySpend | None = None,
     ) -> None:
         if accounting_window_seconds <= 0 or max_jobs < 0:
             raise ValueError("accounting_window_seconds must be > 0 and max_jobs >= 0")
@@ -118,6 +123,8 @@ class FleetMetrics:
         self._max_jobs = max_jobs
         self._clock = clock if clock is not None else service.clock
         self._leadership = leadership
+        # the month's complete days, read once (shared with /status through the app)
+        self._daily = daily if daily is not None else DailySpend(service.storage)
 
     def collect(self) -> Iterator[Metric]:
         """Every family; a failing section is logged and left out (scrape_success 0)."""
@@ -132,6 +139,7 @@ class FleetMetrics:
             ("nodes", self._nodes),
             ("accounting", self._accounting),
             ("prices", self._prices),
+            ("budgets", self._budgets),
             ("models", self._models),
             ("incidents", self._incidents),
             ("remediation", self._remediation),
@@ -280,6 +288,13 @@ class FleetMetrics:
                 row.price_per_hour,
             )
         return [family]
+
+    def _budgets(self, now: float) -> list[Metric]:
+        budgets = self._service.accounting.budgets
+        if not budgets.items:
+            return []
+        statuses = budget_statuses(budgets, self._daily, now)
+        return budget_families(statuses, budgets.currency, budgets.interval_level)
 
     def _models(self, now: float) -> list[Metric]:
         return model_families(self._service, now)
@@ -474,6 +489,7 @@ def setup_metrics(
             max_jobs=max_jobs,
             clock=clock if clock is not None else service.clock,
             leadership=app.get(LEADERSHIP),
+            daily=app.get(DAILY_SPEND),
         )
     )
     app[METRICS_REGISTRY] = registry

@@ -17,6 +17,7 @@ from aiohttp import web
 from jinja2.sandbox import SandboxedEnvironment
 from prometheus_client import CollectorRegistry
 
+from gpuwarden.collector.budgets.spend import DailySpend
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.credentials import Role, node_allowed
 from gpuwarden.collector.detect.readiness import RuleBoard
@@ -185,6 +186,9 @@ READINESS: web.AppKey[list[str]] = web.AppKey("readiness")
 SKIPPED_RULES: web.AppKey[tuple[str, ...]] = web.AppKey("skipped_rules")
 """Rules that did not load under ``skip_bad_rules``, one line each (file, rule, key, why):
 listed by ``/readyz``, which stays 200 for them (the other rules run)."""
+DAILY_SPEND = web.AppKey("daily_spend", DailySpend)
+"""The month's daily spend per budget scope, complete days read once: ``/metrics`` and
+``/status`` share it, so neither re-sums the month on every scrape or refresh."""
 RULE_BOARD = web.AppKey("rule_board", RuleBoard)
 """Each rule's readiness (ready, warming up until, skipped): ``/readyz`` and ``/status``."""
 METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)

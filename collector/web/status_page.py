@@ -25,12 +25,15 @@ from jinja2 import PackageLoader
 from jinja2.sandbox import SandboxedEnvironment
 from markupsafe import Markup
 
+from gpuwarden.collector.budgets.spend import DailySpend
+from gpuwarden.collector.budgets.status import budget_statuses
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.base import ActionRecord
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.web.gpus import gpu_statuses
 from gpuwarden.collector.web.keys import (
     CALLER,
+    DAILY_SPEND,
     LEADERSHIP,
     READERS,
     RULE_BOARD,
@@ -39,6 +42,7 @@ from gpuwarden.collector.web.keys import (
     add_page,
 )
 from gpuwarden.collector.web.session import CSRF_FIELD, DECIDING_ROLES, page_csrf_token
+from gpuwarden.collector.web.status_budgets import budgets_context
 from gpuwarden.collector.web.status_charts import fleet_chart, incident_chart
 from gpuwarden.collector.web.status_clusters import clusters_context
 from gpuwarden.collector.web.status_nodes import node_freshness
@@ -241,8 +245,10 @@ def _money(amount: float | None, currency: str | None) -> str:
     return "—" if amount is None else f"{amount:,.2f} {currency or ''}".rstrip()
 
 
-def status_context(service: CollectorService, now: float) -> dict[str, object]:
-    """Everything ``status.html`` shows."""
+def status_context(
+    service: CollectorService, now: float, daily: DailySpend | None = None
+) -> dict[str, object]:
+    """Everything ``status.html`` shows (``daily``: the app's cache of the month's spend)."""
     storage = service.storage
     incidents = storage.incidents(state=IncidentState.OPEN)
     incidents.sort(key=lambda i: (-_severity_rank(i.severity), -i.first_seen))
@@ -254,6 +260,7 @@ def status_context(service: CollectorService, now: float) -> dict[str, object]:
         "incidents": [incident_view(i) for i in incidents],
         "waste": _waste(service, now),
         "prices": prices_context(service.accounting.prices),
+        "budgets": _budgets(service, now, daily or DailySpend(service.storage)),
         "actions": _action_rows(actions),
         "audit": [
             {
@@ -269,6 +276,12 @@ def status_context(service: CollectorService, now: float) -> dict[str, object]:
             for e in audit
         ],
     }
+
+
+def _budgets(service: CollectorService, now: float, daily: DailySpend) -> dict[str, object]:
+    budgets = service.accounting.budgets
+    statuses = budget_statuses(budgets, daily, now) if budgets.items else []
+    return budgets_context(statuses, budgets.currency, budgets.interval_level)
 
 
 def _severity_rank(severity: str) -> int:
@@ -290,7 +303,7 @@ async def status(request: web.Request) -> web.Response:
     leadership = request.app.get(LEADERSHIP)
 
     def render() -> str:
-        context = status_context(service, service.clock())
+        context = status_context(service, service.clock(), request.app.get(DAILY_SPEND))
         if leadership is not None:
             lead = leadership.status()
             context["leadership"] = {"replica": lead.replica, "detail": lead.describe()}
