@@ -314,6 +314,7 @@ def build_service(
             idle_threshold_ratio=config.idle_threshold_ratio,
             grid_intensity_grams_per_kwh=config.grid_intensity_grams_per_kwh,
             prices=config.prices,
+            fairness_targets=config.fairness.targets,
         ),
         period_seconds=config.accounting_period_seconds,
         clock=clock,

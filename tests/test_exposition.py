@@ -240,6 +240,7 @@ async def test_collector_health(aiohttp_client, service):
         ("gpuwarden_collector_scrape_success", {"section": "accounting"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "prices"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "models"}, 1.0),
+        ("gpuwarden_collector_scrape_success", {"section": "fairness"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "incidents"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "remediation"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "health"}, 1.0),
@@ -258,6 +259,7 @@ async def test_a_failing_section_is_reported_and_the_others_still_served(
         ("gpuwarden_collector_scrape_success", {"section": "accounting"}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "prices"}, 1.0),  # no storage read
         ("gpuwarden_collector_scrape_success", {"section": "models"}, 0.0),
+        ("gpuwarden_collector_scrape_success", {"section": "fairness"}, 1.0),  # the registry's
         ("gpuwarden_collector_scrape_success", {"section": "incidents"}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "remediation"}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "health"}, 1.0),

@@ -46,6 +46,8 @@ class AccountingConfig:
     #: samples of a GPU further apart than this (or than three of its own sampling intervals,
     #: if longer) leave "no data" between them; closer ones cover the slots between them
     max_sample_gap_seconds: float = 30.0
+    #: each team's entitled share of the GPUs (``fairness.targets``), for the fairness rules
+    fairness_targets: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

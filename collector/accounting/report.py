@@ -357,7 +357,7 @@ def _duration_arg(text: str) -> float:
 
 
 def add_report_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``report costs`` to the CLI's subcommands."""
+    """Add ``report costs`` (and ``report fairness``) to the CLI's subcommands."""
     report = subparsers.add_parser("report", help="print reports from the collector's database")
     kinds = report.add_subparsers(dest="report", required=True, metavar="REPORT")
     costs = kinds.add_parser(
@@ -396,10 +396,23 @@ def add_report_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="the collector's config file, whose prices: --explain shows "
         "(default: the built-in table)",
     )
+    from gpuwarden.collector.fairness.report import add_fairness_parser
+
+    add_fairness_parser(kinds)
 
 
 def run_report(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
-    """Run ``gpuwarden report costs`` from parsed arguments; return the exit code."""
+    """Run ``gpuwarden report costs`` (or ``fairness``) from parsed arguments; return the exit
+    code."""
+    if args.report == "fairness":
+        from gpuwarden.collector.fairness.report import run_fairness
+
+        return run_fairness(args, out=out)
+    return _run_costs(args, out=out)
+
+
+def _run_costs(args: argparse.Namespace, *, out: TextIO | None) -> int:
+    """``gpuwarden report costs``."""
     from gpuwarden.collector.storage.base import StorageError
     from gpuwarden.collector.storage.urls import is_postgresql_url
 

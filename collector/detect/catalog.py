@@ -21,6 +21,7 @@ from gpuwarden.collector.detect import (
     deploy,
     distribution,
     drift,
+    fairness,
     faults,
     forecast,
     forgotten,
@@ -61,6 +62,8 @@ DETECTORS: Mapping[str, Detector[Any]] = MappingProxyType(
             metric_anomaly.DETECTOR,
             level_shift.DETECTOR,
             alertmanager.DETECTOR,
+            fairness.STARVED,
+            fairness.HOGGING,
         )
     }
 )

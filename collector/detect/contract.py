@@ -97,6 +97,11 @@ class DetectionContext(Protocol):
         """The tier of GPUs and jobs that name none."""
         ...
 
+    @property
+    def fairness_targets(self) -> Mapping[str, float]:
+        """Each team's entitled share of the GPUs (``fairness.targets``; empty: none set)."""
+        ...
+
     def cache(self, kind: Callable[[], C]) -> C:
         """The detector state of this kind (fit caches, trackers), made on first use.
 

@@ -534,6 +534,12 @@ CREATE TABLE leader_lease (
 );
 """
 
+_JOB_ELIGIBLE_TIME = """
+-- When the scheduler could first start the job (Slurm's eligible time: after its begin time,
+-- dependencies, holds); NULL where the scheduler does not say. Queue waits count from it.
+ALTER TABLE jobs ADD COLUMN eligible_time REAL;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, models, events, accounting", _CORE),
     Migration(
@@ -556,6 +562,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         sqlite=_CLUSTER_KEYS_SQLITE,
         postgresql=_CLUSTER_KEYS_POSTGRESQL,
     ),
+    # 11 in the session plan (issue 18, fairness); the next free version on this branch.
+    Migration(10, "jobs: eligible time, for queue waits", _JOB_ELIGIBLE_TIME),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 
