@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from types import MappingProxyType
 
+import numpy as np
 import pytest
 
 from gpuwarden.agent.schema import ConfigError
@@ -423,3 +424,36 @@ async def test_metrics_families_over_the_accounting_window(aiohttp_client, tmp_p
     assert value("preemptions", team="ml") == 0
     assert value("queue_gpu_hours", queue="batch") == pytest.approx(15.0)
     assert value("queue_wait_seconds", queue="batch", quantile="0.95") == 2 * H
+
+
+# --- Kubernetes pods, through the real client against the API stub -----------------------------
+
+
+def test_pods_give_waits_per_namespace_and_kueue_queue():
+    """The fixture's ``research/notebook-alice`` is pending since 11:30 (no team label: the
+    namespace is its team); a copy admitted through Kueue queue ``gpu-large`` waited from 11:00
+    to its start at 11:20; ``inference/llm-serving`` was created at 10:00 and started 10:00:01."""
+    from tests.k8s_stub import KubeApiStub
+    from tests.test_jobs_kubernetes import fixture_pod, fixture_pods, list_jobs, ts
+
+    kueue = fixture_pod("notebook-alice")
+    kueue["metadata"] |= {"name": "notebook-bob", "uid": "kueue-1",
+                          "creationTimestamp": "2025-03-01T11:00:00Z",
+                          "labels": {"kueue.x-k8s.io/queue-name": "gpu-large"}}  # fmt: skip
+    kueue["status"] = {"phase": "Running", "startTime": "2025-03-01T11:20:00Z"}
+    kueue["spec"]["nodeName"] = "gpu-node-03"
+    with KubeApiStub([*fixture_pods(), kueue], token="gw-collector-token-7f3a9c") as stub:
+        jobs = list_jobs(stub.url)
+    until = ts("2025-03-01T12:00:00+00:00")
+    figures = fairness_figures(
+        [run_from_job(job) for job in jobs.values()], since=until - 4 * H, until=until, targets={}
+    )
+    queues = {q.group: q for q in figures.queues}
+    assert queues["gpu-large"].wait_p50_seconds == 20 * 60  # creation to start
+    research = figures.team("research")
+    assert research is not None
+    assert research.pending == 1
+    assert research.wait_p95_seconds == pytest.approx(
+        float(np.quantile([20 * 60, 30 * 60], 0.95))  # bob's 20 min, alice's 30 so far
+    )
+    assert queues["inference"].wait_p50_seconds == 1.0

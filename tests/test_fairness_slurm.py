@@ -31,6 +31,7 @@ from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.catalog import load_rules
 from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.fairness.settings import FairnessSettings
+from gpuwarden.collector.jobs.runs import run_from_job
 from gpuwarden.collector.jobs.slurm import SlurmJobSource
 from gpuwarden.collector.jobs.slurm_sacct import sacct_time
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
@@ -147,13 +148,19 @@ def test_report_matches_sacct_and_the_starved_team_is_named_with_the_hog(
         urgent = cluster.sbatch(SHORT, "--account=waiters", "--gres=gpu:1", "--partition=urgent")
         jobs.append(urgent)
         cluster.wait_for_state(urgent, {"COMPLETED"}, TIMEOUT_SECONDS)
-        wait_until(since + 1 + 2 * MIN_WAIT_SECONDS)
+        # The waiters' pending job must have waited well past the rule's ratio x the hogs'
+        # waits (the scheduler's latency, longer on a loaded machine) and its minimum.
+        source = SlurmJobSource(cluster="gwtest", env=cluster.env())
+        runs = {run.key.rsplit(":", 1)[1]: run for run in map(run_from_job, source.jobs(0))}
+        hog_waits = [s - (runs[j].queued_time or s) for j in jobs[:2] if (s := runs[j].start_time)]
+        pending = [q for j in waiting if runs[j].start_time is None and (q := runs[j].queued_time)]
+        assert pending, "a waiters job should still be pending"
+        wait_until(max(pending) + max(2 * MIN_WAIT_SECONDS, 4 * max(hog_waits, default=0) + 1))
 
         # the collector, on squeue as in production
         config = CollectorConfig(
             database=tmp_path / "c.db", fairness=FairnessSettings(targets=TARGETS)
         )
-        source = SlurmJobSource(cluster="gwtest", env=cluster.env())
         svc = build_service(config, job_sources=[("slurm", source)])
         assert svc.poll_jobs() == len(jobs)
         shipped = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
