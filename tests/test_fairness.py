@@ -457,3 +457,21 @@ def test_pods_give_waits_per_namespace_and_kueue_queue():
         float(np.quantile([20 * 60, 30 * 60], 0.95))  # bob's 20 min, alice's 30 so far
     )
     assert queues["inference"].wait_p50_seconds == 1.0
+
+
+async def test_api_jobs_carry_their_eligible_time(aiohttp_client, tmp_path):
+    """A job announced over the API with an eligible time waits from it, not from submission."""
+    from tests.test_collector_api import AUTH, collector_app
+
+    svc = make_service(tmp_path, NOW)
+    client = await aiohttp_client(collector_app(svc))
+    body = [{"job_id": "b1", "state": "pending", "team": "cv", "submit_time": NOW - 600,
+             "eligible_time": NOW - 60, "labels": {"queue": "short"}}]  # fmt: skip
+    resp = await client.post("/v1/jobs", json=body, headers=AUTH)
+    assert resp.status == 200
+    resp = await client.get("/v1/jobs", headers=AUTH)
+    (listed,) = (await resp.json())["jobs"]
+    assert listed["eligible_time"] == NOW - 60
+    (run_b1,) = [run_from_job(job) for job in svc.registry.jobs()]
+    assert (run_b1.queue, wait_seconds(run_b1, NOW - H, NOW)) == ("short", 60.0)
+    svc.storage.close()

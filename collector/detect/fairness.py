@@ -34,7 +34,7 @@ from gpuwarden.collector.fairness.figures import (
     used_seconds,
     wait_seconds,
 )
-from gpuwarden.collector.jobs.runs import QueueRun, run_from_job
+from gpuwarden.collector.jobs.runs import QueueRun, runs_from_jobs
 from gpuwarden.collector.rules.durations import format_duration
 from gpuwarden.collector.rules.model import Rule, Subject
 from gpuwarden.collector.rules.params import duration, number
@@ -103,8 +103,8 @@ class _Window:
 
 
 def _window(ctx: DetectionContext, window_seconds: float, now: float) -> _Window:
-    runs = [run_from_job(job) for job in ctx.jobs()]
     start = now - window_seconds
+    runs = runs_from_jobs(ctx.jobs(), since=start)
     figures = fairness_figures(runs, since=start, until=now, targets=ctx.fairness_targets)
     return _Window(figures, runs, dict(figures.targets), start, now)
 

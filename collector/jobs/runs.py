@@ -9,6 +9,7 @@ attempt: an earlier attempt of a requeued job is not known there.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuwarden.collector.jobs.model import Job, JobState
@@ -72,3 +73,9 @@ def run_from_job(job: Job) -> QueueRun:
         qos=job.labels.get("qos"),
         state=str(job.state),
     )
+
+
+def runs_from_jobs(jobs: Iterable[Job], *, since: float) -> list[QueueRun]:
+    """The latest attempts of the registry jobs that had not ended before ``since`` (the rest
+    can count in no window starting then; the registry remembers every job since start)."""
+    return [run_from_job(job) for job in jobs if job.end_time is None or job.end_time >= since]

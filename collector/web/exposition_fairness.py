@@ -15,7 +15,7 @@ from collections.abc import Callable
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from gpuwarden.collector.fairness.figures import WAIT_QUANTILES, GroupFigures, fairness_figures
-from gpuwarden.collector.jobs.runs import run_from_job
+from gpuwarden.collector.jobs.runs import runs_from_jobs
 from gpuwarden.collector.service import CollectorService
 
 Figure = Callable[[GroupFigures], float | None]
@@ -72,7 +72,7 @@ _WAITS: dict[float, Figure] = {
 
 def fairness_families(service: CollectorService, now: float, window_seconds: float) -> list[Metric]:
     """The ``gpuwarden_fairness_*`` families over ``[now - window_seconds, now)``."""
-    runs = [run_from_job(job) for job in service.registry.known()]
+    runs = runs_from_jobs(service.registry.known(), since=now - window_seconds)
     targets = service.fleet.accounting.fairness_targets
     figures = fairness_figures(runs, since=now - window_seconds, until=now, targets=targets)
     window = f"over the last {window_seconds / 3600:g} h"
