@@ -368,6 +368,7 @@ def build_service(
             grid_intensity_regions=config.grid_intensity_regions,
             prices=config.prices,
             budgets=config.budgets,
+            fairness_targets=config.fairness.targets,
         ),
         period_seconds=config.accounting_period_seconds,
         clock=clock,

@@ -24,6 +24,7 @@ from gpuwarden.collector.accounting.prices import PricesSection, PriceTable
 from gpuwarden.collector.budgets.config import Budgets, BudgetsSection
 from gpuwarden.collector.credentials import CredentialsError, TokenTable
 from gpuwarden.collector.credentials import parse_tokens as parse_tokens_text
+from gpuwarden.collector.fairness.settings import FairnessSettings
 from gpuwarden.collector.ha.settings import HaSettings
 from gpuwarden.collector.ingest.otlp_limits import IngestLimits
 from gpuwarden.collector.notify.settings import AlertingSettings
@@ -277,6 +278,9 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     remote_write: RemoteWriteSettings | None = None
     #: active/standby on a shared PostgreSQL (off: this process leads alone)
     ha: HaSettings = msgspec.field(default_factory=HaSettings)
+    #: each team's entitled share of the GPUs, judged by the fairness rules and shown on
+    #: /metrics and in ``report fairness`` (``fairness.settings``)
+    fairness: FairnessSettings = msgspec.field(default_factory=FairnessSettings)
 
     def __post_init__(self) -> None:
         """The checks across keys, in one place (the actuators' in ``actuator_problem``)."""

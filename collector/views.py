@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import replace
 from typing import TypeVar, cast
 
@@ -95,6 +95,11 @@ class DetectionView:
     def price(self, gpu_model: str, tier: str, cluster: str | None = None) -> float:
         """Price per GPU-hour (in the price table's currency)."""
         return self._fleet.accounting.prices.price(gpu_model, tier, cluster)
+
+    @property
+    def fairness_targets(self) -> Mapping[str, float]:
+        """Each team's entitled share of the GPUs (``fairness.targets``)."""
+        return self._fleet.accounting.fairness_targets
 
     @property
     def default_price_tier(self) -> str:

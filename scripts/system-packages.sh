@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages the integration tests start for real: gcc (fake NVML), Slurm and munge,
 # Prometheus (promtool, dashboard queries, remote-write receiver), Alertmanager, VictoriaMetrics
-# (remote-write target), Chromium (the status page), and PostgreSQL (the storage suite's second
-# backend: initdb + pg_ctl of a private server).
+# (remote-write target), Chromium (the status page), PostgreSQL (the storage suite's second
+# backend: initdb + pg_ctl of a private server), and slurmdbd + MariaDB (the Slurm cluster's
+# accounting variant, for sacct: mariadb-install-db + mariadbd of a private server).
 # Installs only what is missing; needs root (CI runs as root). Without root it says what to run.
 set -euo pipefail
 pkgs=()
@@ -11,6 +12,8 @@ command -v slurmctld >/dev/null || pkgs+=(slurmctld)
 command -v slurmd >/dev/null || pkgs+=(slurmd)
 command -v sbatch >/dev/null || pkgs+=(slurm-client)
 command -v munged >/dev/null || pkgs+=(munge)
+[ -x /usr/sbin/slurmdbd ] || pkgs+=(slurmdbd)
+[ -x /usr/sbin/mariadbd ] || pkgs+=(mariadb-server)
 command -v promtool >/dev/null || pkgs+=(prometheus)
 [ -x /usr/bin/prometheus-alertmanager ] || pkgs+=(prometheus-alertmanager)
 [ -x /usr/bin/victoria-metrics ] || pkgs+=(victoria-metrics)

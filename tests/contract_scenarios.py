@@ -38,6 +38,7 @@ from tests import (
     test_detect_preemption,
     test_detect_slo,
     test_detect_waste,
+    test_fairness,
 )
 from tests.detectors import make_rule
 from tests.test_detect_waste import T0, feed, gauge, gpu_points, job, make_service
@@ -382,6 +383,22 @@ def level_shift(tmp: Path) -> Scenario:
     return Scenario(svc, mod.END, rule)
 
 
+# --- fairness (test_fairness) -------------------------------------------------------------------
+
+
+def team_starved(tmp: Path) -> Scenario:
+    """test_fairness's two teams over the last 2 h: cv waits 2 h under its share (FIRING), ml
+    holds every GPU-hour."""
+    rule = make_rule("team_starved", window_seconds=2 * test_fairness.H)
+    return Scenario(test_fairness.fairness_fleet(tmp), test_fairness.NOW, rule)
+
+
+def team_hogging(tmp: Path) -> Scenario:
+    """The same fleet: ml holds 100 % of the GPU time, entitled to half, while cv waits."""
+    rule = make_rule("team_hogging", window_seconds=2 * test_fairness.H)
+    return Scenario(test_fairness.fairness_fleet(tmp), test_fairness.NOW, rule)
+
+
 BUILDERS: dict[str, Callable[[Path], Scenario]] = {
     "idle_gpu": idle_gpu,
     "orphaned_memory": orphaned_memory,
@@ -400,4 +417,6 @@ BUILDERS: dict[str, Callable[[Path], Scenario]] = {
     "node_silent": node_silent,
     "metric_anomaly": metric_anomaly,
     "level_shift": level_shift,
+    "team_starved": team_starved,
+    "team_hogging": team_hogging,
 }

@@ -229,7 +229,7 @@ def _job_json(**fields: object) -> dict[str, object]:
         "scheduler": "api", "name": None, "owner": None, "team": None, "gpus": 0,
         "allocations": [], "submit_time": None, "start_time": None, "end_time": None,
         "priority": None, "model": None, "price_tier": None, "restarts": 0, "labels": {},
-        "current": True,
+        "eligible_time": None, "current": True,
     }  # fmt: skip
     return {**base, **fields}
 

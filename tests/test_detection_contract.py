@@ -108,6 +108,8 @@ BASELINE = {
     "node_silent": 1,
     "metric_anomaly": 1,
     "level_shift": 2,
+    "team_starved": 1,
+    "team_hogging": 1,
 }
 
 LATENCY = "gpuwarden.model.request.latency"
@@ -206,6 +208,12 @@ SELECTORS: dict[str, dict[str, tuple[Any, int, Any]]] = {
         "models": (("llama",), 2, ("mistral",)),
         "nodes": (("a",), 1, ("c",)),
         "labels": ({"hw.id": "GPU-a"}, 1, {"hw.id": "GPU-c"}),
+    },
+    "team_starved": {
+        "teams": (("cv",), 1, (NOWHERE,)),
+    },
+    "team_hogging": {
+        "teams": (("m*",), 1, (NOWHERE,)),
     },
 }
 
@@ -370,6 +378,16 @@ PARAMS: dict[str, dict[str, Case]] = {
         "noise_floor": Fires(1.0, 0),
         "season_seconds": Unobserved(1200.0, "no season in the data; the drops stay"),
         "max_fits": Fires(1, 1),  # the weaker drop waits for the next cycle (UNKNOWN)
+    },
+    "team_starved": {
+        "window_seconds": Fires(21600.0, 0),  # over 6 h cv used more than its share
+        "wait_ratio": Fires(5.0, 0),  # cv waits 2 h, 4x ml's 30 min
+        "min_wait_seconds": Fires(10800.0, 0),  # cv's p95 is 2 h
+    },
+    "team_hogging": {
+        "window_seconds": Fires(21600.0, 0),  # over 6 h ml used less than half
+        "over_share_margin": Fires(0.6, 0),  # ml holds 100 %, entitled to 50 %
+        "min_wait_seconds": Fires(10800.0, 0),  # cv's p95 is 2 h
     },
 }
 

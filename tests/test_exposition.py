@@ -241,6 +241,7 @@ async def test_collector_health(aiohttp_client, service):
         ("gpuwarden_collector_scrape_success", {"section": "prices"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "budgets"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "models"}, 1.0),
+        ("gpuwarden_collector_scrape_success", {"section": "fairness"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "incidents"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "remediation"}, 1.0),
         ("gpuwarden_collector_scrape_success", {"section": "health"}, 1.0),
@@ -260,6 +261,7 @@ async def test_a_failing_section_is_reported_and_the_others_still_served(
         ("gpuwarden_collector_scrape_success", {"section": "prices"}, 1.0),  # no storage read
         ("gpuwarden_collector_scrape_success", {"section": "budgets"}, 1.0),  # none configured
         ("gpuwarden_collector_scrape_success", {"section": "models"}, 0.0),
+        ("gpuwarden_collector_scrape_success", {"section": "fairness"}, 1.0),  # the registry's
         ("gpuwarden_collector_scrape_success", {"section": "incidents"}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "remediation"}, 0.0),
         ("gpuwarden_collector_scrape_success", {"section": "health"}, 1.0),

@@ -198,6 +198,7 @@ def test_recorded_sample_maps_every_job() -> None:
         gpus=1,
         allocations=(GpuAllocation(node="vm", indices=(0,)),),
         submit_time=1795321382.0,
+        eligible_time=1795321382.0,
         start_time=1795321385.0,
         end_time=None,  # squeue says start + time limit: not an end that happened
         priority=4294901757,
@@ -228,7 +229,9 @@ def test_recorded_sample_with_both_gpus_busy() -> None:
     assert (jobs["gw-pending"].state, jobs["gw-pending"].gpus) == (JobState.PENDING, 2)
 
 
-_NUMBER_FIELDS = ("job_id", "submit_time", "start_time", "end_time", "priority", "restart_cnt")
+_NUMBER_FIELDS = (
+    "job_id", "submit_time", "eligible_time", "start_time", "end_time", "priority", "restart_cnt"
+)  # fmt: skip
 
 
 def _as_newer_slurm(document: dict[str, Any]) -> dict[str, Any]:

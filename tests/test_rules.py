@@ -507,7 +507,7 @@ def test_default_rules_name_only_known_metrics():
     assert named - known == set()
 
 
-_PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+(?:\.[a-z_]+)*)\s*\}\}")
+_PLACEHOLDER = re.compile(r"\{\{\s*([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*)\s*\}\}")
 
 
 def test_every_runbook_belongs_to_a_rule_and_has_valid_placeholders():

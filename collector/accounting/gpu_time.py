@@ -51,7 +51,7 @@ class AccountingConfig:
     #: if longer) leave "no data" between them; closer ones cover the slots between them
     max_sample_gap_seconds: float = 30.0
     #: grid carbon intensity per cluster (a node's ``gpuwarden.cluster``) and per region (its
-    #: ``cloud.region``), overriding ``grid_intensity_grams_per_kwh``: a cluster's first
+    #: ``cloud.region``), overriding ``grid_intensity_grams_per_kwh`` (the cluster's first)
     grid_intensity_clusters: Mapping[str, float] = field(
         default_factory=lambda: MappingProxyType({})
     )
@@ -60,6 +60,8 @@ class AccountingConfig:
     )
     #: the teams' and projects' monthly budgets (``budgets:``; none by default)
     budgets: Budgets = field(default_factory=Budgets)
+    #: each team's entitled share of the GPUs (``fairness.targets``), for the fairness rules
+    fairness_targets: Mapping[str, float] = field(default_factory=dict)
 
 
 def grid_intensity(config: AccountingConfig, cluster: str | None, region: str | None) -> float:

@@ -366,7 +366,7 @@ def _duration_arg(text: str) -> float:
 
 
 def add_report_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``report costs`` to the CLI's subcommands."""
+    """Add ``report costs``, ``budgets`` and ``fairness`` to the CLI's subcommands."""
     report = subparsers.add_parser("report", help="print reports from the collector's database")
     kinds = report.add_subparsers(dest="report", required=True, metavar="REPORT")
     costs = kinds.add_parser(
@@ -418,13 +418,19 @@ def add_report_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "(default: the built-in table)",
     )
     from gpuwarden.collector.budgets.report import add_budgets_parser
+    from gpuwarden.collector.fairness.report import add_fairness_parser
 
     add_budgets_parser(kinds)
+    add_fairness_parser(kinds)
 
 
 def run_report(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
-    """Run ``gpuwarden report costs`` or ``budgets`` from parsed arguments; return the exit
-    code."""
+    """Run ``gpuwarden report costs``, ``budgets`` or ``fairness`` from parsed arguments; return
+    the exit code."""
+    if args.report == "fairness":  # reads sacct or the database (its own checks)
+        from gpuwarden.collector.fairness.report import run_fairness
+
+        return run_fairness(args, out=out)
     out = out if out is not None else sys.stdout
     if not _database_exists(args.db):
         return EXIT_ERROR

@@ -22,6 +22,7 @@ from gpuwarden.collector.detect import (
     deploy,
     distribution,
     drift,
+    fairness,
     faults,
     forecast,
     forgotten,
@@ -65,6 +66,8 @@ DETECTORS: Mapping[str, Detector[Any]] = MappingProxyType(
             alertmanager.DETECTOR,
             policy_breach.DETECTOR,
             budget_burn.DETECTOR,
+            fairness.STARVED,
+            fairness.HOGGING,
         )
     }
 )

@@ -108,6 +108,11 @@ class DetectionContext(Protocol):
         (a storage read: a forked cycle gets what :class:`ReadsSpend` rules asked for)."""
         ...
 
+    @property
+    def fairness_targets(self) -> Mapping[str, float]:
+        """Each team's entitled share of the GPUs (``fairness.targets``; empty: none set)."""
+        ...
+
     def cache(self, kind: Callable[[], C]) -> C:
         """The detector state of this kind (fit caches, trackers), made on first use.
 

@@ -39,7 +39,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar, cast, runtime_checkable
@@ -172,6 +172,11 @@ class ForkContext:
     def default_price_tier(self) -> str:
         """The inner view's default tier."""
         return self._inner.default_price_tier
+
+    @property
+    def fairness_targets(self) -> Mapping[str, float]:
+        """The inner view's fairness targets."""
+        return self._inner.fairness_targets
 
     def cache(self, kind: Callable[[], C]) -> C:
         """The detector state of this kind, made on first use (kept here, see the class)."""

@@ -57,6 +57,10 @@ class Job:
     price_tier: str | None = None
     restarts: int = 0
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: when the scheduler could first start it (Slurm: after its begin time, dependencies and
+    #: holds; a requeued job's is in the future until its requeue delay passes); queue waits
+    #: count from it, from ``submit_time`` where the scheduler does not say
+    eligible_time: float | None = None
 
 
 class JobSource(Protocol):

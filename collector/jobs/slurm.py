@@ -323,6 +323,7 @@ def job_from_squeue(entry: Mapping[str, Any], *, cluster: str) -> Job:
         gpus=gpus or _requested_gpus(entry),
         allocations=allocations,
         submit_time=slurm_time(entry.get("submit_time")),
+        eligible_time=slurm_time(entry.get("eligible_time")),
         start_time=slurm_time(entry.get("start_time")) if started else None,
         end_time=slurm_time(entry.get("end_time")) if state in _ENDED else None,
         priority=slurm_number(entry.get("priority")),

@@ -542,6 +542,12 @@ ALTER TABLE accounting ADD COLUMN project TEXT;
 ALTER TABLE accounting ADD COLUMN gpu_model TEXT;
 """
 
+_JOB_ELIGIBLE_TIME = """
+-- When the scheduler could first start the job (Slurm's eligible time: after its begin time,
+-- dependencies, holds); NULL where the scheduler does not say. Queue waits count from it.
+ALTER TABLE jobs ADD COLUMN eligible_time REAL;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, models, events, accounting", _CORE),
     Migration(
@@ -564,9 +570,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         sqlite=_CLUSTER_KEYS_SQLITE,
         postgresql=_CLUSTER_KEYS_POSTGRESQL,
     ),
-    # BUDGET's migration (issue 18): the next free number on this branch; the session's plan
-    # gives it 12 once FAIR's (11) is merged
     Migration(10, "accounting: project and GPU model for chargeback", _ACCOUNTING_CHARGEBACK),
+    Migration(11, "jobs: eligible time, for queue waits", _JOB_ELIGIBLE_TIME),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

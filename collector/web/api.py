@@ -212,6 +212,7 @@ def parse_job(value: object, where: str) -> Job:
         gpus=f.integer("gpus", held, high=1_000_000),
         allocations=allocations,
         submit_time=f.time("submit_time"),
+        eligible_time=f.time("eligible_time"),
         start_time=start,
         end_time=end,
         priority=None if priority is None else int(priority),

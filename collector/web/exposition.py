@@ -15,7 +15,9 @@ Label cardinality is bounded:
   ``gpuwarden_collector_accounting_jobs_omitted`` says how many were. Time allocated to no job is
   in neither family;
 * the effective price table (``gpuwarden_price_per_gpu_hour``): one series per model, tier and
-  cluster the config writes (the built-in table without a ``prices:`` section).
+  cluster the config writes (the built-in table without a ``prices:`` section);
+* fairness (``gpuwarden_fairness_*``, ``exposition_fairness``): one series per team and per
+  queue with jobs in the accounting window (and per wait quantile).
 
 Freshness (Prometheus staleness semantics): a series whose newest point is older than the
 store's ``staleness_seconds`` is stale and simply absent here, so a stopped agent's GPUs vanish
@@ -48,6 +50,7 @@ from gpuwarden.collector.remote_write.metrics import remote_write_families
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.records import IncidentState, RollupTotal
 from gpuwarden.collector.web.exposition_budgets import budget_families
+from gpuwarden.collector.web.exposition_fairness import fairness_families
 from gpuwarden.collector.web.exposition_models import model_families
 from gpuwarden.collector.web.gpus import GPU_READINGS, gpu_statuses
 from gpuwarden.collector.web.keys import (
@@ -141,6 +144,7 @@ class FleetMetrics:
             ("prices", self._prices),
             ("budgets", self._budgets),
             ("models", self._models),
+            ("fairness", lambda now: fairness_families(self._service, now, self._window)),
             ("incidents", self._incidents),
             ("remediation", self._remediation),
             ("health", self._health),

@@ -4,6 +4,12 @@ Everything lives under one directory: configuration, munge key and socket, state
 two fake GPUs (character devices cloned from ``/dev/null``, so Slurm sets
 ``CUDA_VISIBLE_DEVICES``). Daemons run in the foreground as children of this process, on free
 ports, so the cluster cannot collide with another Slurm on the host. Must run as root.
+
+With ``accounting=True`` the cluster also keeps job accounting, so ``sacct`` answers: a private
+MariaDB server (``mariadb-install-db`` + ``mariadbd`` on a loopback port, its data in the same
+directory) and ``slurmdbd`` in front of it. That variant also has two partitions, ``batch``
+(the default) and ``urgent`` (a higher priority tier that preempts ``batch`` jobs by requeueing
+them), and GPUs are an accounted TRES (``AccountingStorageTRES=gres/gpu``).
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from types import TracebackType
 
-DAEMONS = ("munged", "slurmctld", "slurmd")
+DAEMONS = ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd")  # in start order
 CLIENTS = ("sinfo", "squeue", "scontrol", "sbatch", "scancel")
+ACCOUNTING_PROGRAMS = ("mariadb-install-db", "mariadbd", "mariadb", "slurmdbd", "sacct", "sacctmgr")
 _SBIN_PATH = "/usr/sbin:/sbin"
 _POLL_INTERVAL_SECONDS = 0.1
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
@@ -44,7 +51,6 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
@@ -60,8 +66,55 @@ SlurmdPidFile={root}/slurmd.pid
 SlurmctldLogFile={root}/log/slurmctld.log
 SlurmdLogFile={root}/log/slurmd.log
 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 Gres=gpu:2 State=UNKNOWN
+"""
+# The plain cluster: no accounting, one partition.
+PLAIN_CONF = """\
+AccountingStorageType=accounting_storage/none
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
+# The accounting variant: slurmdbd in front of MariaDB, GPUs accounted, and a partition whose
+# jobs preempt (requeue) the default partition's.
+ACCOUNTING_CONF = """\
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort={dbd_port}
+AccountingStoragePass={root}/munge/munge.sock
+AccountingStorageTRES=gres/gpu
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10
+"""
+SLURMDBD_CONF = """\
+AuthType=auth/munge
+AuthInfo=socket={root}/munge/munge.sock
+DbdHost={host}
+DbdAddr=127.0.0.1
+DbdPort={dbd_port}
+SlurmUser=root
+PidFile={root}/slurmdbd.pid
+LogFile={root}/log/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={db_port}
+StorageUser=slurm
+StoragePass={db_password}
+StorageLoc=slurm_acct_db
+"""
+MARIADBD_ARGS = (
+    "--no-defaults",
+    "--user=root",
+    "--datadir={root}/mysql",
+    "--socket={root}/mysql.sock",
+    "--pid-file={root}/mysqld.pid",
+    "--log-error={root}/log/mariadbd.log",
+    "--bind-address=127.0.0.1",
+    "--port={db_port}",
+    "--skip-name-resolve",
+    "--innodb-buffer-pool-size=16M",
+    "--innodb-log-file-size=8M",
+    "--performance-schema=OFF",
+)
 MUNGED_ARGS = (
     "--socket={root}/munge/munge.sock",
     "--key-file={root}/munge/munge.key",
@@ -81,9 +134,11 @@ def find_binary(name: str) -> str | None:
     return shutil.which(name, path=f"{os.environ.get('PATH', '')}:{_SBIN_PATH}")
 
 
-def missing_binaries() -> list[str]:
-    """Return the programs the cluster needs that are not installed."""
-    return [name for name in (*DAEMONS, *CLIENTS) if find_binary(name) is None]
+def missing_binaries(*, accounting: bool = False) -> list[str]:
+    """Return the programs the cluster (with ``accounting``: its accounting too) needs that are
+    not installed."""
+    extra = ACCOUNTING_PROGRAMS if accounting else ()
+    return [name for name in (*DAEMONS, *CLIENTS, *extra) if find_binary(name) is None]
 
 
 def _free_ports(count: int) -> list[int]:
@@ -113,6 +168,7 @@ class SlurmCluster:
             (munged refuses its socket otherwise, so pytest's 0700 ``tmp_path`` will not do).
             By default a fresh directory under the system temp dir, removed by ``stop``.
         start_timeout_seconds: How long ``start`` waits for the node to become idle.
+        accounting: Also run MariaDB and slurmdbd, so ``sacct`` answers (see the module).
         job_submit_lua: Files of the ``job_submit/lua`` plugin (``job_submit.lua`` and what it
             reads), by name, written next to ``slurm.conf``; given, ``JobSubmitPlugins=lua``.
 
@@ -123,8 +179,13 @@ class SlurmCluster:
         root: Path | None = None,
         *,
         start_timeout_seconds: float = 60.0,
+        accounting: bool = False,
         job_submit_lua: Mapping[str, str] | None = None,
     ) -> None:
+        self.accounting = accounting
+        self.job_submit_lua = dict(job_submit_lua or {})
+        self._fields: dict[str, object] = {}
+        self._db_password = ""
         self._owns_root = root is None
         if root is None:
             root = Path(tempfile.mkdtemp(prefix="gwslurm-"))
@@ -133,7 +194,6 @@ class SlurmCluster:
         self.hostname = socket.gethostname().split(".")[0]
         self.start_timeout_seconds = start_timeout_seconds
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.job_submit_lua = dict(job_submit_lua or {})
         if len(str(root / "munge" / "munge.sock")) > _MAX_SOCKET_PATH:
             msg = f"{root} is too long a path for munge's unix socket"
             raise SlurmClusterError(msg)
@@ -174,6 +234,8 @@ class SlurmCluster:
             munged_args = [arg.format(root=self.root) for arg in MUNGED_ARGS]
             self._spawn("munged", ["munged", "--foreground", *munged_args])
             self._poll((self.root / "munge" / "munge.sock").exists, "munged socket")
+            if self.accounting:
+                self._start_accounting()
             self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf_path)])
             self._poll(lambda: self.run(["scontrol", "ping"], check=False).returncode == 0, "ctld")
             self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf_path), "-N", self.hostname])
@@ -182,10 +244,44 @@ class SlurmCluster:
             self.stop()
             raise
 
+    def _start_accounting(self) -> None:
+        """MariaDB (a fresh private data directory), its ``slurm`` user, then slurmdbd and the
+        cluster's record in it; returns once ``sacctmgr`` answers."""
+        self.run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                "--user=root",
+                f"--datadir={self.root}/mysql",
+                "--auth-root-authentication-method=socket",
+                "--skip-test-db",
+            ]
+        )
+        self._spawn("mariadbd", ["mariadbd", *(a.format(**self._fields) for a in MARIADBD_ARGS)])
+        sql = (
+            f"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{self._db_password}';"
+            " GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
+        )
+        client = ["mariadb", "--no-defaults", f"--socket={self.root}/mysql.sock", "-u", "root"]
+        self._poll(lambda: self.run([*client, "-e", "SELECT 1"], check=False).returncode == 0, "db")
+        self.run([*client, "-e", sql])
+        self._spawn("slurmdbd", ["slurmdbd", "-D"])
+        self._poll(
+            lambda: self.run(["sacctmgr", "-n", "list", "cluster"], check=False).returncode == 0,
+            "slurmdbd",
+        )
+        self.run(["sacctmgr", "-i", "add", "cluster", "gwtest"])
+
+    def add_accounts(self, *accounts: str) -> None:
+        """Create Slurm accounts and let root submit to each (accounting clusters only)."""
+        self.run(["sacctmgr", "-i", "add", "account", ",".join(accounts)])
+        self.run(["sacctmgr", "-i", "add", "user", "root", f"account={','.join(accounts)}"])
+
     def node_state(self) -> str:
         """Return ``sinfo``'s state for our node (``idle``, ``mixed``, ``down*``, ...)."""
         result = self.run(["sinfo", "-h", "-N", "-n", self.hostname, "-o", "%T"], check=False)
-        return result.stdout.strip()
+        # One line per partition the node is in; they agree on the node's state.
+        return ",".join(sorted(set(result.stdout.split())))
 
     def sbatch(self, script: str, *args: str) -> str:
         """Submit ``script`` (fed on stdin) with extra ``sbatch`` options; return the job id."""
@@ -288,16 +384,31 @@ class SlurmCluster:
         key.chmod(0o600)
         for index in range(2):
             os.mknod(self.root / "dev" / f"nvidia{index}", stat.S_IFCHR | 0o666, os.makedev(1, 3))
-        ctld_port, slurmd_port = _free_ports(2)
+        ctld_port, slurmd_port, dbd_port, db_port = _free_ports(4)
         cpus = len(os.sched_getaffinity(0))
-        fields = {"host": self.hostname, "root": self.root, "cpus": cpus}
-        conf = SLURM_CONF.format(**fields, ctld_port=ctld_port, slurmd_port=slurmd_port)
+        self._db_password = os.urandom(12).hex()
+        self._fields = {
+            "host": self.hostname,
+            "root": self.root,
+            "cpus": cpus,
+            "ctld_port": ctld_port,
+            "slurmd_port": slurmd_port,
+            "dbd_port": dbd_port,
+            "db_port": db_port,
+            "db_password": self._db_password,
+        }
+        extra = ACCOUNTING_CONF if self.accounting else PLAIN_CONF
+        conf = SLURM_CONF.format(**self._fields) + extra.format(**self._fields)
         if self.job_submit_lua:  # slurmctld reads job_submit.lua next to slurm.conf
             conf += "JobSubmitPlugins=lua\n"
             for name, text in self.job_submit_lua.items():
                 (self.root / name).write_text(text)
         self.conf_path.write_text(conf)
-        (self.root / "gres.conf").write_text(GRES_CONF.format(**fields))
+        (self.root / "gres.conf").write_text(GRES_CONF.format(**self._fields))
+        if self.accounting:
+            dbd_conf = self.root / "slurmdbd.conf"
+            dbd_conf.touch(mode=0o600)  # slurmdbd refuses a config others can read
+            dbd_conf.write_text(SLURMDBD_CONF.format(**self._fields))
 
     def _spawn(self, name: str, args: list[str]) -> None:
         """Run a daemon in the foreground; the program is looked up on ``env()``'s PATH."""
