@@ -350,7 +350,7 @@ async def test_bad_query_parameters_are_400(client):
         ("/v1/events?since=yesterday", "since: invalid time 'yesterday': use 'now', Unix "
          "seconds, or a duration ago such as 24h"),
         ("/v1/accounting?by=colour", "by: unknown value(s) colour (use cluster, job_key, team, "
-         "model, node, gpu_uuid, price_tier, job)"),
+         "model, node, gpu_uuid, price_tier, project, gpu_model, job)"),
         ("/v1/accounting?by=team,team", "by: a dimension is repeated in 'team,team'"),
         ("/v1/accounting?since=1h&until=2h",
          "since: 1699999200.0 is not before until (1699995600.0)"),
