@@ -250,7 +250,13 @@ class Decider:
 
     def _to_refused(self, step: Step) -> bool:
         row, decision, incident, inputs, _state = step
-        log.warning("refused %s for incident %s: %s", row.action, incident.incident_id, decision)
+        log.warning(
+            "refused %s for incident %s (%s): %s",
+            row.action,
+            incident.incident_id,
+            decision.verdict.value,
+            decision.reason,
+        )
         new = self._ledger.moved(row, ActionState.REFUSED, last_error=decision.reason)
         return self._ledger.save(row, new, decision, ActionState.REFUSED, inputs)
 
