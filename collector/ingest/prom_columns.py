@@ -385,7 +385,9 @@ def store_columns(
     outcomes["unmapped_series"] = mapped.skipped
     # the resources of what is stored or ended: their nodes must be the caller's
     named = mapped.specs if ended is None else np.concatenate([mapped.specs, ended.specs])
-    resources = [specs.resources[i] for i in np.unique(specs.resource_of[named]).tolist()]
+    used = np.zeros(len(specs.resources), bool)
+    used[specs.resource_of[named]] = True
+    resources = [specs.resources[i] for i in np.flatnonzero(used).tolist()]
     hosts = {str(resource.get(HOST_NAME, "")) for resource in resources}
     unbound = sorted(host for host in hosts if not may_write(host))
     if unbound:  # named as the series path names it: the first in order
@@ -393,7 +395,9 @@ def store_columns(
     points = int(mapped.specs.size)
     refused = 0
     if points:
-        distinct = np.unique(mapped.specs).size
+        seen = np.zeros(len(specs), bool)
+        seen[mapped.specs] = True
+        distinct = int(np.count_nonzero(seen))
         batch = RowBatch(
             specs=specs.specs,
             spec_of_point=mapped.specs,

@@ -66,6 +66,15 @@ def _grown(array: npt.NDArray[Any], size: int, fill: float) -> npt.NDArray[Any]:
     return np.concatenate([array, np.full(extra, fill, dtype=array.dtype)])
 
 
+def distinct_times(times: Ints) -> tuple[Ints, Ints]:
+    """``np.unique(times, return_inverse=True)``, without a sort for a request of one scrape
+    (one time: what a sender's request holds almost always)."""
+    if times.size and times[0] == times.min() == times.max():
+        return times[:1].copy(), np.zeros(times.size, np.int64)
+    distinct, slot = np.unique(times, return_inverse=True)
+    return distinct, slot.reshape(-1).astype(np.int64, copy=False)
+
+
 def _find(keys: Ints, wanted: Ints) -> tuple[Ints, npt.NDArray[np.bool_]]:
     """Where each of ``wanted`` is in the sorted ``keys``, and whether it is there."""
     at = np.searchsorted(keys, wanted)
@@ -263,7 +272,7 @@ class PromTranslator:
         times, values = samples.timestamps_ms[dcgm], samples.values[dcgm]
         gpu, source, job = sets.gpu[ids], sets.source[ids], sets.job[ids]
         device = job < 0
-        distinct_t, slot = np.unique(times, return_inverse=True)
+        distinct_t, slot = distinct_times(times)
         n_t = distinct_t.size
         gpu_slot = gpu * n_t + slot
         # one value per (GPU, field, time): a device-level series first, then request order
