@@ -61,6 +61,26 @@ def extras(t_ms: int, r: int) -> list[Series]:
         labelled("DCGM_FI_DEV_FB_USED", 100.0 + r, t_ms, **mig, **pod_a),
         labelled("DCGM_FI_DEV_FB_FREE", 9000.0 - r, t_ms, **mig, **pod_a),
         labelled("DCGM_FI_DEV_GPU_UTIL", 40.0 + r, t_ms, **mig, **pod_a),
+        # the MIG device's parent itself, described otherwise: the first in a request names it
+        labelled(
+            "DCGM_FI_DEV_GPU_TEMP",
+            50.0,
+            t_ms,
+            Hostname="node-c",
+            UUID="GPU-node-c-0",
+            gpu="0",
+            modelName="A100 (parent)",
+        ),
+        # a GPU whose description changes from round 5 (a new gpuwarden.gpu.info series)
+        labelled(
+            "DCGM_FI_DEV_GPU_TEMP",
+            45.0,
+            t_ms,
+            Hostname="node-c",
+            UUID="GPU-node-c-2",
+            gpu="2",
+            modelName="A100" if r < 5 else "A100-SXM4",
+        ),
         # --kubernetes-virtual-gpus: the device's value, then each pod's
         labelled("DCGM_FI_DEV_FB_USED", 3000.0 + r, t_ms, **shared),
         labelled("DCGM_FI_DEV_FB_USED", 1000.0, t_ms, **shared, **pod_a),

@@ -98,6 +98,10 @@ class _LabelSets:
         self.pod_is_memory = np.zeros(0, bool)
         self.memory = np.zeros(0, np.int64)
         """The pod's per-process memory series on its GPU (-1: no pod)."""
+        self.info = np.zeros(0, np.int64)
+        """Its GPU's ``gpuwarden.gpu.info`` series, as its labels describe the GPU."""
+        self.parent_info = np.zeros(0, np.int64)
+        """A MIG device's parent GPU's (-1: none)."""
         self.scale = np.zeros(0, np.float64)
         self.divisor = np.zeros(0, np.float64)
         self.name = np.zeros(0, np.int64)
@@ -107,7 +111,8 @@ class _LabelSets:
     def grow(self, size: int) -> None:
         for field, fill in (("kind", _NEW), ("gpu", -1), ("source", -1), ("job", -1),
                             ("main", -1), ("pod", -1), ("pod_is_memory", 0), ("memory", -1),
-                            ("scale", 1.0), ("divisor", 1.0), ("name", -1)):  # fmt: skip
+                            ("info", -1), ("parent_info", -1), ("scale", 1.0),
+                            ("divisor", 1.0), ("name", -1)):  # fmt: skip
             setattr(self, field, _grown(getattr(self, field), size, fill))
         if self.newer.shape[0] < size:
             extra = max(size - self.newer.shape[0], self.newer.shape[0], 256)
@@ -115,11 +120,10 @@ class _LabelSets:
 
 
 class _Gpus:
-    """The GPUs (and MIG devices) seen: each one's info and memory-limit series, its parent."""
+    """The GPUs (and MIG devices) seen: each one's memory-limit series, its parent."""
 
     def __init__(self) -> None:
         self.index: dict[tuple[str, str], int] = {}
-        self.info = np.zeros(0, np.int64)
         self.limit = np.zeros(0, np.int64)
         self.parent = np.zeros(0, np.int64)
 
@@ -130,11 +134,8 @@ class _Gpus:
             return found
         parent = -1 if gpu.parent is None else self.add(gpu.parent, resource, specs)
         at = self.index[key] = len(self.index)
-        self.info = _grown(self.info, at + 1, -1)
         self.limit = _grown(self.limit, at + 1, -1)
         self.parent = _grown(self.parent, at + 1, -1)
-        info: Attrs = {"hw.id": gpu.hw_id, **dict(gpu.info)}
-        self.info[at] = specs.add(resource, INFO, "1", "gauge", False, info)
         self.limit[at] = specs.add(resource, LIMIT, "By", "sum", False, {"hw.id": gpu.hw_id})
         self.parent[at] = parent
         return at
@@ -212,6 +213,9 @@ class PromTranslator:
             gpu, job = placed
             resource = self.resources.setdefault(gpu.host, {"host.name": gpu.host})
             sets.gpu[index] = self.gpus.add(gpu, resource, specs)
+            sets.info[index] = self._info(gpu, resource, specs)
+            if gpu.parent is not None:
+                sets.parent_info[index] = self._info(gpu.parent, resource, specs)
             sets.source[index] = _SOURCE[row.source]
             attrs: Attrs = {"hw.id": gpu.hw_id, **row.attributes}
             sets.main[index] = specs.add(
@@ -246,6 +250,11 @@ class PromTranslator:
                 newer = spec.superseded_by
                 sets.newer[index] = (self._name(newer), self._name(newer + "_total"))
             sets.kind[index] = _MODEL
+
+    @staticmethod
+    def _info(gpu: GpuIdentity, resource: Attrs, specs: SpecTable) -> int:
+        attrs: Attrs = {"hw.id": gpu.hw_id, **dict(gpu.info)}
+        return specs.add(resource, INFO, "1", "gauge", False, attrs)
 
     # --- a request ---------------------------------------------------------------------------
 
@@ -286,7 +295,7 @@ class PromTranslator:
         raw = values[chosen]
         group = np.empty(ids.size, np.int64)
         group[order] = np.cumsum(first) - 1
-        out = [self._infos(gpu_slot, gpu, distinct_t, n_t)]
+        out = [self._infos(ids, gpu, slot, distinct_t, n_t)]
         out.append((sets.main[ids[chosen]], times[chosen], raw * sets.scale[ids[chosen]]))
         limits = self._limits(keys, raw, distinct_t, n_t)
         if limits is not None:
@@ -306,13 +315,26 @@ class PromTranslator:
             out.append(shares)
         return out
 
-    def _infos(self, gpu_slot: Ints, gpu: Ints, distinct_t: Ints, n_t: int) -> Part:
-        """One ``gpuwarden.gpu.info`` per GPU (and MIG parent) and time."""
+    def _infos(self, ids: Ints, gpu: Ints, slot: Ints, distinct_t: Ints, n_t: int) -> Part:
+        """One ``gpuwarden.gpu.info`` per GPU (and MIG parent) and time, as the GPU's first
+        series in the request describes it (its parent: the MIG device's first series, unless
+        a series of the parent itself comes before)."""
+        sets = self.sets
         parent = self.gpus.parent[gpu]
-        mig = parent >= 0
-        both = np.concatenate([gpu_slot, parent[mig] * n_t + gpu_slot[mig] % n_t])
-        infos = np.unique(both)
-        return (self.gpus.info[infos // n_t], distinct_t[infos % n_t], np.ones(infos.size))
+        mig = np.flatnonzero(parent >= 0)
+        position = np.arange(gpu.size)
+        whose = np.concatenate([gpu, parent[mig]])
+        when = np.concatenate([slot, slot[mig]])
+        spec = np.concatenate([sets.info[ids], sets.parent_info[ids[mig]]])
+        first_seen = np.concatenate([position, mig])
+        order = np.lexsort((first_seen, whose))
+        ordered = whose[order]
+        first = np.ones(ordered.size, bool)
+        first[1:] = ordered[1:] != ordered[:-1]
+        gpus, described = ordered[first], spec[order[first]]
+        infos = np.unique(whose * n_t + when)
+        at = np.searchsorted(gpus, infos // n_t)
+        return described[at], distinct_t[infos % n_t], np.ones(infos.size)
 
     def _limits(self, keys: Ints, raw: Floats, distinct_t: Ints, n_t: int) -> Part | None:
         """``hw.gpu.memory.limit`` = used + free + reserved where no total is sent, from the
