@@ -28,7 +28,7 @@ from gpuwarden.collector.build import (
 from gpuwarden.collector.config import CollectorConfig, load_collector_config
 from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.extras import MissingExtraError
-from gpuwarden.collector.ingest import prom_map
+from gpuwarden.collector.ingest.prom_map_columns import PromTranslator
 from gpuwarden.collector.remediate.policy import PolicyError
 from gpuwarden.collector.rules.model import RuleError
 from gpuwarden.collector.service import CollectorService
@@ -156,7 +156,7 @@ def _app(
         reload_source=reload_source,
         tls_context=ssl_context,
         rules=rules,
-        prom_translate=prom_map.translate,
+        prom_translate=PromTranslator(),  # the dcgm-exporter and model-server table
         lease_store=lease_store,
     )
 

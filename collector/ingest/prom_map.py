@@ -80,7 +80,7 @@ class Series(Protocol):
 
 
 Attrs = dict[str, str | int | float | bool]
-_JobAttrs = tuple[tuple[str, str], ...]
+JobAttrs = tuple[tuple[str, str], ...]
 
 INFO = "gpuwarden.gpu.info"
 PROCESS_MEMORY = "gpuwarden.gpu.process.memory.usage"
@@ -91,7 +91,7 @@ UNMAPPED, NO_HOST, NO_UUID, HISTOGRAM = "unmapped", "no_hostname", "no_gpu_uuid"
 
 #: dcgm-exporter's series, counters also with the ``_total`` an OpenTelemetry Collector's
 #: ``prometheusremotewrite`` exporter (or prometheus_client's parser) appends to them.
-_DCGM_BY_SERIES: Mapping[str, PromRow] = {
+DCGM_BY_SERIES: Mapping[str, PromRow] = {
     name: row
     for row in BY_SOURCE.values()
     for name in (row.source, row.source + "_total")
@@ -113,27 +113,27 @@ class Translated:
 
 
 @dataclass(frozen=True, slots=True)
-class _Gpu:
+class GpuIdentity:
     """One GPU (or MIG device) as dcgm-exporter's labels describe it."""
 
     host: str
     hw_id: str
     info: tuple[tuple[str, str | int], ...]
-    parent: _Gpu | None = None
+    parent: GpuIdentity | None = None
 
 
 @dataclass
 class _Batch:
     """The GPU series of one request, gathered before they are deduplicated."""
 
-    gpus: dict[tuple[str, str], _Gpu] = field(default_factory=dict)
+    gpus: dict[tuple[str, str], GpuIdentity] = field(default_factory=dict)
     times: dict[tuple[str, str], set[int]] = field(default_factory=dict)
     #: (host, hw.id, source, t) -> [(job attributes or (), value)]
-    values: dict[tuple[str, str, str, int], list[tuple[_JobAttrs, float]]] = field(
+    values: dict[tuple[str, str, str, int], list[tuple[JobAttrs, float]]] = field(
         default_factory=dict
     )
     #: (host, hw.id, t) -> the jobs seen on the GPU then, in order: identity -> attributes
-    jobs: dict[tuple[str, str, int], dict[_JobAttrs, _JobAttrs]] = field(default_factory=dict)
+    jobs: dict[tuple[str, str, int], dict[JobAttrs, JobAttrs]] = field(default_factory=dict)
 
 
 def _first(labels: Mapping[str, str], names: Sequence[str]) -> str | None:
@@ -144,7 +144,7 @@ def _first(labels: Mapping[str, str], names: Sequence[str]) -> str | None:
     return None
 
 
-def _job_attributes(labels: Mapping[str, str]) -> _JobAttrs:
+def _job_attributes(labels: Mapping[str, str]) -> JobAttrs:
     """The job a series names, as the agent's per-process attributes say it (() for none).
 
     The first two items (scheduler, then the id the collector resolves) are its identity.
@@ -165,7 +165,7 @@ def _job_attributes(labels: Mapping[str, str]) -> _JobAttrs:
     return ()
 
 
-def _gpu(labels: Mapping[str, str], host: str, uuid: str) -> _Gpu:
+def _gpu(labels: Mapping[str, str], host: str, uuid: str) -> GpuIdentity:
     info: list[tuple[str, str | int]] = [("hw.vendor", "NVIDIA")]
     model = _first(labels, MODEL_LABELS)
     if model:
@@ -178,16 +178,16 @@ def _gpu(labels: Mapping[str, str], host: str, uuid: str) -> _Gpu:
         info.append(("gpuwarden.gpu.pci_bus_id", bus))
     instance = labels.get(MIG_ID_LABEL)
     if not instance:
-        return _Gpu(host, uuid, tuple(info))
-    parent = _Gpu(host, uuid, tuple(info))
+        return GpuIdentity(host, uuid, tuple(info))
+    parent = GpuIdentity(host, uuid, tuple(info))
     mig = [*info, ("hw.parent", uuid)]
     profile = labels.get(MIG_PROFILE_LABEL)
     if profile:
         mig.append(("gpuwarden.gpu.mig_profile", profile))
-    return _Gpu(host, f"{uuid}/gi-{instance}", tuple(mig), parent)
+    return GpuIdentity(host, f"{uuid}/gi-{instance}", tuple(mig), parent)
 
 
-def _identity(labels: Mapping[str, str]) -> tuple[_Gpu, _JobAttrs] | str:
+def gpu_identity(labels: Mapping[str, str]) -> tuple[GpuIdentity, JobAttrs] | str:
     """The GPU and job a dcgm-exporter series names, or why it cannot be placed."""
     host, uuid = _first(labels, HOST_LABELS), _first(labels, UUID_LABELS)
     if host is None:
@@ -211,12 +211,12 @@ class _Translator:
         self.resources: dict[str, Attrs] = {}
         self.instances: dict[str, Attrs] = {}
         self.infos: set[tuple[str, str, int]] = set()
-        self.identities: dict[tuple[tuple[str, str], ...], tuple[_Gpu, _JobAttrs] | str] = {}
+        self.identities: dict[tuple[tuple[str, str], ...], tuple[GpuIdentity, JobAttrs] | str] = {}
 
     def run(self) -> Translated:
         for one, labels in zip(self.series, self.labels, strict=True):
             name = labels.get("__name__", "")
-            row = _DCGM_BY_SERIES.get(name)
+            row = DCGM_BY_SERIES.get(name)
             if row is not None:
                 self._gather(one, labels, row)
             elif name in MODEL_BY_SERIES:
@@ -252,7 +252,7 @@ class _Translator:
         same = tuple(item for item in one.labels if item[0] != "__name__")
         found = self.identities.get(same)
         if found is None:
-            found = self.identities[same] = _identity(labels)
+            found = self.identities[same] = gpu_identity(labels)
         if isinstance(found, str):
             self.skipped[found] += 1
             return
@@ -272,7 +272,7 @@ class _Translator:
     def _emit_gpus(self) -> None:
         batch = self.batch
         gpu_values: dict[tuple[str, str, str, int], float] = {}
-        pod_values: dict[tuple[str, str, str, int], list[tuple[_JobAttrs, float]]] = {}
+        pod_values: dict[tuple[str, str, str, int], list[tuple[JobAttrs, float]]] = {}
         for (host, hw_id, source, t), seen in batch.values.items():
             device = [v for job, v in seen if not job]
             gpu_values[host, hw_id, source, t] = device[0] if device else seen[0][1]
@@ -292,7 +292,7 @@ class _Translator:
         self._limits(gpu_values)
         self._attribution(gpu_values, pod_values)
 
-    def _info(self, gpu: _Gpu, t: int) -> None:
+    def _info(self, gpu: GpuIdentity, t: int) -> None:
         """One ``gpuwarden.gpu.info`` point per GPU and time, as the agent sends every round."""
         key = (gpu.host, gpu.hw_id, t)
         if key in self.infos:
@@ -318,10 +318,10 @@ class _Translator:
     def _attribution(
         self,
         gpu_values: Mapping[tuple[str, str, str, int], float],
-        pod_values: Mapping[tuple[str, str, str, int], list[tuple[_JobAttrs, float]]],
+        pod_values: Mapping[tuple[str, str, str, int], list[tuple[JobAttrs, float]]],
     ) -> None:
         """Each job seen on a GPU becomes per-process points on it (see the module)."""
-        own_memory: set[tuple[str, str, int, _JobAttrs]] = set()
+        own_memory: set[tuple[str, str, int, JobAttrs]] = set()
         for (host, hw_id, source, t), values in pod_values.items():
             row = BY_SOURCE[source]
             if row.pod_metric is None:

@@ -220,7 +220,10 @@ def _columns(
     given = np.fromiter(merged.value, np.float64)
     if times.size != n:  # a time of 0 left out, or a sample with two
         return None
-    distinct, which = np.unique(times, return_inverse=True)
+    if times.size and times[0] == times.min() == times.max():  # one scrape: no sort
+        distinct, which = times[:1], np.zeros(n, np.int64)
+    else:
+        distinct, which = np.unique(times, return_inverse=True)
     encode = schemas.sample
     time_only = [encode(timestamp=int(t)).SerializeToString() for t in distinct.tolist()]
     time_bytes = np.fromiter(map(len, time_only), np.int64, distinct.size)[which]

@@ -36,6 +36,7 @@ from aiohttp import web
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.ingest.prom_columns import (
+    ColumnMapper,
     LabelSetCache,
     LabelSetColumns,
     MappingError,
@@ -102,9 +103,10 @@ class Translator(Protocol):
 class RemoteWriteState:
     """What the receiver remembers of the label sets seen: their decoding (``decoder``) and
     what the label checks said (``verdicts``), so a series sent every scrape is decoded and
-    checked once; with a translator that maps series one by one (``prom_columns.SeriesMapper``)
-    also their mapping and store row (``columns``). Its counters are
-    ``IngestStats.remote_write_samples``."""
+    checked once; with a translator that maps requests as columns
+    (``prom_columns.ColumnMapper``, as the production ``prom_map_columns.PromTranslator`` does)
+    or series one by one (``prom_columns.SeriesMapper``) also their mapping and our series'
+    store rows (``columns``). Its counters are ``IngestStats.remote_write_samples``."""
 
     decoder: Decoder
     verdicts: LabelVerdicts
@@ -314,6 +316,10 @@ def setup_remote_write(app: web.Application, translate: Translator) -> None:
     ``translate``."""
     app[TRANSLATOR] = translate
     verdicts = LabelVerdicts(app[CONFIG].ingest_limits, MAX_LABEL_SETS)
-    columns = LabelSetCache(verdicts, translate) if isinstance(translate, SeriesMapper) else None
+    columns = (
+        LabelSetCache(verdicts, translate)
+        if isinstance(translate, (ColumnMapper, SeriesMapper))
+        else None
+    )
     app[RW_STATE] = RemoteWriteState(Decoder(MAX_LABEL_SETS), verdicts, columns)
     add_route(app, "POST", "/api/v1/write", remote_write, AGENTS)

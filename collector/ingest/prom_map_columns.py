@@ -1,0 +1,385 @@
+"""The production mapping (:mod:`.prom_map`) as columns: each label set read once, each request
+mapped with numpy.
+
+:class:`PromTranslator` is the collector's remote-write translator. Called with series it is
+:func:`prom_map.translate` (the receiver's series path); as a ``prom_columns.ColumnMapper`` it
+gives the same points for a request read flat, without a Python object per sample:
+
+- each label set is read once (its first request) into numbers: what it is (a dcgm-exporter
+  field, a model-server series, nothing we map), its GPU, field and job, and the indexes of the
+  series its points land on (``prom_columns.SpecTable``): the field's own, the pod's
+  per-process one, the pod's share of memory;
+- a request is then array work: the value kept once per (GPU, field, time), a device-level
+  series before the pods' copies, first in request order (time-slicing); one
+  ``gpuwarden.gpu.info`` per GPU (and MIG parent) and time; ``hw.gpu.memory.limit`` = used +
+  free + reserved where no total is sent; the pods' per-process points and their even share
+  of the used memory; the model servers' points (a series skipped when the request carries its
+  newer family).
+
+The points are :func:`prom_map.translate`'s, value for value (``tests/test_prom_map_columns.py``
+compares the store after both paths); only their order in the batch differs, which matters to
+nothing but which new series a sender's exhausted series budget still admits. Stale markers
+are mapped as the series path maps them (their samples as zeros): the series they name end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuwarden.collector.ingest.prom_catalog import DCGM_ROWS, MIB
+from gpuwarden.collector.ingest.prom_columns import Labels, Mapped, Samples, SpecTable
+from gpuwarden.collector.ingest.prom_map import (
+    DCGM_BY_SERIES,
+    INFO,
+    LIMIT,
+    PROCESS_MEMORY,
+    Attrs,
+    GpuIdentity,
+    Series,
+    Translated,
+    gpu_identity,
+    translate,
+)
+from gpuwarden.collector.ingest.prom_models import MODEL_BY_SERIES, model_attributes
+from gpuwarden.collector.ingest.scrape import INSTANCE
+
+_NEW, _SKIP, _DCGM, _MODEL = 0, 1, 2, 3
+_SOURCE = {row.source: i for i, row in enumerate(DCGM_ROWS)}
+_FIELDS = len(DCGM_ROWS)
+_USED, _FREE = _SOURCE["DCGM_FI_DEV_FB_USED"], _SOURCE["DCGM_FI_DEV_FB_FREE"]
+_TOTAL, _RESERVED = _SOURCE["DCGM_FI_DEV_FB_TOTAL"], _SOURCE["DCGM_FI_DEV_FB_RESERVED"]
+
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+Part = tuple[Ints, Ints, Floats]
+
+
+def _grown(array: npt.NDArray[Any], size: int, fill: float) -> npt.NDArray[Any]:
+    """``array`` at least ``size`` long, new slots ``fill`` (grown by doubling)."""
+    if array.size >= size:
+        return array
+    extra = max(size - array.size, array.size, 256)
+    return np.concatenate([array, np.full(extra, fill, dtype=array.dtype)])
+
+
+def distinct_times(times: Ints) -> tuple[Ints, Ints]:
+    """``np.unique(times, return_inverse=True)``, without a sort for a request of one scrape
+    (one time: what a sender's request holds almost always)."""
+    if times.size and times[0] == times.min() == times.max():
+        return times[:1].copy(), np.zeros(times.size, np.int64)
+    distinct, slot = np.unique(times, return_inverse=True)
+    return distinct, slot.reshape(-1).astype(np.int64, copy=False)
+
+
+def _find(keys: Ints, wanted: Ints) -> tuple[Ints, npt.NDArray[np.bool_]]:
+    """Where each of ``wanted`` is in the sorted ``keys``, and whether it is there."""
+    at = np.searchsorted(keys, wanted)
+    at[at >= keys.size] = 0
+    return at, keys[at] == wanted if keys.size else np.zeros(wanted.size, bool)
+
+
+class _LabelSets:
+    """Per label set of the decoder's table (index): what the mapping made of it."""
+
+    def __init__(self) -> None:
+        self.kind = np.zeros(0, np.int8)
+        self.gpu = np.zeros(0, np.int64)
+        self.source = np.zeros(0, np.int64)
+        self.job = np.zeros(0, np.int64)
+        """Its job identity (-1: a device-level series)."""
+        self.main = np.zeros(0, np.int64)
+        """The series its value lands on."""
+        self.pod = np.zeros(0, np.int64)
+        """The pod's per-process series of its field (-1: none)."""
+        self.pod_is_memory = np.zeros(0, bool)
+        self.memory = np.zeros(0, np.int64)
+        """The pod's per-process memory series on its GPU (-1: no pod)."""
+        self.info = np.zeros(0, np.int64)
+        """Its GPU's ``gpuwarden.gpu.info`` series, as its labels describe the GPU."""
+        self.parent_info = np.zeros(0, np.int64)
+        """A MIG device's parent GPU's (-1: none)."""
+        self.scale = np.zeros(0, np.float64)
+        self.divisor = np.zeros(0, np.float64)
+        self.name = np.zeros(0, np.int64)
+        self.newer = np.zeros((0, 2), np.int64)
+        """A model series' newer family's names (-1: none), which skip it when present."""
+
+    def grow(self, size: int) -> None:
+        for field, fill in (("kind", _NEW), ("gpu", -1), ("source", -1), ("job", -1),
+                            ("main", -1), ("pod", -1), ("pod_is_memory", 0), ("memory", -1),
+                            ("info", -1), ("parent_info", -1), ("scale", 1.0),
+                            ("divisor", 1.0), ("name", -1)):  # fmt: skip
+            setattr(self, field, _grown(getattr(self, field), size, fill))
+        if self.newer.shape[0] < size:
+            extra = max(size - self.newer.shape[0], self.newer.shape[0], 256)
+            self.newer = np.concatenate([self.newer, np.full((extra, 2), -1, np.int64)])
+
+
+class _Gpus:
+    """The GPUs (and MIG devices) seen: each one's memory-limit series, its parent."""
+
+    def __init__(self) -> None:
+        self.index: dict[tuple[str, str], int] = {}
+        self.limit = np.zeros(0, np.int64)
+        self.parent = np.zeros(0, np.int64)
+
+    def add(self, gpu: GpuIdentity, resource: Attrs, specs: SpecTable) -> int:
+        key = (gpu.host, gpu.hw_id)
+        found = self.index.get(key)
+        if found is not None:
+            return found
+        parent = -1 if gpu.parent is None else self.add(gpu.parent, resource, specs)
+        at = self.index[key] = len(self.index)
+        self.limit = _grown(self.limit, at + 1, -1)
+        self.parent = _grown(self.parent, at + 1, -1)
+        self.limit[at] = specs.add(resource, LIMIT, "By", "sum", False, {"hw.id": gpu.hw_id})
+        self.parent[at] = parent
+        return at
+
+
+class PromTranslator:
+    """:func:`prom_map.translate`, and the same mapping as a ``prom_columns.ColumnMapper``
+    (module docstring). What it learns is kept for one ``SpecTable`` (the decoder's table)."""
+
+    def __init__(self) -> None:
+        self._table: SpecTable | None = None
+        self._reset()
+
+    def __call__(self, series: Sequence[Series], /) -> Translated:
+        """The series path: :func:`prom_map.translate`."""
+        return translate(series)
+
+    def _reset(self) -> None:
+        self.sets = _LabelSets()
+        self.gpus = _Gpus()
+        self.jobs: dict[tuple[tuple[str, str], ...], int] = {}
+        self.names: dict[str, int] = {}
+        self.resources: dict[str, Attrs] = {}
+        self.instances: dict[str, Attrs] = {}
+
+    def map_columns(self, samples: Samples, specs: SpecTable, /) -> Mapped:
+        """The points of ``samples`` as columns (module docstring)."""
+        if specs is not self._table:
+            self._table = specs
+            self._reset()
+        sets = self.sets
+        sets.grow(len(samples.label_sets))
+        ids = samples.ids
+        kind = sets.kind[ids]
+        if (kind == _NEW).any():
+            for index in np.unique(ids[kind == _NEW]).tolist():
+                self._learn(index, samples.label_sets[index], specs)
+            kind = sets.kind[ids]
+        skipped = int(np.count_nonzero(kind == _SKIP))
+        parts: list[Part] = []
+        model = kind == _MODEL
+        if model.any():
+            part, superseded = self._models(samples, model)
+            parts.append(part)
+            skipped += superseded
+        dcgm = kind == _DCGM
+        if dcgm.any():
+            parts += self._dcgm(samples, dcgm)
+        if not parts:
+            empty = np.zeros(0, np.int64)
+            return Mapped(empty, empty, np.zeros(0), skipped)
+        return Mapped(
+            np.concatenate([p[0] for p in parts]),
+            np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]),
+            skipped,
+        )
+
+    # --- learning a label set ----------------------------------------------------------------
+
+    def _name(self, name: str) -> int:
+        return self.names.setdefault(name, len(self.names))
+
+    def _learn(self, index: int, labels: Labels, specs: SpecTable) -> None:
+        sets = self.sets
+        found = dict(labels)
+        name = found.get("__name__", "")
+        sets.name[index] = self._name(name)
+        sets.kind[index] = _SKIP
+        row = DCGM_BY_SERIES.get(name)
+        if row is not None:
+            placed = gpu_identity(found)
+            if isinstance(placed, str):
+                return
+            gpu, job = placed
+            resource = self.resources.setdefault(gpu.host, {"host.name": gpu.host})
+            sets.gpu[index] = self.gpus.add(gpu, resource, specs)
+            sets.info[index] = self._info(gpu, resource, specs)
+            if gpu.parent is not None:
+                sets.parent_info[index] = self._info(gpu.parent, resource, specs)
+            sets.source[index] = _SOURCE[row.source]
+            attrs: Attrs = {"hw.id": gpu.hw_id, **row.attributes}
+            sets.main[index] = specs.add(
+                resource, row.name, row.unit, row.kind, row.monotonic, attrs
+            )
+            sets.scale[index] = row.scale
+            if job:
+                sets.job[index] = self.jobs.setdefault(job[:2], len(self.jobs))
+                pod_attrs: Attrs = {"hw.id": gpu.hw_id, **dict(job)}
+                sets.memory[index] = specs.add(
+                    resource, PROCESS_MEMORY, "By", "sum", False, pod_attrs
+                )
+                if row.pod_metric is not None:
+                    is_memory = row.pod_metric == PROCESS_MEMORY
+                    kind = "sum" if is_memory else "gauge"
+                    sets.pod[index] = specs.add(
+                        resource, row.pod_metric, row.unit, kind, False, pod_attrs
+                    )
+                    sets.pod_is_memory[index] = is_memory
+            sets.kind[index] = _DCGM
+            return
+        spec = MODEL_BY_SERIES.get(name)
+        if spec is not None:
+            instance = found.get("instance", "")
+            resource = self.instances.setdefault(instance, {INSTANCE: instance})
+            counter = spec.source_type == "counter"
+            kind = "sum" if counter else "gauge"
+            model = model_attributes(spec, found)
+            sets.main[index] = specs.add(resource, spec.name, spec.unit, kind, counter, model)
+            sets.divisor[index] = spec.divisor
+            if spec.superseded_by is not None:
+                newer = spec.superseded_by
+                sets.newer[index] = (self._name(newer), self._name(newer + "_total"))
+            sets.kind[index] = _MODEL
+
+    @staticmethod
+    def _info(gpu: GpuIdentity, resource: Attrs, specs: SpecTable) -> int:
+        attrs: Attrs = {"hw.id": gpu.hw_id, **dict(gpu.info)}
+        return specs.add(resource, INFO, "1", "gauge", False, attrs)
+
+    # --- a request ---------------------------------------------------------------------------
+
+    def _models(self, samples: Samples, model: npt.NDArray[np.bool_]) -> tuple[Part, int]:
+        """The model servers' points, and how many series their newer family skipped."""
+        sets, ids = self.sets, samples.ids[model]
+        times, values = samples.timestamps_ms[model], samples.values[model]
+        newer = sets.newer[ids]
+        has_newer = newer[:, 0] >= 0
+        if not has_newer.any():
+            return (sets.main[ids], times, values / sets.divisor[ids]), 0
+        present = np.zeros(len(self.names), bool)
+        present[sets.name[samples.ids]] = True
+        gone = has_newer & (present[newer[:, 0]] | present[newer[:, 1]])
+        keep = ~gone
+        ids = ids[keep]
+        part = (sets.main[ids], times[keep], values[keep] / sets.divisor[ids])
+        return part, int(np.count_nonzero(gone))
+
+    def _dcgm(self, samples: Samples, dcgm: npt.NDArray[np.bool_]) -> list[Part]:
+        """dcgm-exporter's points: info, values, memory limits, the pods' (module docstring)."""
+        sets = self.sets
+        ids = samples.ids[dcgm]
+        times, values = samples.timestamps_ms[dcgm], samples.values[dcgm]
+        gpu, source, job = sets.gpu[ids], sets.source[ids], sets.job[ids]
+        device = job < 0
+        distinct_t, slot = distinct_times(times)
+        n_t = distinct_t.size
+        gpu_slot = gpu * n_t + slot
+        # one value per (GPU, field, time): a device-level series first, then request order
+        key = (gpu * _FIELDS + source) * n_t + slot
+        order = np.lexsort((np.arange(ids.size), ~device, key))
+        ordered = key[order]
+        first = np.ones(ordered.size, bool)
+        first[1:] = ordered[1:] != ordered[:-1]
+        chosen = order[first]
+        keys = ordered[first]
+        raw = values[chosen]
+        group = np.empty(ids.size, np.int64)
+        group[order] = np.cumsum(first) - 1
+        out = [self._infos(ids, gpu, slot, distinct_t, n_t)]
+        out.append((sets.main[ids[chosen]], times[chosen], raw * sets.scale[ids[chosen]]))
+        limits = self._limits(keys, raw, distinct_t, n_t)
+        if limits is not None:
+            out.append(limits)
+        # the pods' own values where a device-level value stands beside them
+        has_device = device[chosen][group]
+        pods = ~device & has_device & (sets.pod[ids] >= 0)
+        own: Ints = np.zeros(0, np.int64)
+        if pods.any():
+            at = ids[pods]
+            out.append((sets.pod[at], times[pods], values[pods] * sets.scale[at]))
+            mine = pods & sets.pod_is_memory[ids]
+            own = gpu_slot[mine] * (len(self.jobs) + 1) + job[mine]
+
+        shares = self._shares(ids, gpu_slot, job, times, own, (keys, chosen, raw), n_t)
+        if shares is not None:
+            out.append(shares)
+        return out
+
+    def _infos(self, ids: Ints, gpu: Ints, slot: Ints, distinct_t: Ints, n_t: int) -> Part:
+        """One ``gpuwarden.gpu.info`` per GPU (and MIG parent) and time, as the GPU's first
+        series in the request describes it (its parent: the MIG device's first series, unless
+        a series of the parent itself comes before)."""
+        sets = self.sets
+        parent = self.gpus.parent[gpu]
+        mig = np.flatnonzero(parent >= 0)
+        position = np.arange(gpu.size)
+        whose = np.concatenate([gpu, parent[mig]])
+        when = np.concatenate([slot, slot[mig]])
+        spec = np.concatenate([sets.info[ids], sets.parent_info[ids[mig]]])
+        first_seen = np.concatenate([position, mig])
+        order = np.lexsort((first_seen, whose))
+        ordered = whose[order]
+        first = np.ones(ordered.size, bool)
+        first[1:] = ordered[1:] != ordered[:-1]
+        gpus, described = ordered[first], spec[order[first]]
+        infos = np.unique(whose * n_t + when)
+        at = np.searchsorted(gpus, infos // n_t)
+        return described[at], distinct_t[infos % n_t], np.ones(infos.size)
+
+    def _limits(self, keys: Ints, raw: Floats, distinct_t: Ints, n_t: int) -> Part | None:
+        """``hw.gpu.memory.limit`` = used + free + reserved where no total is sent, from the
+        kept values (``keys``: (GPU, field, time) sorted, ``raw``: their values)."""
+        gpu, rest = np.divmod(keys, _FIELDS * n_t)
+        source, slot = np.divmod(rest, n_t)
+        used = np.flatnonzero(source == _USED)
+        u_gpu, u_slot = gpu[used], slot[used]
+
+        def at(field: int) -> tuple[Ints, npt.NDArray[np.bool_]]:
+            return _find(keys, (u_gpu * _FIELDS + field) * n_t + u_slot)
+
+        free_at, has_free = at(_FREE)
+        _, has_total = at(_TOTAL)
+        reserved_at, has_reserved = at(_RESERVED)
+        need = has_free & ~has_total
+        if not need.any():
+            return None
+        reserved = np.where(has_reserved, raw[reserved_at], 0.0)[need]
+        limit = (raw[used[need]] + raw[free_at[need]] + reserved) * MIB
+        return self.gpus.limit[u_gpu[need]], distinct_t[u_slot[need]], limit
+
+    def _shares(
+        self, ids: Ints, gpu_slot: Ints, job: Ints, times: Ints, own: Ints, kept: Part, n_t: int
+    ) -> Part | None:
+        """Each pod seen on a GPU at a time (first seen: its attributes) without its own
+        memory value there (``own``): the GPU's used memory then, split evenly among the pods
+        seen on it (0 without one). ``kept``: the sorted (GPU, field, time) keys of the values
+        kept, their label sets' indexes and their values."""
+        pod = np.flatnonzero(job >= 0)
+        if not pod.size:
+            return None
+        per_job = len(self.jobs) + 1
+        key = gpu_slot[pod] * per_job + job[pod]
+        order = np.argsort(key, kind="stable")  # request order within a key
+        ordered = key[order]
+        first = np.ones(ordered.size, bool)
+        first[1:] = ordered[1:] != ordered[:-1]
+        seen = pod[order[first]]
+        distinct = ordered[first]
+        on_gpu = distinct // per_job
+        _, which, count = np.unique(on_gpu, return_inverse=True, return_counts=True)
+        gpu, slot = np.divmod(on_gpu, n_t)
+        keys, _, raw = kept
+        used_at, has_used = _find(keys, (gpu * _FIELDS + _USED) * n_t + slot)
+        share = np.where(has_used, raw[used_at] * MIB / count[which], 0.0)
+        keep = ~np.isin(distinct, own) if own.size else np.ones(distinct.size, bool)
+        return self.sets.memory[ids[seen[keep]]], times[seen[keep]], share[keep]
