@@ -365,11 +365,11 @@ class IngestProbe:
             self.latencies.append(ended - began)
             # from when it was due: a request arriving then also waits for the GIL first
             self.spans.append((due, ended))
-            due = max(due + 0.05, ended)
             cycles = self.engine._cycles
             child = None if cycles is None else cycles._pid
             total = pss(os.getpid()) + (pss(child) if child is not None else 0)
             self.peak_pss = max(self.peak_pss, total)
+            due = max(due + 0.05, time.perf_counter())  # the PSS reads are not a request's wait
 
     def finish(self) -> None:
         self.done.set()
@@ -557,6 +557,23 @@ def run_one(
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
 
 
+def run_accounting(
+    engine: DetectionEngine, fleet: Fleet, t: int, template: list[NumberPoint]
+) -> None:
+    """One run of the collector's accounting step (every ``accounting_period_seconds``, in a
+    thread of the collector's process), with the ingest probe: what it costs ingest."""
+    probe = IngestProbe(engine, fleet.service, node_points(template, 0, t * NS))
+    began, cpu = time.perf_counter(), time.thread_time()
+    try:
+        written = fleet.service.run_accounting(float(t))
+    finally:
+        wall, cpu = time.perf_counter() - began, time.thread_time() - cpu
+        probe.finish()
+    say(f"accounting: {wall:.2f} s wall, {cpu:.2f} s CPU in this process (GIL held), "
+        f"{written} rows written")  # fmt: skip
+    say(probe.report())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=1000)
@@ -577,6 +594,11 @@ def main(argv: list[str] | None = None) -> int:
         "--probe-ingest", action="store_true",
         help="while each cycle runs, time CollectorService.accept of one node's request "
              "every 50 ms from another thread (as the event loop would)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--accounting", action="store_true",
+        help="after the cycles, time one accounting step (the collector runs it every minute "
+             "in its own process) with the ingest probe",
     )  # fmt: skip
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -611,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
                 last = cycle == args.cycles - 1
                 run_one(engine, f"cycle {cycle} ({mode})", args.profile and last, fleet, t,
                         template if args.probe_ingest else None)  # fmt: skip
+        if args.accounting:
+            run_accounting(engines[modes[-1]], fleet, t, template)
         memory_report(fleet)
         service.storage.close()
     return 0

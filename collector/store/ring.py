@@ -20,9 +20,10 @@ Shared rings (``max_rows`` given: the store's recent ring, and its counters' int
 prefix view, so growing is a longer view (:func:`regrow`): nothing copied, nothing read. Why
 shared: detection runs in a child forked from the collector (``detect.fork``), and with a
 private mapping every page the collector writes while a child lives is first copied
-(copy-on-write). Moving the head NaN-fills one column of every row, one page per row: 90,000
-page copies at 1,000 GPUs, about 900,000 at 10,000, under the store's lock, which stalled ingest
-for up to 6.7 s once a cycle. Shared pages are never copied. Why reserved: a page of a shared
+(copy-on-write). Moving the head NaN-fills one column of every row, one page per row, under
+the store's lock: 90,000 page copies at 1,000 GPUs (``bench.detect_cycle --probe-ingest``),
+which stalled ingest 0.5-0.8 s once a cycle, and ten times that at 10,000. Shared pages are
+never copied. Why reserved: a page of a shared
 anonymous mapping is allocated when *read*, too (a private one maps the zero page), so growing
 by copying, which reads the old array, would allocate all of it.
 
