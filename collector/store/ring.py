@@ -77,17 +77,22 @@ def shared_rows(
     """``rows x cols`` zeros, the prefix of a shared anonymous mapping reserved for
     ``max(rows, max_rows)`` rows (see the module: why shared, why reserved)."""
     reserved = max(rows, max_rows, 1)
-    size = reserved * cols * np.dtype(dtype).itemsize
-    mapping = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_SHARED | MAP_NORESERVE)
+    itemsize = np.dtype(dtype).itemsize
+    try:
+        mapping = mmap.mmap(-1, reserved * cols * itemsize, flags=mmap.MAP_SHARED | MAP_NORESERVE)
+    except OSError:  # strict overcommit (vm.overcommit_memory=2) counts it all: no reservation
+        reserved = max(rows, 1)
+        mapping = mmap.mmap(-1, reserved * cols * itemsize, flags=mmap.MAP_SHARED)
     _no_huge_pages(mapping)
     full = np.frombuffer(mapping, dtype=dtype, count=reserved * cols)
     return full[: rows * cols].reshape(rows, cols)
 
 
 def regrow(array: npt.NDArray[np.unsignedinteger], rows: int) -> npt.NDArray[np.unsignedinteger]:
-    """``array`` with ``rows`` rows (at least as many as now), its data kept: a longer view of
-    its reservation when it is a :func:`shared_rows` prefix with room, else a copy into new
-    zeros (:func:`zeros`)."""
+    """``array`` (from :func:`shared_rows`) with ``rows`` rows (at least as many as now), its
+    data kept: a longer view of its reservation when it has room, else a copy into a new
+    shared array of exactly ``rows`` rows (reading the old one, which allocates its holes
+    until it is freed)."""
     cols = array.shape[1]
     root = array.base
     exporter: object = getattr(root, "base", None)  # the mapping's buffer, for a reservation
@@ -99,7 +104,7 @@ def regrow(array: npt.NDArray[np.unsignedinteger], rows: int) -> npt.NDArray[np.
         and root.ctypes.data == array.ctypes.data
     ):
         return root[: rows * cols].reshape(rows, cols)
-    new = zeros((rows, cols), array.dtype.type)
+    new = shared_rows(rows, cols, array.dtype.type, rows)
     new[: array.shape[0]] = array
     return new
 
