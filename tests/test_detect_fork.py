@@ -7,7 +7,7 @@ import dataclasses
 import os
 import threading
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -16,7 +16,6 @@ from gpuwarden.collector.detect.catalog import DETECTORS, load_rules
 from gpuwarden.collector.detect.contract import DetectionContext, Detector
 from gpuwarden.collector.detect.engine import CycleResult, DetectionEngine
 from gpuwarden.collector.detect.findings import Finding, Verdict, new_finding
-from gpuwarden.collector.detect.fork import ForkContext, ForkedCycles
 from gpuwarden.collector.detect.incidents import MAX_PLOT_POINTS, incident_evidence, plot_points
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import Rule, RuleSet
@@ -180,38 +179,3 @@ def test_points_thinned_in_the_child_give_the_incident_the_same_evidence(n):
     thinned = dataclasses.replace(finding, points=plot_points(points))
     assert len(thinned.points) == min(n, MAX_PLOT_POINTS)
     assert incident_evidence(thinned) == incident_evidence(finding)
-
-
-class Fits(dict[str, str]):
-    """A large cache a cycle only reads."""
-
-
-class Counts(dict[str, int]):
-    """A small cache a cycle changes."""
-
-
-def test_a_child_sends_back_only_the_caches_it_changed():
-    ctx = ForkContext(cast("DetectionContext", None))
-    ctx.cache(Fits)["model"] = "x" * 1_000_000
-    ctx.cache(Counts)["cycles"] = 1
-    cycles = ForkedCycles()
-
-    def cycle(refit: bool) -> dict[object, object]:
-        fits = ctx.cache(Fits)
-        if refit:
-            fits["model"] = "y" * 1_000_000
-        ctx.cache(Counts)["cycles"] += 1
-        return ctx.caches()
-
-    back = cycles.run(lambda: cycle(refit=False))
-    assert set(back) == {Counts}
-    assert cycles.result_bytes < 10_000  # the unchanged megabyte stayed in the child
-    ctx.restore(back)
-    assert ctx.cache(Counts)["cycles"] == 2
-    assert ctx.cache(Fits)["model"] == "x" * 1_000_000  # the parent's own, unchanged
-    back = cycles.run(lambda: cycle(refit=True))
-    assert set(back) == {Fits, Counts}
-    ctx.restore(back)
-    assert ctx.cache(Fits)["model"] == "y" * 1_000_000
-    assert ctx.cache(Counts)["cycles"] == 3
-    assert set(ctx.caches()) == {Fits, Counts}  # in the parent: every cache

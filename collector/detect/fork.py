@@ -24,10 +24,10 @@ minute) and the Python heap stay private. Measured at 1,000 GPUs (``bench.detect
 --probe-ingest``): with private rings, moving the head copied 90,000 pages under the store's
 lock and stalled ingest 0.47-0.81 s once a cycle; shared, the probe's max was 52-89 ms.
 (2) Latency: the fork copies the page tables of the private mappings under the store's lock
-(40-90 ms at 1,000 GPUs; shared mappings' are not copied). (3) Findings and caches cross a
-pipe, pickled; a child sends back only the caches it changed (:meth:`ForkContext.caches`), so
-the unchanged fits (demand-forecast's, 85 MiB with 16 models) are not unpickled under the
-parent's GIL every cycle.
+(20-90 ms at 1,000 GPUs; shared mappings' are not copied). (3) Findings and caches cross a
+pipe, pickled: 87 MiB at 1,000 GPUs with 16 models, 85 of them demand-forecast's fits, which
+change every cycle (each fit appends the new bins), and unpickling them holds the parent's GIL
+for 0.5-3 s a cycle (``loads_seconds``).
 Stopping: :meth:`ForkedCycles.stop` kills a running child (SIGKILL), so the collector stops
 within a second whatever the cycle was doing; a child that runs past ``timeout_seconds`` is
 killed too and the cycle counts as failed.
@@ -36,7 +36,6 @@ killed too and the cycle counts as failed.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import os
@@ -99,9 +98,6 @@ class ForkContext:
         self._events_since = 0.0
         self._caches: dict[object, object] = {}
         self._lock = threading.Lock()
-        self._parent = os.getpid()
-        self._digests: dict[object, bytes] = {}
-        """In a forked child: each cache's pickled digest when the child first used it."""
 
     def prefetch(self, now: float) -> None:
         """Read the deployments and recent events (in the parent, before a fork)."""
@@ -168,36 +164,21 @@ class ForkContext:
         return self._inner.default_price_tier
 
     def cache(self, kind: Callable[[], C]) -> C:
-        """The detector state of this kind, made on first use (kept here, see the class).
-
-        In a forked child, a cache the parent has is fingerprinted at its first use, so that
-        :meth:`caches` can leave it out if the cycle did not change it.
-        """
+        """The detector state of this kind, made on first use (kept here, see the class)."""
         with self._lock:
             if kind not in self._caches:
                 self._caches[kind] = kind()
-            elif os.getpid() != self._parent and kind not in self._digests:
-                self._digests[kind] = _digest(self._caches[kind])
             return cast("C", self._caches[kind])
 
     def caches(self) -> dict[object, object]:
-        """Every cache, by kind; in a forked child, only those the parent does not have as they
-        are now (new, or changed since the child first used them): what a child sends back.
-        Unchanged caches are most of it (demand-forecast's fits: 85 of 87 MiB at 1,000 GPUs),
-        and unpickling them held the parent's GIL for 0.5-3 s a cycle."""
+        """Every cache, by kind (what a child sends back)."""
         with self._lock:
-            if os.getpid() == self._parent:
-                return dict(self._caches)
-            return {
-                kind: cache
-                for kind, cache in self._caches.items()
-                if kind not in self._digests or _digest(cache) != self._digests[kind]
-            }
+            return dict(self._caches)
 
     def restore(self, caches: dict[object, object]) -> None:
-        """Take the caches a child sent back (the others are as the parent has them)."""
+        """Take the caches a child sent back."""
         with self._lock:
-            self._caches.update(caches)
+            self._caches = dict(caches)
 
 
 class _Pickler(pickle.Pickler):
@@ -213,11 +194,6 @@ class _Pickler(pickle.Pickler):
 def read_only(items: dict[object, object]) -> MappingProxyType[object, object]:
     """A read-only mapping of ``items`` (how :class:`_Pickler`'s mappings are unpickled)."""
     return MappingProxyType(items)
-
-
-def _digest(value: object) -> bytes:
-    """A digest of ``value`` pickled (equal for equal state: the same objects pickle alike)."""
-    return hashlib.blake2b(dumps(value), digest_size=16).digest()
 
 
 def dumps(value: object) -> bytes:
