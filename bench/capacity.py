@@ -206,6 +206,8 @@ def scrape(port: int) -> dict[str, float]:
 @dataclass
 class LoadFigures:
     latencies_s: list[float] = field(default_factory=list)
+    sent_s: list[float] = field(default_factory=list)
+    """When each request of ``latencies_s`` was sent, seconds after the agents started."""
     statuses: dict[int, int] = field(default_factory=dict)
     timeouts: int = 0
     errors: int = 0
@@ -220,6 +222,7 @@ async def run_agent(
     interval_s: float,
     until: float,
     figures: LoadFigures,
+    origin: float,
 ) -> None:
     instance = secrets.token_hex(16)
     timeout = aiohttp.ClientTimeout(total=DEFAULT_TIMEOUT_SECONDS)
@@ -245,6 +248,7 @@ async def run_agent(
                 figures.statuses[answer.status] = figures.statuses.get(answer.status, 0) + 1
                 if answer.status == 200:
                     figures.latencies_s.append(time.monotonic() - started)
+                    figures.sent_s.append(started - origin)
         except TimeoutError:
             figures.timeouts += 1
         except aiohttp.ClientError:
@@ -257,7 +261,8 @@ async def run_agents(
 ) -> LoadFigures:
     figures = LoadFigures()
     url = f"http://127.0.0.1:{port}/v1/metrics"
-    until = time.monotonic() + seconds
+    origin = time.monotonic()
+    until = origin + seconds
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         await asyncio.gather(
@@ -271,6 +276,7 @@ async def run_agents(
                     interval_s,
                     until,
                     figures,
+                    origin,
                 )
                 for i, (token, rounds) in enumerate(zip(tokens, templates, strict=True))
             )
@@ -317,7 +323,7 @@ def run_size(gpus: int, args: argparse.Namespace) -> SizeFigures:
         port = free_port()
         config, tokens = write_config(tmp, agents, port)
         log_path = tmp / "collector.log"
-        argv = [sys.executable, "-m", "gpuwarden", "--log-level", "INFO", "collector"]
+        argv = [sys.executable, "-m", "gpuwarden", "--log-level", args.log_level, "collector"]
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(
                 [*argv, "--config", str(config)],
@@ -333,6 +339,7 @@ def run_size(gpus: int, args: argparse.Namespace) -> SizeFigures:
             cpu0, wall0 = time.process_time(), time.monotonic()
             load = asyncio.run(run_agents(port, tokens, templates, args.interval, seconds))
             load_cpu = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+            latency_timeline(load, args.interval)
             metrics = scrape(port)
             rss_peak = proc_status(proc.pid, "VmHWM")
             print(f"   SIGTERM at {time.strftime('%H:%M:%S')}", flush=True)
@@ -390,6 +397,23 @@ def window_bytes(database: Path) -> tuple[int, int, int]:
         service.storage.close()
 
 
+def latency_timeline(load: LoadFigures, bucket_s: float) -> None:
+    """Ingest latency per ``bucket_s`` of the run (by send time): where the tail comes from, the
+    first interval (every agent's series created) or a detection cycle's moment."""
+    buckets: dict[int, list[float]] = {}
+    for sent, latency in zip(load.sent_s, load.latencies_s, strict=True):
+        buckets.setdefault(int(sent // bucket_s), []).append(latency)
+    print(f"   ingest latency by send time ({bucket_s:.0f} s buckets), ms: p50 / p99 / max (n)")
+    for key in sorted(buckets):
+        values = buckets[key]
+        print(
+            f"     {key * bucket_s:5.0f} s: {percentile(values, 0.5) * 1000:6.0f} / "
+            f"{percentile(values, 0.99) * 1000:6.0f} / {max(values) * 1000:6.0f} ({len(values)})"
+        )
+    later = [v for t, v in zip(load.sent_s, load.latencies_s, strict=True) if t >= bucket_s]
+    print(f"   after the first {bucket_s:.0f} s: p99 {percentile(later, 0.99) * 1000:.0f} ms")
+
+
 def report(rows: list[SizeFigures]) -> None:
     def ms(values: Sequence[float], q: float) -> str:
         return f"{percentile(values, q) * 1000:.0f}"
@@ -427,6 +451,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--interval", type=float, default=10.0, help="the agents' interval, s")
     parser.add_argument("--variants", type=int, default=3, help="distinct rounds per agent")
     parser.add_argument("--keep-log", default=None, help="a folder to keep the collector logs in")
+    parser.add_argument(
+        "--log-level", default="INFO",
+        help="the collector's (DEBUG: every background step's duration, 'accounting took ... s')",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 

@@ -42,6 +42,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # tiny statsmodels fits: one
 
 import argparse
 import cProfile
+import gc
 import logging
 import pstats
 import tempfile
@@ -349,20 +350,26 @@ class IngestProbe:
         self.service = service
         self.engine = engine
         self.latencies: list[float] = []
+        self.spans: list[tuple[float, float]] = []
         self.peak_pss = pss(os.getpid())
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run)
         self.thread.start()
 
     def _run(self) -> None:
-        while not self.done.wait(0.05):
+        due = time.perf_counter() + 0.05
+        while not self.done.wait(max(0.0, due - time.perf_counter())):
             began = time.perf_counter()
             self.service.accept(self.points, "agent-0")
-            self.latencies.append(time.perf_counter() - began)
+            ended = time.perf_counter()
+            self.latencies.append(ended - began)
+            # from when it was due: a request arriving then also waits for the GIL first
+            self.spans.append((due, ended))
             cycles = self.engine._cycles
             child = None if cycles is None else cycles._pid
             total = pss(os.getpid()) + (pss(child) if child is not None else 0)
             self.peak_pss = max(self.peak_pss, total)
+            due = max(due + 0.05, time.perf_counter())  # the PSS reads are not a request's wait
 
     def finish(self) -> None:
         self.done.set()
@@ -372,10 +379,68 @@ class IngestProbe:
         lat = np.array(self.latencies) * 1000
         if not lat.size:
             return "    ingest probe: no request finished during the cycle"
+        seen = np.array([e - b for b, e in self.spans]) * 1000
         return (f"    ingest probe: {lat.size} requests of {len(self.points)} points during the "
                 f"cycle, p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms, "
-                f"max {lat.max():.1f} ms; peak PSS (this process + a cycle's child) "
-                f"{self.peak_pss / 2**30:.2f} GiB")  # fmt: skip
+                f"max {lat.max():.1f} ms; from when due (GIL waits included): p99 "
+                f"{np.percentile(seen, 99):.1f} ms, max {seen.max():.1f} ms; peak PSS (this "
+                f"process + a cycle's child) {self.peak_pss / 2**30:.2f} GiB")  # fmt: skip
+
+
+class GcTimer:
+    """The spans of this process's garbage collections while it is installed (``gc.callbacks``):
+    a collection holds the GIL, so ingest waits for it."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, float, float]] = []
+        self._began = 0.0
+
+    def __enter__(self) -> GcTimer:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.spans.append((info["generation"], self._began, time.perf_counter()))
+
+
+def stall_report(
+    probe: IngestProbe, phases: dict[str, tuple[float, float]], gcs: GcTimer, faults: str
+) -> str:
+    """Where the probe's slowest requests fell: the cycle's phases and collections they overlap."""
+    spans = dict(phases)
+    full = [(b, e) for gen, b, e in gcs.spans if gen == 2]
+    young = [(b, e) for gen, b, e in gcs.spans if gen < 2]
+    lines = [
+        f"    gc here: {len(full)} full collections, {sum(e - b for b, e in full) * 1000:.0f} ms "
+        f"(max {max((e - b for b, e in full), default=0.0) * 1000:.0f} ms); {len(young)} young, "
+        f"{sum(e - b for b, e in young) * 1000:.0f} ms; phases, ms: "
+        + ", ".join(f"{k} {(e - b) * 1000:.0f}" for k, (b, e) in spans.items())
+        + f"; {faults}"
+    ]
+    for gen, b, e in gcs.spans:
+        if gen == 2:
+            where = [k for k, (pb, pe) in spans.items() if k != "cycle" and pb <= b < pe]
+            phase = ", ".join(where) or "-"
+            lines.append(f"    full collection {(e - b) * 1000:.0f} ms in {phase}")
+    worst = sorted(probe.spans, key=lambda s: s[0] - s[1])[:3]
+    for began, ended in worst:
+        over = [
+            f"{k} {(min(e, ended) - max(b, began)) * 1000:.0f}"
+            for k, (b, e) in spans.items()
+            if min(e, ended) > max(b, began)
+        ]
+        in_gc = sum(max(0.0, min(e, ended) - max(b, began)) for _, b, e in gcs.spans)
+        lines.append(
+            f"    slow request {(ended - began) * 1000:.0f} ms overlaps (ms): "
+            f"{', '.join(over) or 'no phase'}; gc {in_gc * 1000:.0f}"
+        )
+    return "\n".join(lines)
 
 
 def pss(pid: int) -> int:
@@ -453,11 +518,13 @@ def run_one(
     probe = None
     if template is not None:
         probe = IngestProbe(engine, fleet.service, node_points(template, 0, t * NS))
-    try:
-        result = engine.run_cycle()
-    finally:
-        if probe is not None:
-            probe.finish()
+    with GcTimer() as gcs:
+        try:
+            result = engine.run_cycle()
+        finally:
+            ended = time.perf_counter()
+            if probe is not None:
+                probe.finish()
     if profiler is not None:
         profiler.disable()
     wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
@@ -468,6 +535,14 @@ def run_one(
         f"{result.opened} opened, failed: {failed}; RSS {rss()[0] / 2**30:.2f} GiB")  # fmt: skip
     if probe is not None:
         say(probe.report())
+        cycles = engine._cycles
+        phases, faults = {"cycle": (began, ended)}, ""
+        if cycles is not None:
+            phases.update(cycles.phases)
+            phases["fold"] = (cycles.phases["loads"][1], ended)
+            minor, major = cycles.parent_faults
+            faults = f"page faults here while the child lived: {minor:,} minor, {major:,} major"
+        say(stall_report(probe, phases, gcs, faults))
     if engine._cycles is not None and engine._forked is not None:
         caches = ", ".join(
             f"{getattr(kind, '__qualname__', kind)} {len(dumps(cache)) / 2**20:.1f}"
@@ -480,6 +555,23 @@ def run_one(
         say(f"    {rule:32s} {seconds:7.2f} s")
     if profiler is not None:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
+
+
+def run_accounting(
+    engine: DetectionEngine, fleet: Fleet, t: int, template: list[NumberPoint]
+) -> None:
+    """One run of the collector's accounting step (every ``accounting_period_seconds``, in a
+    thread of the collector's process), with the ingest probe: what it costs ingest."""
+    probe = IngestProbe(engine, fleet.service, node_points(template, 0, t * NS))
+    began, cpu = time.perf_counter(), time.thread_time()
+    try:
+        written = fleet.service.run_accounting(float(t))
+    finally:
+        wall, cpu = time.perf_counter() - began, time.thread_time() - cpu
+        probe.finish()
+    say(f"accounting: {wall:.2f} s wall, {cpu:.2f} s CPU in this process (GIL held), "
+        f"{written} rows written")  # fmt: skip
+    say(probe.report())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -502,6 +594,11 @@ def main(argv: list[str] | None = None) -> int:
         "--probe-ingest", action="store_true",
         help="while each cycle runs, time CollectorService.accept of one node's request "
              "every 50 ms from another thread (as the event loop would)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--accounting", action="store_true",
+        help="after the cycles, time one accounting step (the collector runs it every minute "
+             "in its own process) with the ingest probe",
     )  # fmt: skip
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -536,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
                 last = cycle == args.cycles - 1
                 run_one(engine, f"cycle {cycle} ({mode})", args.profile and last, fleet, t,
                         template if args.probe_ingest else None)  # fmt: skip
+        if args.accounting:
+            run_accounting(engines[modes[-1]], fleet, t, template)
         memory_report(fleet)
         service.storage.close()
     return 0

@@ -16,11 +16,18 @@ The fork itself happens with the store's and the job registry's locks held (the 
 never touches storage: what detectors read from it (deployments, events of the last
 ``events_lookback_seconds``) is read in the parent before the fork (:class:`ForkContext`).
 
-The price. (1) Memory: pages the parent writes while a cycle runs are copied, at most the rings'
-pages written during the cycle (one column of every series per sample: up to one page per series
-row of the recent ring, and of the long ring once a minute), and the child's own arrays.
-(2) Latency: the fork copies the page tables under the store's lock (tens of ms for GBs of
-rings). (3) Findings and caches cross a pipe, pickled (milliseconds at 10,000 GPUs).
+The price. (1) Memory and page copies: a page of private memory the parent writes while a
+child lives is copied first (copy-on-write). The store's recent ring and counter intervals are
+shared mappings (``store.ring``: the child sees the parent's later writes there, within the
+bounds that module states), so ingest copies no page of them; the long ring (one column a
+minute) and the Python heap stay private. Measured at 1,000 GPUs (``bench.detect_cycle
+--probe-ingest``): with private rings, moving the head copied 90,000 pages under the store's
+lock and stalled ingest 0.47-0.81 s once a cycle; shared, the probe's max was 52-89 ms.
+(2) Latency: the fork copies the page tables of the private mappings under the store's lock
+(20-90 ms at 1,000 GPUs; shared mappings' are not copied). (3) Findings and caches cross a
+pipe, pickled: 87 MiB at 1,000 GPUs with 16 models, 85 of them demand-forecast's fits, which
+change every cycle (each fit appends the new bins), and unpickling them holds the parent's GIL
+for 0.5-3 s a cycle (``loads_seconds``).
 Stopping: :meth:`ForkedCycles.stop` kills a running child (SIGKILL), so the collector stops
 within a second whatever the cycle was doing; a child that runs past ``timeout_seconds`` is
 killed too and the cycle counts as failed.
@@ -33,6 +40,7 @@ import io
 import logging
 import os
 import pickle
+import resource
 import select
 import signal
 import threading
@@ -243,6 +251,15 @@ class ForkedCycles:
         """How long the last fork held the locks (``exclusive`` taken, then ``os.fork``)."""
         self.result_bytes = 0
         """Size of the last child's pickled result."""
+        self.parent_faults = (0, 0)
+        """Page faults (minor, major) of this process, every thread, while the last child
+        lived: copy-on-write copies of pages this process wrote while the child still shared
+        them, among others (``resource.getrusage``)."""
+        self.loads_seconds = 0.0
+        """How long unpickling the last child's result took here (the GIL held throughout)."""
+        self.phases: dict[str, tuple[float, float]] = {}
+        """``time.perf_counter`` spans of the last run here: ``fork`` (locks taken, then
+        ``os.fork``), ``child`` (until its result was read), ``loads`` (unpickling it)."""
 
     def stop(self) -> None:
         """Kill the running child, if any, and refuse to start another."""
@@ -267,13 +284,15 @@ class ForkedCycles:
                 os.close(write_fd)
                 raise CycleStoppedError
             began = time.perf_counter()
+            faults_began = resource.getrusage(resource.RUSAGE_SELF)
             with self._exclusive(), warnings.catch_warnings():
                 # Python 3.12+ warns that forking a threaded process may deadlock the child on a
                 # lock another thread held: the locks the child uses are held here (module doc)
                 warnings.filterwarnings("ignore", ".*fork", DeprecationWarning)
                 pid = os.fork()
             if pid:
-                self.fork_seconds = time.perf_counter() - began
+                forked = time.perf_counter()
+                self.fork_seconds = forked - began
             if pid == 0:  # the child: no return from this branch
                 os.close(read_fd)
                 self._child(work, write_fd)
@@ -284,6 +303,12 @@ class ForkedCycles:
         finally:
             os.close(read_fd)
             _, status, usage = os.wait4(pid, 0)
+            read = time.perf_counter()
+            faults = resource.getrusage(resource.RUSAGE_SELF)
+            self.parent_faults = (
+                faults.ru_minflt - faults_began.ru_minflt,
+                faults.ru_majflt - faults_began.ru_majflt,
+            )
             self.child_cpu_seconds = usage.ru_utime + usage.ru_stime
             with self._lock:
                 self._pid = None
@@ -297,7 +322,14 @@ class ForkedCycles:
         if code != 0:
             text = data.decode(errors="replace") if code == 1 else ""
             raise RuntimeError(f"the detection child failed (exit {code}): {text}")
-        return cast("T", pickle.loads(data))  # noqa: S301 - our own child's result
+        result = pickle.loads(data)  # noqa: S301 - our own child's result
+        self.loads_seconds = time.perf_counter() - read
+        self.phases = {
+            "fork": (began, forked),
+            "child": (forked, read),
+            "loads": (read, read + self.loads_seconds),
+        }
+        return cast("T", result)
 
     def _read(self, fd: int, pid: int) -> bytes | None:
         """Everything the child writes, or None when it ran past the timeout (then killed)."""

@@ -13,11 +13,36 @@ touching one slot of each 80 KB long-ring row would make the kernel zero every 2
 (and for the recent ring, huge pages cost more to fault in than they save on reads).
 Rows beyond ``used`` (never written) are left untouched when the head moves. Every access goes
 through :meth:`read`, :meth:`get` and :meth:`put`, which translate.
+
+Shared rings (``max_rows`` given: the store's recent ring, and its counters' intervals through
+:func:`shared_rows`) are one *shared* anonymous mapping reserved for ``max_rows`` rows up front
+(``MAP_NORESERVE``: address space only; a page exists once touched) of which the array is a
+prefix view, so growing is a longer view (:func:`regrow`): nothing copied, nothing read. Why
+shared: detection runs in a child forked from the collector (``detect.fork``), and with a
+private mapping every page the collector writes while a child lives is first copied
+(copy-on-write). Moving the head NaN-fills one column of every row, one page per row, under
+the store's lock: 90,000 page copies at 1,000 GPUs (``bench.detect_cycle --probe-ingest``),
+which stalled ingest 0.5-0.8 s once a cycle, and ten times that at 10,000. Shared pages are
+never copied. Why reserved: a page of a shared
+anonymous mapping is allocated when *read*, too (a private one maps the zero page), so growing
+by copying, which reads the old array, would allocate all of it.
+
+What a forked child sees in a shared ring: the parent's writes as they happen, not the ring as
+it was at the fork. The child keeps its own ``head`` (the fork's), so slots after it are never
+read. Values of slots at or before it may still arrive (an agent's round for the current slot,
+a spool's replay); a read may see some of a request's points and not the others, as it would
+a moment earlier or later, never half a value (aligned 4-byte stores). The columns the parent
+reuses as its head moves on are the oldest ones of the child's window: the parent's head is
+kept in a shared cell too, and in a child (another process id than the ring's creator) the
+oldest held slot is ``max(head, parent's head) - n_slots + 1 + CHILD_MARGIN_SLOTS``, checked
+again after :meth:`read`'s copy, so a child never reads a later lap's value as an old one: it
+misses, at most, the oldest minute of its window and what the parent rolled out since the fork.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 from typing import cast
 
 import numpy as np
@@ -33,6 +58,57 @@ LAZY_BYTES = 1 << 22
 """Arrays from this size on are mapped lazily (smaller ones come from numpy, zeroed)."""
 
 
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+"""Reserve address space only (Linux' value; Python's ``mmap`` has it from 3.13)."""
+
+CHILD_MARGIN_SLOTS = 6
+"""Oldest slots a forked child leaves out of a shared ring, beyond those the parent rolled out:
+what the parent may roll out between a child's look at its head and the end of a read."""
+
+
+def _no_huge_pages(mapping: mmap.mmap) -> None:
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        mapping.madvise(mmap.MADV_NOHUGEPAGE)
+
+
+def shared_rows(
+    rows: int, cols: int, dtype: type[np.unsignedinteger], max_rows: int
+) -> npt.NDArray[np.unsignedinteger]:
+    """``rows x cols`` zeros, the prefix of a shared anonymous mapping reserved for
+    ``max(rows, max_rows)`` rows (see the module: why shared, why reserved)."""
+    reserved = max(rows, max_rows, 1)
+    itemsize = np.dtype(dtype).itemsize
+    try:
+        mapping = mmap.mmap(-1, reserved * cols * itemsize, flags=mmap.MAP_SHARED | MAP_NORESERVE)
+    except OSError:  # strict overcommit (vm.overcommit_memory=2) counts it all: no reservation
+        reserved = max(rows, 1)
+        mapping = mmap.mmap(-1, reserved * cols * itemsize, flags=mmap.MAP_SHARED)
+    _no_huge_pages(mapping)
+    full = np.frombuffer(mapping, dtype=dtype, count=reserved * cols)
+    return full[: rows * cols].reshape(rows, cols)
+
+
+def regrow(array: npt.NDArray[np.unsignedinteger], rows: int) -> npt.NDArray[np.unsignedinteger]:
+    """``array`` (from :func:`shared_rows`) with ``rows`` rows (at least as many as now), its
+    data kept: a longer view of its reservation when it has room, else a copy into a new
+    shared array of exactly ``rows`` rows (reading the old one, which allocates its holes
+    until it is freed)."""
+    cols = array.shape[1]
+    root = array.base
+    exporter: object = getattr(root, "base", None)  # the mapping's buffer, for a reservation
+    if (
+        isinstance(root, np.ndarray)
+        and root.ndim == 1
+        and isinstance(exporter, memoryview)
+        and root.size >= rows * cols
+        and root.ctypes.data == array.ctypes.data
+    ):
+        return root[: rows * cols].reshape(rows, cols)
+    new = shared_rows(rows, cols, array.dtype.type, rows)
+    new[: array.shape[0]] = array
+    return new
+
+
 def zeros(
     shape: tuple[int, int], dtype: type[np.unsignedinteger]
 ) -> npt.NDArray[np.unsignedinteger]:
@@ -41,8 +117,7 @@ def zeros(
     if size < LAZY_BYTES:
         return np.zeros(shape, dtype=dtype)
     mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):
-        mapping.madvise(mmap.MADV_NOHUGEPAGE)
+    _no_huge_pages(mapping)
     return np.frombuffer(mapping, dtype=dtype).reshape(shape)
 
 
@@ -59,12 +134,47 @@ def decode(bits: npt.NDArray[np.uint32]) -> Floats:
 
 
 class Ring:
-    """``rows x n_slots`` float32 values, NaN where there is no data (stored as zeros)."""
+    """``rows x n_slots`` float32 values, NaN where there is no data (stored as zeros).
 
-    def __init__(self, *, n_slots: int, rows: int) -> None:
+    ``max_rows``: a shared ring reserved for that many rows (see the module); else private.
+    """
+
+    def __init__(self, *, n_slots: int, rows: int, max_rows: int | None = None) -> None:
         self.n_slots = n_slots
+        self._max_rows = max_rows
+        self._head: int | None = None
+        self._live: npt.NDArray[np.int64] | None = None
+        """The creator's head (shared rings): what a forked child reads to know it."""
+        self._creator = os.getpid()
+        if max_rows is not None:
+            cell = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_SHARED)
+            self._live = np.frombuffer(cell, dtype=np.int64, count=1)
+            self._live[0] = np.iinfo(np.int64).min
         self.bits = self._zeros(rows)
-        self.head: int | None = None
+
+    @property
+    def head(self) -> int | None:
+        """The newest slot held (None before the first)."""
+        return self._head
+
+    @head.setter
+    def head(self, head: int | None) -> None:
+        self._head = head
+        if self._live is not None and head is not None and os.getpid() == self._creator:
+            self._live[0] = head
+
+    @property
+    def shared(self) -> bool:
+        """Whether this is a shared ring (see the module)."""
+        return self._live is not None
+
+    def _oldest(self, head: int) -> int:
+        """The oldest slot this process may read (``head``: its own head)."""
+        oldest = head - self.n_slots + 1
+        if self._live is not None and os.getpid() != self._creator:
+            live = max(head, int(self._live[0]))
+            oldest = max(oldest, live - self.n_slots + 1 + CHILD_MARGIN_SLOTS)
+        return oldest
 
     @property
     def rows(self) -> int:
@@ -83,6 +193,9 @@ class Ring:
         every page of the new array, when most of a young long ring has never been written.
         """
         old = self.bits
+        if self.shared:  # a longer view of the reservation (the store never asks past it)
+            self.bits = cast("npt.NDArray[np.uint32]", regrow(old, rows))
+            return
         new = self._zeros(rows)
         used = np.zeros(self.n_slots + 2, dtype=np.int8)
         used[1:-1] = old.any(axis=0)  # reading untouched pages maps the zero page: no memory
@@ -92,6 +205,11 @@ class Ring:
         self.bits = new
 
     def _zeros(self, rows: int) -> npt.NDArray[np.uint32]:
+        if self._max_rows is not None:
+            return cast(
+                "npt.NDArray[np.uint32]",
+                shared_rows(rows, self.n_slots, np.uint32, self._max_rows),
+            )
         return cast("npt.NDArray[np.uint32]", zeros((rows, self.n_slots), np.uint32))
 
     def advance(self, head: int, used: int | None = None) -> None:
@@ -120,13 +238,13 @@ class Ring:
         """Which absolute slots are inside the ring now."""
         if self.head is None:
             return np.zeros(slots.shape, dtype=bool)
-        return (slots > self.head - self.n_slots) & (slots <= self.head)
+        return (slots >= self._oldest(self.head)) & (slots <= self.head)
 
     def span(self, first: int, stop: int) -> tuple[int, int]:
         """The held part ``[lo, hi)`` of the absolute slots ``[first, stop)`` (empty: lo >= hi)."""
         if self.head is None:
             return (first, first)
-        return (max(first, self.head - self.n_slots + 1), min(stop, self.head + 1))
+        return (max(first, self._oldest(self.head)), min(stop, self.head + 1))
 
     def read(self, rows: npt.NDArray[np.int64], first: int, count: int) -> Floats:
         """A copy of ``rows`` over absolute slots ``[first, first + count)`` in time order.
@@ -144,6 +262,10 @@ class Ring:
             if first_part < length:
                 rest = length - first_part
                 out[:, dst + first_part : dst + length] = self.bits[rows, :rest]
+            if self._live is not None:  # a child: what the parent rolled out during the copy
+                oldest = self._oldest(self._head or 0)
+                if oldest > lo:
+                    out[:, dst : min(oldest, hi) - first] = 0
         out ^= NAN_BITS
         return out.view(np.float32)
 

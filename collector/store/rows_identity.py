@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuwarden.collector.store.counters import NO_TIME
-from gpuwarden.collector.store.ring import Ring, zeros
+from gpuwarden.collector.store.ring import Ring, regrow, shared_rows
 from gpuwarden.collector.store.types import HOST_NAME, AttrValue, Kind, SeriesInfo, SeriesKey
 
 LONG_EVERY = None
@@ -39,7 +39,8 @@ class RowIdentity:
         max_rows: int,
         long_metrics: frozenset[str] | None = LONG_EVERY,
     ) -> None:
-        self.recent = Ring(n_slots=n_slots, rows=capacity)
+        # shared, so a forked detection child never makes ingest copy its pages (``ring``)
+        self.recent = Ring(n_slots=n_slots, rows=capacity, max_rows=max(capacity, max_rows))
         self.long_metrics = long_metrics
         """Metrics whose series have a long ring row (None: every metric)."""
         long_capacity = capacity if long_metrics is None else max(16, capacity // 8)
@@ -49,7 +50,10 @@ class RowIdentity:
         self.free_long_rows: list[int] = []
         self.next_long_row = 0
         counter_capacity = max(16, capacity // 8)
-        self.dts = cast("npt.NDArray[np.uint16]", zeros((counter_capacity, n_slots), np.uint16))
+        self.dts = cast(
+            "npt.NDArray[np.uint16]",
+            shared_rows(counter_capacity, n_slots, np.uint16, max(counter_capacity, max_rows)),
+        )
         self.debt = np.zeros(counter_capacity, dtype=np.float64)
         self.max_rows = max_rows
         self.aliases: dict[AliasKey, int] = {}
@@ -206,9 +210,7 @@ class RowIdentity:
         row = self.next_counter_row
         if row == self.dts.shape[0]:
             rows = row + max(16, row // 2)
-            dts = cast("npt.NDArray[np.uint16]", zeros((rows, self.dts.shape[1]), np.uint16))
-            dts[:row] = self.dts
-            self.dts = dts
+            self.dts = cast("npt.NDArray[np.uint16]", regrow(self.dts, rows))
             self.debt = np.concatenate([self.debt, np.zeros(rows - row)])
         self.next_counter_row += 1
         return row
