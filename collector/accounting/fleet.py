@@ -37,6 +37,17 @@ from gpuwarden.collector.storage.records import AccountingRow
 from gpuwarden.collector.store.types import LatestValues
 from gpuwarden.collector.store.window import WindowStore
 
+RANGE_READS = frozenset(
+    {
+        "hw.gpu.utilization",
+        "hw.energy",
+        "gpuwarden.gpu.info",
+        "gpuwarden.gpu.process.memory.usage",
+    }
+)
+"""The metrics the fleet reads over a time range (timelines, usage, presence): the store must
+keep their recent ring (``WindowStore`` ``recent_metrics``; ``detect.catalog.recent_metrics``)."""
+
 
 @dataclass
 class Fleet:
