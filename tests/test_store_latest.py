@@ -328,3 +328,16 @@ def test_the_recent_metrics_key_adds_extras_or_keeps_every_ring(tmp_path: Path) 
     bad.write_text("recent_metrics: hw.temperature\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="recent_metrics"):
         load_collector_config(bad)
+
+
+def test_the_changes_at_shutdown_carry_the_newest_latest_values(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    every, some = new_store(clock, None), new_store(clock, {UTIL})
+    feed([every, some], clock, T0, T0 + HOUR)
+    path = tmp_path / "w.npz"
+    some.write_snapshot(path)
+    feed([every, some], clock, clock.now + STEP, clock.now + 10 * STEP)
+    assert some.write_snapshot(path, changes_only=True).changes_only
+    back = new_store(clock, {UTIL})
+    assert back.read_snapshot(path) is not None
+    assert_same_latest(back, every, (UTIL, TEMP, NVLINK))  # the changes' round, not the base's

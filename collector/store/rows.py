@@ -27,6 +27,12 @@ Only the series of ``long_metrics`` (default: every metric) have a long ring row
 maps a row to it (-1: none), like ``counter_row``. A 14-day long row is 80 KB against the recent
 row's 8.4 KB, so the series nothing reads at long resolution (most of a GPU's) keep none; the
 long ring grows by half when full and its rows of evicted series are reused.
+
+Likewise only the series of ``recent_metrics`` (default: every metric) have a recent ring row
+(``recent_row``, -1: none): the others keep their latest value (``latest_bits``; a counter's, the
+rate of its newest step, its raw state in ``raw_time_ns``/``raw_value`` and ``counter_row`` at
+``LATEST_COUNTER``, without a covered-time row). Nothing reads them over a time range, and a
+range read of one raises ``LatestOnlyError``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,11 @@ NaN, never 0; the rings are stored so that untouched (calloc'd) memory reads as 
 pre-sized store costs nothing until written. Rows are series ids: a dict maps the series key to
 its row, rows of stale series go to a free list, the arrays double when full.
 
+Only the metrics something reads over a time range keep a recent ring (``recent_metrics``,
+default every metric; the long ones always do); the others keep their newest value per series
+(``latest`` reads it; ``matrix`` and the increases raise ``LatestOnlyError``): most of a GPU's
+series are read by nothing but ``/metrics`` and ``/status``.
+
 Gauges (and non-monotonic sums) are stored as sent; the last write to a slot wins. Monotonic
 cumulative sums are counters (``store_counters``): a counter's row of the recent ring holds each
 slot's increase (the sum of the deltas of the raw points in it, a reset counting its new value)
