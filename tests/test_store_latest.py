@@ -9,6 +9,7 @@ some.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import zipfile
@@ -29,9 +30,10 @@ from gpuwarden.collector.detect.catalog import (
     long_metrics,
     recent_metrics,
 )
+from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
-from gpuwarden.collector.rules.model import RuleSet
+from gpuwarden.collector.rules.model import RuleSet, Selector
 from gpuwarden.collector.store.types import LatestOnlyError
 from gpuwarden.collector.store.window import WindowStore
 
@@ -341,3 +343,31 @@ def test_the_changes_at_shutdown_carry_the_newest_latest_values(tmp_path: Path) 
     back = new_store(clock, {UTIL})
     assert back.read_snapshot(path) is not None
     assert_same_latest(back, every, (UTIL, TEMP, NVLINK))  # the changes' round, not the base's
+
+
+def test_a_rule_loaded_later_gets_its_recent_ring_and_runs(tmp_path: Path) -> None:
+    """A reload (``DetectionEngine.replace_rules``) with a rule that reads a latest-only metric:
+    the store keeps its ring from then on (its latest value the first slot) and the rule runs."""
+    end = T0 + 3 * HOUR
+    clock = Clock(end)
+    rules = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
+    service = build_service(CollectorConfig(database=tmp_path / "c.db"), clock=clock, rules=rules)
+    store = service.store
+    try:
+        feed([store], clock, end - 2 * HOUR, end, gpus=1)
+        assert not store.keeps_recent(TEMP)
+        engine = DetectionEngine(
+            service.detection_view, rules, storage=service.storage, clock=clock
+        )
+        shift = next(r for r in rules.enabled() if r.detector == "level_shift")
+        watch = dataclasses.replace(shift, id="temperature-shift", selector=Selector((TEMP,)))
+        engine.replace_rules(RuleSet((*rules.rules, watch)))
+        assert store.keeps_recent(TEMP)
+        got = store.matrix(TEMP, start=clock.now - HOUR, end=clock.now + STEP)
+        assert np.isfinite(got.values[0, -1])  # the latest value, in its slot
+        assert np.isnan(got.values[0, :-1]).all()  # nothing older was kept
+        result = engine.run_cycle(clock.now)
+        assert result.failed_rules == ()
+        assert "temperature-shift" in result.rule_seconds
+    finally:
+        service.storage.close()
