@@ -371,3 +371,14 @@ def test_a_rule_loaded_later_gets_its_recent_ring_and_runs(tmp_path: Path) -> No
         assert "temperature-shift" in result.rule_seconds
     finally:
         service.storage.close()
+
+
+def test_a_stale_marker_leaves_a_latest_only_counter_alone() -> None:
+    clock = Clock(T0)
+    every, some = new_store(clock, None), new_store(clock, {UTIL})
+    feed([every, some], clock, T0, T0 + HOUR)
+    marker = [point(NVLINK, clock.now + 1, 0.0, "G0", counter=True)]
+    assert some.end_series(marker) == every.end_series(marker) == 0
+    feed([every, some], clock, clock.now + STEP, clock.now + 2 * STEP)
+    assert_same_latest(some, every, (NVLINK,))
+    assert np.isfinite(latest_of(some, NVLINK)[1]).all()
