@@ -381,18 +381,19 @@ def run_size(gpus: int, args: argparse.Namespace) -> SizeFigures:
 
 def window_bytes(database: Path) -> tuple[int, int, int]:
     """Series, and the bytes their recent and long rings take when full, of the snapshot the
-    collector wrote at shutdown: a ring row's bytes times the series (for the long ring, the
-    series that have a long row; the store reserves rows ahead and touches their pages lazily,
-    so its allocation is not the figure to plan with)."""
+    collector wrote at shutdown: a ring row's bytes times the series that have a row in that
+    ring (the store reserves rows ahead and touches their pages lazily, so its allocation is not
+    the figure to plan with)."""
     service = build_service(CollectorConfig(database=database))
     try:
         table = service.store._table
         rings = table.ring_bytes()
         series = service.store.series_count()
-        rows = table.recent.rows
-        # only the series of the metrics read long have a long row (``long_metrics``)
+        # only the series of the metrics read over time have a recent row (``recent_metrics``;
+        # the others keep their latest value), and of those read long a long row
+        recent = rings["recent"] * table.next_recent_row // table.recent.rows
         long = rings["long"] * table.next_long_row // table.long.rows
-        return series, rings["recent"] * series // rows, long
+        return series, recent, long
     finally:
         service.storage.close()
 

@@ -2,9 +2,9 @@
 
 Run from the repository root: ``.venv/bin/python -m bench.detect_cycle --gpus 1000
 [--long-hours 24] [--models 16] [--cycles 3] [--mode thread|fork|both] [--probe-ingest]
-[--seed 0] [--profile] [--every-long]``. Not a test: it prints figures. About 4 min at 1,000
-GPUs on two busy cores, most of it building the fleet (the history's writes); the fleet's size
-scales it.
+[--seed 0] [--profile] [--every-long] [--every-recent]``. Not a test: it prints figures. About
+4 min at 1,000 GPUs on two busy cores, most of it building the fleet (the history's writes);
+the fleet's size scales it.
 
 The fleet. One real agent (``build_agent``, simulated source, scenario ``mixed``: 8 H100s, four
 Slurm jobs on seven of them, the host's own metrics) is sampled twice; its request's points are
@@ -31,7 +31,10 @@ runs (the event loop's place): what a cycle does to ingest latency. Prints per c
 seconds of every rule and the total, then RSS (this process, ``VmRSS`` and ``VmHWM``) and bytes
 per GPU of the recent and long windows: allocated, and at full retention (14 days of long ring),
 the long ring for the metrics the default rules read long only (``--every-long``: for every
-series, as before ``long_metrics``), and the recent window's bytes by metric.
+series, as before ``long_metrics``), and the recent window's bytes by metric: each metric's
+tier (``R`` a recent ring, ``L`` a long ring too, ``-`` its latest value only: no rule,
+accounting or page reads it over time; ``--every-recent``: a recent ring for every metric, as
+before ``recent_metrics``).
 """
 
 from __future__ import annotations
@@ -233,6 +236,8 @@ def build_fleet(
     store = service.store
     if args.every_long:  # the store as before long_metrics: a long row for every series
         store._table.long_metrics = None
+    if args.every_recent:  # the store as before recent_metrics: a recent row for every series
+        store._table.recent_metrics = None
     recent_start = T_END - store.recent_seconds
     long_start = recent_start - int(args.long_hours * 3600)
     first_ns = long_start * NS
@@ -469,9 +474,13 @@ def memory_report(fleet: Fleet) -> None:
     table = fleet.service.store._table
     used = table.next_row
     gpus = max(fleet.gpus, 1)
-    dts_per_row = table.dts.itemsize * table.dts.shape[0] / max(used, 1)
-    recent_slot = table.recent.bits.itemsize + dts_per_row
-    recent = used * table.recent.n_slots * recent_slot
+    live = table.metric_of_row[:used] >= 0
+    ring_rows = int((table.recent_row[:used][live] >= 0).sum())
+    ring_counters = int((table.counter_row[:used][live] >= 0).sum())
+    recent = table.recent.n_slots * (
+        ring_rows * table.recent.bits.itemsize + ring_counters * table.dts.itemsize
+    )
+    latest_only = int(live.sum()) - ring_rows
     long_row = table.long.n_slots * table.long.bits.itemsize
     long_rows = table.next_long_row
     long_full = long_rows * long_row
@@ -479,27 +488,35 @@ def memory_report(fleet: Fleet) -> None:
     now, peak = rss()
     say(
         f"RSS {now / 2**30:.2f} GiB (peak {peak / 2**30:.2f} GiB); {used:,} series rows, "
+        f"{ring_rows:,} with a recent row, {latest_only:,} latest value only, "
         f"{long_rows:,} with a long row"
     )
-    say(f"recent window ({table.recent.n_slots} slots): {recent / gpus / 2**10:,.0f} KiB per GPU; "
+    say(f"recent window ({table.recent.n_slots} slots): {recent / gpus / 2**10:,.1f} KiB per GPU "
+        f"({recent / 2**30:,.2f} GiB for this fleet); latest values: "
+        f"{latest_only * table.latest_bits.itemsize / gpus:,.0f} B per GPU; "
         f"long window at full retention ({table.long.n_slots} slots): "
         f"{long_full / gpus / 2**10:,.1f} KiB per GPU "
         f"({long_full / 2**30:,.2f} GiB for this fleet; every series long: "
         f"{every_long / gpus / 2**20:,.2f} MiB per GPU, "
         f"{every_long / 2**30:,.1f} GiB)")  # fmt: skip
     say(f"long metrics: {', '.join(sorted(fleet.service.store.long_metrics or ['every metric']))}")
+    kept = fleet.service.store.recent_metrics
+    say(f"recent metrics: {', '.join(sorted(kept)) if kept is not None else 'every metric'}")
     names = {mid: name for name, mid in table.metric_ids.items()}
     ids, counts = np.unique(table.metric_of_row[:used], return_counts=True)
-    say("recent window by metric (series per GPU, KiB per GPU; long row: L):")
+    say("recent window by metric (tier: R recent ring, L long too, - latest only; series per "
+        "GPU; KiB per GPU of recent ring, what it takes with a ring):")  # fmt: skip
     for mid, n in sorted(zip(ids.tolist(), counts.tolist(), strict=True), key=lambda x: -x[1]):
         if mid < 0:
             continue
         rows = np.flatnonzero(table.metric_of_row[:used] == mid)
-        has_long = "L" if (table.long_row[rows] >= 0).any() else " "
-        counters = int((table.counter_row[rows] >= 0).sum())
+        ring = table.recent_row[rows] >= 0
+        tier = "L" if (table.long_row[rows] >= 0).any() else "R" if ring.any() else "-"
+        counters = int((table.counter_row[rows] != -1).sum())
         slot_bytes = n * table.recent.bits.itemsize + counters * table.dts.itemsize
         kib = slot_bytes * table.recent.n_slots / gpus / 2**10
-        say(f"  {has_long} {names[mid]:<44} {n / gpus:6.2f} {kib:8.1f}")
+        held = kib if ring.any() else 0.0
+        say(f"  {tier} {names[mid]:<44} {n / gpus:6.2f} {held:8.1f} {kib:8.1f}")
 
 
 def run_one(
@@ -588,6 +605,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--every-long", action="store_true",
         help="keep a long ring for every series (as before long_metrics), to compare",
+    )  # fmt: skip
+    parser.add_argument(
+        "--every-recent", action="store_true",
+        help="keep a recent ring for every series (as before recent_metrics), to compare",
     )  # fmt: skip
     parser.add_argument("--profile", action="store_true", help="cProfile the last cycle")
     parser.add_argument(

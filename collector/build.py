@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.accounting.gpu_time import AccountingConfig
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.detect.catalog import load_rules, long_metrics
+from gpuwarden.collector.detect.catalog import load_rules, long_metrics, recent_metrics
 from gpuwarden.collector.extras import needs_extra
 from gpuwarden.collector.ingest.otlp_limits import IngestLimits
 from gpuwarden.collector.ingest.rounds_seen import RoundsLedger
@@ -23,6 +23,7 @@ from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.storage.base import Storage, StorageError
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from gpuwarden.collector.store.window import WindowStore
+from gpuwarden.collector.web import exposition_models, status_page
 from gpuwarden.collector.web.remediation_setup import Remediation, create_remediation
 
 if TYPE_CHECKING:
@@ -285,6 +286,11 @@ def open_storage(config: CollectorConfig, *, clock: Callable[[], float] = time.t
     )
 
 
+SERVICE_RANGE_READS = status_page.RANGE_READS | exposition_models.RANGE_READS
+"""What the web pages read over a time range (the rules' and the fleet's reads come from
+``detect.catalog.recent_metrics``)."""
+
+
 def build_service(
     config: CollectorConfig,
     *,
@@ -298,13 +304,23 @@ def build_service(
 
     The store keeps a long window for the metrics ``rules`` (default: the configured rules)
     read at long resolution, plus ``long_metrics``; known before the snapshot and the TSDB
-    fill it, so their long history comes back (``detect.catalog.long_metrics``).
+    fill it, so their long history comes back (``detect.catalog.long_metrics``). It keeps a
+    recent window for the metrics something reads over a time range (the rules, the fleet's
+    accounting, the status page, /metrics), plus ``recent_metrics``; every other series keeps
+    its latest value only (``detect.catalog.recent_metrics``).
     """
     if rules is None:
         rules = load_configured_rules(config)
     long_kept = long_metrics(
         rules.enabled(), recent_seconds=config.recent_hours * 3600, extra=config.long_metrics
     )
+    recent_kept = None
+    if "*" not in config.recent_metrics:
+        recent_kept = recent_metrics(
+            rules.enabled(),
+            recent_seconds=config.recent_hours * 3600,
+            extra=(*config.recent_metrics, *long_kept, *SERVICE_RANGE_READS),
+        )
     storage = open_storage(config, clock=clock)
     if job_sources is None:
         job_sources = []
@@ -357,6 +373,7 @@ def build_service(
             max_series=config.max_series,
             staleness_seconds=config.staleness_seconds,
             long_metrics=long_kept,
+            recent_metrics=recent_kept,
             clock=clock,
         ),
         storage=storage,

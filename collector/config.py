@@ -192,6 +192,11 @@ class CollectorConfig(ActuatorSettings, frozen=True, forbid_unknown_fields=True)
     #: rules read at long resolution (``detect.catalog.LONG_READS``); every other series keeps
     #: only its recent window (``recent_hours``), which is what makes 10,000 GPUs fit in memory
     long_metrics: tuple[str, ...] = ()
+    #: metrics that keep a recent window (``recent_hours`` at ``step_seconds``) besides the
+    #: ones the loaded rules, the accounting, the status page and /metrics read over time
+    #: (``detect.catalog.recent_metrics``); every other series keeps its latest value only
+    #: (what /metrics shows). ``["*"]`` keeps every metric's recent window, as before
+    recent_metrics: tuple[str, ...] = ()
     max_series: PositiveInt = 1_000_000
     #: a series (and a GPU, a node) without a point for this long is stale: left out of
     #: /metrics, shown silent on /status, unknown to detectors, and a node-silent incident

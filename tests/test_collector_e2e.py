@@ -40,7 +40,8 @@ def pipeline(
     proc = build_proc(tmp_path / "proc")
     write_tree(tmp_path)
     write_rapl(tmp_path / "sys", "intel-rapl:0", "package-0", 5_000_000)
-    service = build_service(ServerConfig(database=tmp_path / "c.db"))
+    # every metric's recent ring: the increases of every catalog counter are read below
+    service = build_service(ServerConfig(database=tmp_path / "c.db", recent_metrics=("*",)))
     with CollectorThread(service=service) as collector:
         config = AgentConfig(
             node_name=NODE,

@@ -51,7 +51,11 @@ def rule_for(detector: str, **parameters: ParamValue) -> Rule:
 
 
 def make_service(tmp_path: Path, now: float, recent_hours: int = 6) -> CollectorService:
-    config = CollectorConfig(database=tmp_path / "c.db", recent_hours=recent_hours)
+    # every metric's recent ring: the tests feed series, then run rules made afterwards on
+    # them (a rule loaded later gets a latest-only metric's ring from then on only)
+    config = CollectorConfig(
+        database=tmp_path / "c.db", recent_hours=recent_hours, recent_metrics=("*",)
+    )
     return build_service(config, clock=lambda: now)
 
 

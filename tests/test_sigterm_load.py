@@ -126,6 +126,7 @@ def test_sigterm_under_load_exits_soon_with_every_acknowledged_round_kept(tmp_pa
     config.write_text(
         f"port: {port}\ntokens_file: {tmp_path / 'tokens'}\ndatabase: {database}\n"
         "detection_seconds: 1\nsnapshot_seconds: 300\n"
+        "recent_metrics: [load.metric.0]\n"  # read over time below: not its latest value only
     )
     argv = ["tests.test_sigterm_load", "--log-level", "INFO", "collector", "--config", str(config)]
     newest = int(time.time()) // STEP_SECONDS * STEP_SECONDS - STEP_SECONDS
@@ -164,7 +165,8 @@ def assert_consistent(database: Path, loads: list[Load]) -> None:
     """The database is whole; the snapshot holds each acknowledged slot, and only those."""
     with sqlite3.connect(database) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    service = build_service(CollectorConfig(database=database))  # restores the snapshot
+    # restores the snapshot
+    service = build_service(CollectorConfig(database=database, recent_metrics=("load.metric.0",)))
     try:
         now = time.time()
         for load in loads:

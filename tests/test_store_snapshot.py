@@ -31,10 +31,20 @@ class Clock:
 
 
 def new_store(
-    clock: Clock, *, long_metrics: Collection[str] | None = None, **shape: int
+    clock: Clock,
+    *,
+    long_metrics: Collection[str] | None = None,
+    recent_metrics: Collection[str] | None = None,
+    **shape: int,
 ) -> WindowStore:
     params = {"recent_seconds": 2 * HOUR, "long_seconds": 6 * HOUR} | shape
-    return WindowStore(step_seconds=STEP, clock=clock, long_metrics=long_metrics, **params)
+    return WindowStore(
+        step_seconds=STEP,
+        clock=clock,
+        long_metrics=long_metrics,
+        recent_metrics=recent_metrics,
+        **params,
+    )
 
 
 def point(

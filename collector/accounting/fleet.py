@@ -41,6 +41,17 @@ from gpuwarden.collector.store.window import WindowStore
 PROJECT_LABEL = "project"
 """The job label naming the project a job's cost is charged to (chargeback, budgets)."""
 
+RANGE_READS = frozenset(
+    {
+        "hw.gpu.utilization",
+        "hw.energy",
+        "gpuwarden.gpu.info",
+        "gpuwarden.gpu.process.memory.usage",
+    }
+)
+"""The metrics the fleet reads over a time range (timelines, usage, presence): the store must
+keep their recent ring (``WindowStore`` ``recent_metrics``; ``detect.catalog.recent_metrics``)."""
+
 
 @dataclass
 class Fleet:

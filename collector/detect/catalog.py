@@ -7,6 +7,15 @@ extras): with the default rules, 1 of a GPU's 43 series has one, the others keep
 window only. A detector that reads long a metric no rule declared gets
 ``store.types.NoLongRingError`` naming it, so a missing declaration fails loudly (its rule
 fails; a test runs every default rule on a store that keeps only what that rule declares).
+
+The recent ring (6 h at 10 s, 8.4 KB a series) is likewise kept only for the metrics something
+reads over a time range (:func:`recent_metrics`): each detector's signals and its rule's selected
+metrics (``RECENT_READS`` where a detector reads otherwise), what every detector's context reads
+(the fleet's timelines: ``accounting.fleet.RANGE_READS``) and what it reads long; the collector
+adds the status page's and /metrics' reads and the ``recent_metrics`` key. Every other series
+keeps its latest value only, and a read over a time range of one raises
+``store.types.LatestOnlyError`` naming it (a test runs every default rule on a store that keeps
+only what that rule declares).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from gpuwarden.collector.accounting.fleet import RANGE_READS as FLEET_READS
 from gpuwarden.collector.detect import (
     alertmanager,
     budget_burn,
@@ -29,6 +39,7 @@ from gpuwarden.collector.detect import (
     idle_gpu,
     input_bound,
     level_shift,
+    level_shift_jobs,
     metric_anomaly,
     node_silent,
     orphaned,
@@ -140,6 +151,53 @@ def long_metrics(
 
 
 def keep_long_reads(store: WindowStore, rules: Iterable[Rule]) -> int:
-    """Give ``store`` the long rings ``rules`` read (what the engine does with the rules it is
-    handed, at start and on a reload); return how many held series got one."""
+    """Give ``store`` the recent and long rings ``rules`` read (what the engine does with the
+    rules it is handed, at start and on a reload); return how many held series got a long
+    row."""
+    rules = list(rules)
+    store.keep_recent(recent_metrics(rules, recent_seconds=store.recent_seconds))
     return store.keep_long(long_metrics(rules, recent_seconds=store.recent_seconds))
+
+
+RecentReads = Callable[[Rule], Collection[str]]
+"""(rule) → the metrics its detector reads over a time range at recent resolution."""
+
+
+def _signals_and_selected(rule: Rule) -> Collection[str]:
+    """What most detectors read: their declared signals and the rule's selected metrics."""
+    return (*SPECS[rule.detector].signals, *rule.selector.metrics)
+
+
+RECENT_READS: Mapping[str, RecentReads] = MappingProxyType(
+    {
+        # its signals are a menu of what a rule may select: it reads what the rule selects,
+        # and the model requests of the serving jobs that hold a candidate (traffic check)
+        level_shift.DETECTOR.spec.name: lambda rule: (
+            *rule.selector.metrics,
+            level_shift_jobs.REQUESTS_METRIC,
+        ),
+        # its fresh-GPU check reads utilisation besides its signals
+        orphaned.DETECTOR.spec.name: lambda rule: (
+            *_signals_and_selected(rule),
+            GPU_UTILIZATION,
+        ),
+    }
+)
+"""Detectors that read over time other than their signals and their rule's selected metrics
+(``_signals_and_selected``, the default), by name."""
+
+CONTEXT_READS = FLEET_READS
+"""What any detector reads through its context (the fleet's timelines), kept for every rule."""
+
+
+def recent_metrics(
+    rules: Iterable[Rule], *, recent_seconds: float, extra: Iterable[str] = ()
+) -> frozenset[str]:
+    """The metrics the enabled ``rules`` read over a time range (their long reads included:
+    the long ring is made from the recent one), what every detector's context reads, plus
+    ``extra``."""
+    rules = [rule for rule in rules if rule.enabled and rule.detector in DETECTORS]
+    names = set(extra) | CONTEXT_READS | long_metrics(rules, recent_seconds=recent_seconds)
+    for rule in rules:
+        names.update(RECENT_READS.get(rule.detector, _signals_and_selected)(rule))
+    return frozenset(names)

@@ -27,6 +27,12 @@ Only the series of ``long_metrics`` (default: every metric) have a long ring row
 maps a row to it (-1: none), like ``counter_row``. A 14-day long row is 80 KB against the recent
 row's 8.4 KB, so the series nothing reads at long resolution (most of a GPU's) keep none; the
 long ring grows by half when full and its rows of evicted series are reused.
+
+Likewise only the series of ``recent_metrics`` (default: every metric) have a recent ring row
+(``recent_row``, -1: none): the others keep their latest value (``latest_bits``; a counter's, the
+rate of its newest step, its raw state in ``raw_time_ns``/``raw_value`` and ``counter_row`` at
+``LATEST_COUNTER``, without a covered-time row). Nothing reads them over a time range, and a
+range read of one raises ``LatestOnlyError``.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuwarden.collector.store.counters import NO_TIME, rates
-from gpuwarden.collector.store.ring import Floats
+from gpuwarden.collector.store.ring import Floats, decode
 from gpuwarden.collector.store.rows_identity import FREE, AliasKey
 from gpuwarden.collector.store.rows_write import CARRY_LIMIT, PENDING_LIMIT, RowWrites
 from gpuwarden.collector.store.types import SeriesInfo
@@ -54,10 +60,17 @@ class SeriesTable(RowWrites):
     """
 
     def rates(self, rows: npt.NDArray[np.int64], slots: npt.NDArray[np.int64]) -> Floats:
-        """Recent values at ``(rows, slots)`` (broadcast), counters as rates."""
+        """Recent values at ``(rows, slots)`` (broadcast), counters as rates; a latest-only
+        row gives its latest value, whatever the slot (callers ask for its newest)."""
         rows, slots = np.broadcast_arrays(rows, slots)
         cols = slots % self.recent.n_slots
-        values = self.recent.get(rows, cols)
+        rrows = self.recent_row[rows]
+        ring = rrows >= 0
+        if ring.all():
+            values = self.recent.get(rrows, cols)
+        else:
+            values = decode(self.latest_bits[rows])
+            values[ring] = self.recent.get(rrows[ring], cols[ring])
         crows = self.counter_row[rows]
         counter = crows >= 0
         if counter.any():
@@ -65,8 +78,8 @@ class SeriesTable(RowWrites):
         return values
 
     def read_rates(self, rows: npt.NDArray[np.int64], first: int, count: int) -> Floats:
-        """``Ring.read`` of the recent ring, counters' rows as rates."""
-        values = self.recent.read(rows, first, count)
+        """``Ring.read`` of the recent ring, counters' rows as rates (rows with a ring only)."""
+        values = self.recent.read(self.recent_row[rows], first, count)
         crows = self.counter_row[rows]
         counter = np.flatnonzero(crows >= 0)
         if counter.size and count:
@@ -82,7 +95,7 @@ class SeriesTable(RowWrites):
 
         Each row's newest slot gets the row's debt, so sums reaching it are exact.
         """
-        values = self.recent.read(rows, first, count).astype(np.float64)
+        values = self.recent.read(self.recent_row[rows], first, count).astype(np.float64)
         if rows.size and count:
             newest = self.last_seen_ns[rows] // step_ns - first
             inside = (newest >= 0) & (newest < count) & self.recent.held(newest + first)
@@ -135,7 +148,12 @@ class SeriesTable(RowWrites):
                 del self.rows_by_key[info.key]
                 self.retired.add(hash(info.key))
             self.infos[row] = None
-        self.recent.clear_rows(rows)
+        recent_rows = self.recent_row[rows]
+        recent_rows = recent_rows[recent_rows >= 0]
+        self.recent.clear_rows(recent_rows)
+        self.free_recent_rows.extend(recent_rows.tolist())
+        self.recent_row[rows] = -1
+        self.latest_bits[rows] = 0
         long_rows = self.long_row[rows]
         long_rows = long_rows[long_rows >= 0]
         self.long.clear_rows(long_rows)
@@ -174,6 +192,8 @@ class SeriesTable(RowWrites):
         arrays = (
             self.dts,
             self.debt,
+            self.recent_row,
+            self.latest_bits,
             self.metric_of_row,
             self.host_of_row,
             self.long_row,

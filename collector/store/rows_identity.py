@@ -20,6 +20,11 @@ from gpuwarden.collector.store.types import HOST_NAME, AttrValue, Kind, SeriesIn
 
 LONG_EVERY = None
 """``long_metrics`` meaning every metric has a long ring (the store's default)."""
+RECENT_EVERY = None
+"""``recent_metrics`` meaning every metric has a recent ring (the store's default)."""
+LATEST_COUNTER = -2
+"""``counter_row`` of a counter that keeps its latest rate only: no recent ring, so no row in the
+counters' covered-time ring either (``counter_row >= 0`` still means "has one")."""
 
 AliasKey = tuple[str, AttrValue | None, tuple[tuple[str, AttrValue | None], ...]]
 """(metric, resource ``host.name``, point attribute items as sent: any order, may repeat keys)."""
@@ -38,9 +43,9 @@ class RowIdentity:
         capacity: int,
         max_rows: int,
         long_metrics: frozenset[str] | None = LONG_EVERY,
+        recent_metrics: frozenset[str] | None = RECENT_EVERY,
     ) -> None:
-        # shared, so a forked detection child never makes ingest copy its pages (``ring``)
-        self.recent = Ring(n_slots=n_slots, rows=capacity, max_rows=max(capacity, max_rows))
+        self._recent_tier(n_slots, capacity, recent_metrics, max_rows)
         self.long_metrics = long_metrics
         """Metrics whose series have a long ring row (None: every metric)."""
         long_capacity = capacity if long_metrics is None else max(16, capacity // 8)
@@ -89,6 +94,26 @@ class RowIdentity:
         """Bumped whenever rows are freed: row numbers cached outside the table go stale."""
         self._pending: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []
         self._pending_size = 0
+
+    def _recent_tier(
+        self, n_slots: int, capacity: int, recent_metrics: frozenset[str] | None, max_rows: int
+    ) -> None:
+        """The recent ring and the latest values of the series that keep no ring."""
+        self.recent_metrics = recent_metrics
+        """Metrics whose series have a recent ring row (None: every metric); the others keep
+        their latest value only (``latest_bits``)."""
+        recent_capacity = capacity if recent_metrics is None else max(16, capacity // 2)
+        # shared, so a forked detection child never makes ingest copy its pages (``ring``)
+        self.recent = Ring(
+            n_slots=n_slots, rows=recent_capacity, max_rows=max(recent_capacity, max_rows)
+        )
+        self.recent_row = np.full(capacity, -1, dtype=np.int64)
+        """Each row's row in the recent ring (-1: its metric keeps its latest value only)."""
+        self.free_recent_rows: list[int] = []
+        self.next_recent_row = 0
+        self.latest_bits = np.zeros(capacity, dtype=np.uint32)
+        """The latest value of each latest-only row (``ring.encode``d: 0 is NaN); a counter's
+        is the rate of its newest point (its increase over the time since the one before)."""
 
     # --- identity -----------------------------------------------------------------------------
 
@@ -150,18 +175,33 @@ class RowIdentity:
         self.metric_of_row[row] = self.metric_ids.setdefault(key[0], len(self.metric_ids))
         self.host_of_row[row] = self.host_id(key)
         self.last_seen_ns[row] = time_ns
+        if not self.keeps_recent(key[0]):  # its latest value only: no ring rows at all
+            self.latest_bits[row] = 0
+            if counter:
+                self.counter_row[row] = LATEST_COUNTER
+            self.created += 1
+            return row
+        self.recent_row[row] = self.allocate_recent_row()
         if counter:
-            crow = self._next_counter_row()
-            self.counter_row[row] = crow
-            self.debt[crow] = 0.0
+            self.give_counter_row(row)
         if self.keeps_long(key[0]):
             self.long_row[row] = self.allocate_long_row()
         self.created += 1
         return row
 
+    def give_counter_row(self, row: int) -> None:
+        """A row of the counters' arrays (covered times, debt) for counter ``row``."""
+        crow = self._next_counter_row()
+        self.counter_row[row] = crow
+        self.debt[crow] = 0.0
+
     def keeps_long(self, metric: str) -> bool:
         """Whether ``metric``'s series have a long ring row."""
         return self.long_metrics is None or metric in self.long_metrics
+
+    def keeps_recent(self, metric: str) -> bool:
+        """Whether ``metric``'s series have a recent ring row (else their latest value only)."""
+        return self.recent_metrics is None or metric in self.recent_metrics
 
     def host_id(self, key: SeriesKey) -> int:
         """The index of the key's ``host.name`` in ``host_names`` (-1: it has none)."""
@@ -176,14 +216,15 @@ class RowIdentity:
 
     def _next_row(self) -> int:
         row = self.next_row
-        if row == self.recent.rows:
+        if row == len(self.infos):
             self._grow(min(2 * row, self.max_rows))
         self.next_row += 1
         return row
 
     def _grow(self, capacity: int) -> None:
-        self.recent.grow(capacity)
         extra = capacity - len(self.infos)
+        self.recent_row = np.concatenate([self.recent_row, np.full(extra, -1, np.int64)])
+        self.latest_bits = np.concatenate([self.latest_bits, np.zeros(extra, np.uint32)])
         self.long_row = np.concatenate([self.long_row, np.full(extra, -1, np.int64)])
         self.infos.extend([None] * extra)
         self.metric_of_row = np.concatenate([self.metric_of_row, np.full(extra, -1, np.int32)])
@@ -193,6 +234,16 @@ class RowIdentity:
         self.raw_time_ns = np.concatenate([self.raw_time_ns, np.full(extra, NO_TIME, np.int64)])
         self.raw_value = np.concatenate([self.raw_value, np.full(extra, np.nan)])
         self.object_bytes = np.concatenate([self.object_bytes, np.zeros(extra, np.int32)])
+
+    def allocate_recent_row(self) -> int:
+        """A free recent ring row (NaN-filled), the ring doubled when full."""
+        if self.free_recent_rows:
+            return self.free_recent_rows.pop()
+        row = self.next_recent_row
+        if row == self.recent.rows:
+            self.recent.grow(min(max(1, 2 * row), self.max_rows))
+        self.next_recent_row += 1
+        return row
 
     def allocate_long_row(self) -> int:
         """A free long ring row (NaN-filled), the ring grown by half when full."""

@@ -20,7 +20,7 @@ from gpuwarden.collector.store.counters import (
     rates,
 )
 from gpuwarden.collector.store.ring import decode, encode
-from gpuwarden.collector.store.rows_identity import RowIdentity
+from gpuwarden.collector.store.rows_identity import LATEST_COUNTER, RowIdentity
 from gpuwarden.collector.store.types import IngestCounts
 
 CARRY_LIMIT = 2.0**-20
@@ -39,7 +39,7 @@ class RowWrites(RowIdentity):
         head = self.recent.head
         if head is None or slot > head:
             self.flush_long(ratio)
-            self.recent.advance(slot, self.next_row)
+            self.recent.advance(slot, self.next_recent_row)
             self.long.advance(slot // ratio, self.next_long_row)
             return slot
         return head
@@ -64,6 +64,14 @@ class RowWrites(RowIdentity):
         slots = times_ns // step_ns
         head = self.advance(int(slots.max()), ratio)
         oldest = head - self.recent.n_slots + 1
+        latest_only = self.recent_row[rows] < 0
+        latest: tuple[Ints, Ints, Ints, CounterSteps | None] | None = None
+        if latest_only.any():
+            latest = self._write_latest(
+                rows[latest_only], times_ns[latest_only], values[latest_only], oldest, step_ns
+            )
+            ring = ~latest_only
+            rows, slots, times_ns, values = rows[ring], slots[ring], times_ns[ring], values[ring]
         counter = self.counter_row[rows] >= 0
         out_of_order = resets = 0
         if not counter.any():
@@ -82,6 +90,16 @@ class RowWrites(RowIdentity):
                 rows, slots, times_ns, values, counter, oldest, step_ns, unique_rows
             )
             out_of_order, resets = steps.out_of_order, steps.resets
+        self._pending.append((w_rows, w_slots))
+        self._pending_size += w_rows.size
+        if latest is not None:
+            l_rows, l_slots, l_times, l_steps = latest
+            w_rows = np.concatenate([w_rows, l_rows])
+            w_slots = np.concatenate([w_slots, l_slots])
+            w_times = np.concatenate([w_times, l_times])
+            if l_steps is not None:
+                out_of_order += l_steps.out_of_order
+                resets += l_steps.resets
         if unique_rows:
             self.last_seen_ns[w_rows] = np.maximum(self.last_seen_ns[w_rows], w_times)
         else:
@@ -92,8 +110,6 @@ class RowWrites(RowIdentity):
                 self.first_slot = oldest_written
             if self.changed_from is None or oldest_written < self.changed_from:
                 self.changed_from = oldest_written
-        self._pending.append((w_rows, w_slots))
-        self._pending_size += w_rows.size
         if self._pending_size > PENDING_LIMIT:
             self.flush_long(ratio)
         return dataclasses.replace(
@@ -137,6 +153,43 @@ class RowWrites(RowIdentity):
         w_times = np.concatenate([times_ns[gauge], c_times])
         return w_rows, w_slots, w_times, steps
 
+    def _write_latest(
+        self,
+        rows: Ints,
+        times_ns: Ints,
+        values: npt.NDArray[np.float64],
+        oldest: int,
+        step_ns: int,
+    ) -> tuple[Ints, Ints, Ints, CounterSteps | None]:
+        """``write`` of the points of latest-only rows: each row's newest point (the last sent
+        among equal times) becomes its latest value unless the row has a newer one; a counter's
+        is the rate of its newest increase, as its ring slot would read. Points older than the
+        recent window are rejected, as for rows with a ring. Return the rows, slots and times
+        taken, and the counters' steps (None: no counter point)."""
+        slots = times_ns // step_ns
+        held = slots >= oldest
+        if not held.all():
+            rows, times_ns, values = rows[held], times_ns[held], values[held]
+        counter = self.counter_row[rows] == LATEST_COUNTER
+        steps = None
+        if counter.any():
+            steps = counter_steps(
+                rows[counter], times_ns[counter], values[counter], self.raw_time_ns, self.raw_value
+            )
+            gauge = ~counter
+            speed = rates(steps.increases, encode_dt(ns_to_ms(steps.dt_ns)))
+            rows = np.concatenate([rows[gauge], steps.rows])
+            times_ns = np.concatenate([times_ns[gauge], steps.times_ns])
+            values = np.concatenate([values[gauge], speed.astype(np.float64)])
+        order = np.lexsort((np.arange(rows.size), times_ns, rows))
+        r, t, v = rows[order], times_ns[order], values[order]
+        last = np.ones(r.size, dtype=bool)
+        last[:-1] = r[:-1] != r[1:]
+        r, t, v = r[last], t[last], v[last]
+        newer = t >= self.last_seen_ns[r]
+        self.latest_bits[r[newer]] = encode(v[newer])
+        return rows, times_ns // step_ns, times_ns, steps
+
     def _write_gauges(
         self,
         rows: npt.NDArray[np.int64],
@@ -145,7 +198,7 @@ class RowWrites(RowIdentity):
         unique_rows: bool,
     ) -> None:
         n = self.recent.n_slots
-        flat = rows * n + slots % n
+        flat = self.recent_row[rows] * n + slots % n
         if unique_rows:
             self.recent.put_flat(flat, values)
             return
@@ -205,7 +258,8 @@ class RowWrites(RowIdentity):
         """Add one increase (and its covered ms) to one slot of each row (no row repeats)."""
         cols = slots % self.recent.n_slots
         crows = self.counter_row[rows]
-        bits = self.recent.bits[rows, cols]
+        rrows = self.recent_row[rows]
+        bits = self.recent.bits[rrows, cols]
         fresh = bits == 0  # NaN: the slot's first increase
         if fresh.all():
             target = increases.copy()
@@ -224,7 +278,7 @@ class RowWrites(RowIdentity):
         if not finite.all():
             error[~finite] = 0.0
         self.debt[crows] = np.where(carry, error, debt + error)
-        self.recent.bits[rows, cols] = encode(stored)
+        self.recent.bits[rrows, cols] = encode(stored)
         self.dts[crows, cols] = encode_dt(ms)
 
     def flush_long(self, ratio: int) -> None:
@@ -259,7 +313,7 @@ class RowWrites(RowIdentity):
             return
         n = self.recent.n_slots
         first = minute * ratio % n  # a long slot's recent slots are adjacent columns
-        block = decode(self.recent.bits[rows, first : first + ratio])
+        block = decode(self.recent.bits[self.recent_row[rows], first : first + ratio])
         crows = self.counter_row[rows]
         counter = crows >= 0
         if counter.any():

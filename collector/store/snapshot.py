@@ -8,7 +8,10 @@ the counters' covered times, rounding debt, last raw values and times, each seri
 point, and the histograms with their raw state. The long ring holds the rows of the series that
 have one (``long_series``, indexes into the series; a snapshot without it, from before
 ``long_metrics``, has a long row for every series); at read, long rows of metrics this store
-keeps no long ring of are dropped.
+keeps no long ring of are dropped. Likewise the recent ring holds the rows of the series that
+have one (``recent_series``; absent: every series), and the latest-only series' values are in
+``latest_series`` and ``latest_value``; at read, a series gets what this store keeps of its
+metric (a recent row or its latest value), the rest is dropped.
 
 Format: one ``.npz`` (a zip of ``.npy`` arrays, read with ``allow_pickle=False``; no pickled
 objects), the series keys and parameters as JSON text in byte arrays. The big ring arrays are
@@ -37,6 +40,7 @@ import logging
 import os
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +50,7 @@ import numpy.typing as npt
 
 from gpuwarden.collector.store import snapshot_arrays as arrays
 from gpuwarden.collector.store.histograms import HistogramSeries
-from gpuwarden.collector.store.ring import encode
+from gpuwarden.collector.store.ring import decode, encode
 from gpuwarden.collector.store.rows import SeriesTable
 from gpuwarden.collector.store.snapshot_arrays import SnapshotError
 from gpuwarden.collector.store.types import Kind, SeriesKey
@@ -218,8 +222,7 @@ class Snapshots(WindowState):
                 self._written_base = _Base(written_at, recent_head, long_head)
         meta["recent_first"], meta["long_first"] = recent[0], long[0]
         meta["histogram_first"] = histogram_slots[0]
-        counters = np.flatnonzero(table.counter_row[rows] >= 0)
-        longs = np.flatnonzero(table.long_row[rows] >= 0)
+        counters, longs, recents, latests = _tiers(table, rows)
         arrays.put(archive, "meta", arrays.text(meta))
         arrays.put(
             archive,
@@ -228,10 +231,15 @@ class Snapshots(WindowState):
                 [[i.key[0], i.key[1], i.unit, str(i.kind)] for i in infos if i is not None]
             ),
         )
-        arrays.put(archive, "counters", counters)
-        arrays.put(archive, "long_series", longs)
+        for name, indexes in (
+            ("counters", counters),
+            ("long_series", longs),
+            ("recent_series", recents),
+            ("latest_series", latests),
+        ):
+            arrays.put(archive, name, indexes)
         for name, (first, count), chosen, kind in (
-            ("recent", recent, rows, np.float32),
+            ("recent", recent, rows[recents], np.float32),
             ("long", long, rows[longs], np.float32),
             ("counter_dt", recent, rows[counters], np.uint16),
         ):
@@ -254,6 +262,7 @@ class Snapshots(WindowState):
             arrays.put(archive, "raw_time_ns", table.raw_time_ns[rows])
             arrays.put(archive, "raw_value", table.raw_value[rows])
             arrays.put(archive, "debt", table.debt[table.counter_row[rows[counters]]])
+            arrays.put(archive, "latest_value", decode(table.latest_bits[rows[latests]]))
             histograms = self._write_histograms(archive, histogram_slots)
         return len(infos), histograms
 
@@ -330,6 +339,7 @@ class Snapshots(WindowState):
                 capacity=1024,
                 max_rows=table.max_rows,
                 long_metrics=table.long_metrics,
+                recent_metrics=table.recent_metrics,
             )
             self._histograms.clear()
             self._shapes.clear()
@@ -356,7 +366,10 @@ class Snapshots(WindowState):
         series = arrays.untext(small("series"))
         counters = small("counters")
         # which series have long rows (absent, from before long_metrics: every series)
-        longs = small("long_series") if "long_series.npy" in archive.namelist() else None
+        names = archive.namelist()
+        longs = small("long_series") if "long_series.npy" in names else None
+        # which series have recent rows (absent, from before recent_metrics: every series)
+        recents = small("recent_series") if "recent_series.npy" in names else None
         if meta["recent_head"] is None:  # an empty store's snapshot
             return Restored(0, 0, float(meta["written_at"]), None)
         with self._lock:
@@ -378,7 +391,7 @@ class Snapshots(WindowState):
                 first_slot = min(int(first_slot), table.first_slot)
             table.first_slot = None if first_slot is None else max(int(first_slot), oldest)
             for name, first, chosen in (
-                ("recent", meta["recent_first"], rows),
+                ("recent", meta["recent_first"], rows if recents is None else rows[recents]),
                 ("long", meta["long_first"], rows if longs is None else rows[longs]),
                 ("counter_dt", meta["recent_first"], rows[counters]),
             ):
@@ -392,7 +405,7 @@ class Snapshots(WindowState):
             table.last_seen_ns[rows] = small("last_seen_ns")
             table.raw_time_ns[rows] = small("raw_time_ns")
             table.raw_value[rows] = small("raw_value")
-            table.debt[table.counter_row[rows[counters]]] = small("debt")
+            _put_debt_and_latest(table, rows, counters, small, names)
             histograms = self._read_histograms(
                 arrays.untext(small("histograms")),
                 small("histogram_rings"),
@@ -456,3 +469,34 @@ class Snapshots(WindowState):
             series.last_time_ns, series.last_seen_ns = int(last_time), int(last_seen)
             self._histograms[key] = series
         return len(described)
+
+
+def _tiers(table: SeriesTable, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], ...]:
+    """Indexes into ``rows`` of the counters with a ring, the series with a long row, with a
+    recent row, and with their latest value only."""
+    recent = table.recent_row[rows] >= 0
+    return (
+        np.flatnonzero(table.counter_row[rows] >= 0),
+        np.flatnonzero(table.long_row[rows] >= 0),
+        np.flatnonzero(recent),
+        np.flatnonzero(~recent),
+    )
+
+
+def _put_debt_and_latest(
+    table: SeriesTable,
+    rows: npt.NDArray[np.int64],
+    counters: npt.NDArray[np.int64],
+    small: Callable[[str], npt.NDArray[Any]],
+    names: list[str],
+) -> None:
+    """The counters' debts and the latest-only series' values, for the series this store keeps
+    that way (a counter latest-only here has no debt; a series with a ring here keeps its
+    ring's values, not the latest value)."""
+    crows = table.counter_row[rows[counters]]
+    kept = crows >= 0
+    table.debt[crows[kept]] = small("debt")[kept]
+    if "latest_series.npy" in names:  # absent: a snapshot from before recent_metrics
+        latest = rows[small("latest_series")]
+        only = table.recent_row[latest] < 0
+        table.latest_bits[latest[only]] = encode(small("latest_value")[only])

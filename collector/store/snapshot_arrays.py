@@ -117,6 +117,9 @@ def put_dts(
     table: SeriesTable, rows: npt.NDArray[np.int64], first: int, block: npt.NDArray[np.uint16]
 ) -> None:
     crows = table.counter_row[rows]
+    kept = crows >= 0  # a counter this store keeps the latest rate of only has no covered times
+    if not kept.all():
+        crows, block = crows[kept], block[kept]
     for col, at, length in runs(table.recent, first, block.shape[1]):
         table.dts[crows, col : col + length] = block[:, at : at + length]
 
@@ -138,19 +141,20 @@ def ring_block(
     table: SeriesTable, name: str, rows: npt.NDArray[np.int64], first: int, count: int
 ) -> npt.NDArray[Any]:
     """The block of member ``name`` (``recent``, ``long``, ``counter_dt``) for table ``rows``
-    over ``[first, first + count)``; long rows through ``long_row``."""
+    over ``[first, first + count)``; recent and long rows through ``recent_row`` and
+    ``long_row``."""
     if name == "counter_dt":
         return dt_block(table, rows, first, count)
     if name == "long":
         return table.long.read(table.long_row[rows], first, count)
-    return table.recent.read(rows, first, count)
+    return table.recent.read(table.recent_row[rows], first, count)
 
 
 def put_ring_block(
     table: SeriesTable, name: str, rows: npt.NDArray[np.int64], first: int, block: npt.NDArray[Any]
 ) -> None:
-    """Write a block :func:`ring_block` gave back into ``rows`` (long rows: only of the series
-    whose metric keeps a long ring in this store, the others are dropped)."""
+    """Write a block :func:`ring_block` gave back into ``rows`` (recent and long rows: only of
+    the series whose metric keeps that ring in this store, the others are dropped)."""
     if name == "counter_dt":
         put_dts(table, rows, first, block)
     elif name == "long":
@@ -158,4 +162,6 @@ def put_ring_block(
         kept = at >= 0
         put_block(table.long, at[kept], first, encode(block[kept]))
     else:
-        put_block(table.recent, rows, first, encode(block))
+        at = table.recent_row[rows]
+        kept = at >= 0
+        put_block(table.recent, at[kept], first, encode(block[kept]))

@@ -45,6 +45,19 @@ class NoLongRingError(LookupError):
         self.metric = metric
 
 
+class LatestOnlyError(LookupError):
+    """A read over a time range of a metric whose series keep their latest value only, no
+    recent ring (``recent_metrics``): the history was never kept, so no answer is right."""
+
+    def __init__(self, metric: str) -> None:
+        super().__init__(
+            f"{metric}: read over a time range, but the store keeps only its latest value; "
+            "declare it in the reader's recent reads (detect.catalog.RECENT_READS, or the "
+            "reader's RANGE_READS) or add it to the collector's recent_metrics"
+        )
+        self.metric = metric
+
+
 class Kind(enum.StrEnum):
     """How a series' points are stored."""
 

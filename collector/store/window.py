@@ -10,6 +10,11 @@ NaN, never 0; the rings are stored so that untouched (calloc'd) memory reads as 
 pre-sized store costs nothing until written. Rows are series ids: a dict maps the series key to
 its row, rows of stale series go to a free list, the arrays double when full.
 
+Only the metrics something reads over a time range keep a recent ring (``recent_metrics``,
+default every metric; the long ones always do); the others keep their newest value per series
+(``latest`` reads it; ``matrix`` and the increases raise ``LatestOnlyError``): most of a GPU's
+series are read by nothing but ``/metrics`` and ``/status``.
+
 Gauges (and non-monotonic sums) are stored as sent; the last write to a slot wins. Monotonic
 cumulative sums are counters (``store_counters``): a counter's row of the recent ring holds each
 slot's increase (the sum of the deltas of the raw points in it, a reset counting its new value)
@@ -39,6 +44,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from gpuwarden.collector.store.rows_identity import FREE, LATEST_COUNTER
 from gpuwarden.collector.store.snapshot import Snapshots
 from gpuwarden.collector.store.window_payload import (
     SHAPE_BYTES,
@@ -91,8 +97,10 @@ class WindowStore(PayloadIngest, RowIngest, WindowReads, Snapshots):
 
         Their long slots over the recent window are computed from the recent ring at once, so a
         metric added here has the recent window's history at long resolution, as after a start;
-        the older part is missing (NaN). No-op for a store that keeps every metric long.
+        the older part is missing (NaN). No-op for a store that keeps every metric long. A
+        latest-only metric gets its recent ring first (``keep_recent``).
         """
+        self.keep_recent(metrics)
         with self._lock:
             table = self._table
             kept = table.long_metrics
@@ -110,6 +118,37 @@ class WindowStore(PayloadIngest, RowIngest, WindowReads, Snapshots):
                 first = (head - table.recent.n_slots) // self._ratio + 1
                 for minute in range(first, head // self._ratio + 1):
                     table.update_long(rows, minute, head, self._ratio)
+            return int(rows.size)
+
+    def keep_recent(self, metrics: Iterable[str]) -> int:
+        """Give latest-only ``metrics`` a recent ring from now on (rules loaded later read them
+        over time); return how many held series got a recent row.
+
+        Their history starts now: a gauge's latest value goes into its newest slot (if the
+        window still holds it), a counter's next point is its first increase in the ring. No-op
+        for a store that keeps every metric's recent ring.
+        """
+        with self._lock:
+            table = self._table
+            kept = table.recent_metrics
+            if kept is None or not (new := frozenset(metrics) - kept):
+                return 0
+            table.recent_metrics = kept | new
+            ids = [table.metric_ids[m] for m in new if m in table.metric_ids]
+            used = table.metric_of_row[: table.next_row]
+            rows = np.flatnonzero(np.isin(used, ids) & (table.recent_row[: table.next_row] < 0))
+            rows = rows[table.last_seen_ns[rows] != FREE]
+            for row in rows.tolist():
+                table.recent_row[row] = table.allocate_recent_row()
+                if table.counter_row[row] == LATEST_COUNTER:
+                    table.give_counter_row(row)
+            gauges = rows[table.counter_row[rows] < 0]
+            slots = table.last_seen_ns[gauges] // self._step_ns
+            held = table.recent.held(slots)
+            n = table.recent.n_slots
+            flat = table.recent_row[gauges[held]] * n + slots[held] % n
+            table.recent.bits.reshape(-1)[flat] = table.latest_bits[gauges[held]]
+            table.latest_bits[rows] = 0
             return int(rows.size)
 
     @contextlib.contextmanager

@@ -60,7 +60,8 @@ class PointIngest(WindowState):
                     (p.metric, p.resource.get(HOST_NAME), tuple(p.attributes.items()))
                 )
                 t = p.time_unix_nano
-                if row is None or table.counter_row[row] >= 0 or t <= table.last_seen_ns[row]:
+                counter = table.counter_row[row] != -1 if row is not None else False
+                if row is None or counter or t <= table.last_seen_ns[row]:
                     continue
                 rows.append(row)
                 times.append(t)

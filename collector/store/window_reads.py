@@ -12,6 +12,7 @@ from gpuwarden.collector.store.histograms import binned_totals, histogram_quanti
 from gpuwarden.collector.store.types import (
     HOST_NAME,
     BucketCounts,
+    LatestOnlyError,
     LatestValues,
     NoLongRingError,
     Resolution,
@@ -45,11 +46,14 @@ class WindowReads(WindowState):
 
         Raises:
             NoLongRingError: ``resolution="long"`` for a metric the store keeps no long ring of.
+            LatestOnlyError: a metric the store keeps the latest value of only.
         """
         if resolution not in ("recent", "long"):
             raise ValueError(f"resolution must be 'recent' or 'long', not {resolution!r}")
         with self._lock:
             table = self._table
+            if not table.keeps_recent(metric):
+                raise LatestOnlyError(metric)
             ring = table.recent if resolution == "recent" else table.long
             step = self.step_seconds if resolution == "recent" else self.long_step_seconds
             rows, infos = table.select(metric, selector)
@@ -77,9 +81,14 @@ class WindowReads(WindowState):
         Each slot is within ~1e-6 of its exact increase (float32 storage, rounding carried to
         the next slot); a row's sum is exact when the range covers the series' first and newest
         slots, and otherwise off by at most one slot's rounding (see ``store_rows``).
+
+        Raises:
+            LatestOnlyError: a metric the store keeps the latest value of only.
         """
         with self._lock:
             table = self._table
+            if not table.keeps_recent(metric):
+                raise LatestOnlyError(metric)
             rows, infos = table.select(metric, selector)
             mine = table.counter_row[rows] >= 0
             first, count = _slots(start, end, self.step_seconds, table.recent.n_slots)
@@ -98,10 +107,13 @@ class WindowReads(WindowState):
         starts in the range: exact (float64) from the series' first slot to its newest, else
         within one slot's float32 rounding whatever the range's length, so consecutive ranges
         add up exactly. Raises KeyError for an unknown series, ValueError for a non-counter
-        or a range starting before the recent window (that part is gone: accumulate as you go).
+        or a range starting before the recent window (that part is gone: accumulate as you go),
+        ``LatestOnlyError`` for a metric the store keeps the latest value of only.
         """
         with self._lock:
             table = self._table
+            if not table.keeps_recent(key[0]):
+                raise LatestOnlyError(key[0])
             row = table.rows_by_key.get(key)
             if row is None:
                 raise KeyError(key)
@@ -127,7 +139,8 @@ class WindowReads(WindowState):
         *,
         max_age_seconds: float | None = None,
     ) -> LatestValues:
-        """Each matching series' newest point (for counters, the rate of its newest slot).
+        """Each matching series' newest point (for counters, the rate of its newest slot; for a
+        latest-only metric, its newest point's value, a counter's rate over its newest step).
 
         A point older than ``max_age_seconds`` before the store's clock (default: the store's
         ``staleness_seconds``) is stale and reads as NaN: a silent agent's last value is not

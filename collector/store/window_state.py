@@ -54,6 +54,7 @@ class WindowState:
         max_future_seconds: float = 300.0,
         initial_capacity: int = 1024,
         long_metrics: Collection[str] | None = None,
+        recent_metrics: Collection[str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """Create an empty store.
@@ -73,6 +74,10 @@ class WindowState:
             initial_capacity: rows allocated up front (doubled as needed).
             long_metrics: the metrics whose series keep a long ring (None: every metric); a
                 long-resolution read of another metric raises ``NoLongRingError``.
+            recent_metrics: the metrics whose series keep a recent ring (None: every metric;
+                ``long_metrics`` are added: the long ring is made of the recent one); the
+                others keep their latest value only, and a read over a time range of one
+                raises ``LatestOnlyError``.
             clock: Unix time in seconds.
         """
         if min(step_seconds, recent_seconds, long_step_seconds, long_seconds, max_series) <= 0:
@@ -111,6 +116,7 @@ class WindowState:
             capacity=max(1, min(initial_capacity, max_series)),
             max_rows=max_series,
             long_metrics=None if long_metrics is None else frozenset(long_metrics),
+            recent_metrics=_recent_set(recent_metrics, long_metrics),
         )
         self._histograms: dict[SeriesKey, HistogramSeries] = {}
         self._shapes: dict[bytes, Shaped] = {}
@@ -128,5 +134,26 @@ class WindowState:
         """Whether ``metric``'s series keep a long ring (may be read at long resolution)."""
         return self._table.keeps_long(metric)
 
+    @property
+    def recent_metrics(self) -> frozenset[str] | None:
+        """The metrics whose series keep a recent ring (None: every metric); the others keep
+        their latest value only."""
+        return self._table.recent_metrics
+
+    def keeps_recent(self, metric: str) -> bool:
+        """Whether ``metric``'s series keep a recent ring (may be read over a time range)."""
+        return self._table.keeps_recent(metric)
+
     def _series_count(self) -> int:
         return len(self._table.rows_by_key) + len(self._histograms)
+
+
+def _recent_set(
+    recent: Collection[str] | None, long: Collection[str] | None
+) -> frozenset[str] | None:
+    """The metrics kept in the recent ring: ``recent`` and ``long`` (None: every metric)."""
+    if recent is None:
+        return None
+    if long is None:  # every metric long: every metric needs its recent ring
+        return None
+    return frozenset(recent) | frozenset(long)

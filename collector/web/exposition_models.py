@@ -24,6 +24,8 @@ QUANTILES = (0.5, 0.95, 0.99)
 REQUESTS = "gpuwarden.model.requests"
 LATENCY = "gpuwarden.model.request.latency"
 QUEUE = "gpuwarden.model.queue.size"
+RANGE_READS = frozenset({REQUESTS})
+"""What the families read over a time range (request increases): kept in the recent ring."""
 
 
 def model_families(service: CollectorService, now: float) -> list[Metric]:

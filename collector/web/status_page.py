@@ -56,6 +56,8 @@ MAX_AUDIT = 30
 MAX_WASTE_ROWS = 15
 PALETTE = ("#2f6fb0", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490", "#a16207")
 _HIDDEN_FACTS = frozenset({"points", "summary", "subject"})
+RANGE_READS = frozenset({"hw.gpu.utilization"})
+"""What the page reads over a time range (the fleet chart): kept in the store's recent ring."""
 
 
 def environment() -> SandboxedEnvironment:
