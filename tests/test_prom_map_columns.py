@@ -119,9 +119,10 @@ def scrape(fleet: DcgmFleet, t_ms: int, r: int) -> list[Series]:
 
 @pytest.fixture
 def services(tmp_path: Path) -> Iterator[tuple[CollectorService, CollectorService]]:
+    # every series keeps its recent ring: the test compares every slot of every series
     pair = (
-        build_service(CollectorConfig(database=tmp_path / "a.db")),
-        build_service(CollectorConfig(database=tmp_path / "b.db")),
+        build_service(CollectorConfig(database=tmp_path / "a.db", recent_metrics=("*",))),
+        build_service(CollectorConfig(database=tmp_path / "b.db", recent_metrics=("*",))),
     )
     yield pair
     for one in pair:
