@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, TextIO
 
 from gpuwarden.collector.budgets.config import Budgets
 from gpuwarden.collector.budgets.spend import DailySpend, RollupReader
-from gpuwarden.collector.budgets.status import BudgetStatus, budget_statuses, unit_label
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
+    # numpy and statsmodels (the forecast) load only when a report runs: the CLI's parser is
+    # built by an agent-only install too (tests/test_agent_install_alone.py)
+    from gpuwarden.collector.budgets.status import BudgetStatus
     from gpuwarden.collector.storage.base import Storage
     from gpuwarden.collector.storage.records import RollupDimension, RollupTotal
 
@@ -35,6 +37,7 @@ def _num(value: float | None) -> str:
 
 def status_record(status: BudgetStatus, currency: str) -> dict[str, object]:
     """One budget's status as a JSON-ready dict (floats rounded to 6 decimals)."""
+    from gpuwarden.collector.budgets.status import unit_label
 
     def r(value: float | None) -> float | None:
         return None if value is None else round(value, 6)
@@ -60,6 +63,8 @@ def status_record(status: BudgetStatus, currency: str) -> dict[str, object]:
 
 
 def _table(statuses: Sequence[BudgetStatus], budgets: Budgets, out: TextIO) -> None:
+    from gpuwarden.collector.budgets.status import unit_label
+
     level = f"{budgets.interval_level:.0%}"
     rows = [
         ["budget", "unit", "budget", "spent", "used", "forecast", f"low {level}", f"high {level}"]
@@ -94,6 +99,8 @@ def report_budgets(
     reader: RollupReader, budgets: Budgets, *, now: float, fmt: str, out: TextIO
 ) -> int:
     """Print every budget's status at ``now``; return 0 (1 when no budget is configured)."""
+    from gpuwarden.collector.budgets.status import budget_statuses
+
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     statuses = budget_statuses(budgets, DailySpend(reader), now)
