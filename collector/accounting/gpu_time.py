@@ -264,10 +264,11 @@ def holders(
             continue
         held[i] = shares[main] > 0.999
         free = shares.get(UNALLOCATED)
-        if free is not None:
-            unknown[i] = _silent(gpu, free, times) & _within(
-                by_key.get(main), ended.get(main), times, step_seconds
-            )
+        if free is None:
+            continue  # every slot is somebody's
+        silent = _silent(gpu, free, times)
+        if silent.any():
+            unknown[i] = silent & _within(by_key.get(main), ended.get(main), times, step_seconds)
     return Holders(owners, held, unknown)
 
 
