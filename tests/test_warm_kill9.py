@@ -36,9 +36,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.agent.build import AgentRuntime, build_agent
 from gpuwarden.agent.catalog import rows_by_name
-from gpuwarden.agent.config import AgentConfig, CollectorConfig, HttpConfig, SpoolConfig
 from gpuwarden.agent.model import GpuSample
 from gpuwarden.agent.points import gpu_attributes, info_attributes
 from gpuwarden.collector.remote_write.naming import labels, metric_name
@@ -46,6 +44,7 @@ from gpuwarden.collector.remote_write.wire import Series, encode
 from gpuwarden.collector.storage.records import AccountingRow
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from tests.collector_server import free_port
+from tests.spooled_agent import make_agent
 from tests.tsdb_servers import VictoriaMetrics, binary
 
 TOKEN = "warm-kill9-token-0123456789abcdef"
@@ -146,20 +145,6 @@ class Collector:
         return {(r.period_start, r.job_key, r.gpu_uuid): r for r in rows}
 
 
-def make_agent(tmp: Path, port: int) -> AgentRuntime:
-    config = AgentConfig(
-        node_name=NODE,
-        source="simulated",
-        scenario="training",
-        collector=CollectorConfig(
-            endpoint=f"http://127.0.0.1:{port}/v1/metrics", token=TOKEN, timeout_seconds=2
-        ),
-        spool=SpoolConfig(directory=tmp / "spool", fsync=True),
-        http=HttpConfig(enabled=False),
-    )
-    return build_agent(config, with_host=False)
-
-
 def write_history(tsdb: VictoriaMetrics, gpus: list[GpuSample], end: float) -> None:
     """2 h of the agent's GPUs up to ``end``, as a collector's remote-write would have left it."""
     times = [int(t * 1000) for t in range(int(end) - HISTORY_SECONDS, int(end), STEP)]
@@ -204,7 +189,7 @@ def test_kill_9_mid_push_comes_back_ready_with_its_accounting_and_every_point_on
     tsdb: VictoriaMetrics, tmp_path: Path
 ) -> None:
     collector = Collector(tmp_path, tsdb)
-    runtime = make_agent(tmp_path, collector.port)
+    runtime = make_agent(tmp_path, collector.port, node=NODE, token=TOKEN)
     agent, sender = runtime.agent, runtime.agent.sender
     assert sender is not None
     write_history(tsdb, list(agent.source.sample()), time.time() - 5)
