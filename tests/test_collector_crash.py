@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +22,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from tests.collector_server import free_port
+from tests.loopback_process import wait_for
 from tests.spooled_agent import make_agent
 
 TOKEN = "crash-test-token-0123456789abcdef"
 NODE = "crash-node"
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll an external process's observable state until a deadline."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 class Collector:

@@ -30,7 +30,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from gpuwarden.collector.remote_write.wire import Series, encode
 from gpuwarden.collector.storage.records import AccountingRow
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from tests.collector_server import free_port
+from tests.loopback_process import wait_for
 from tests.spooled_agent import make_agent
 from tests.tsdb_servers import VictoriaMetrics, binary
 
@@ -58,15 +59,6 @@ UTIL_ROW = rows_by_name()["hw.gpu.utilization"][0]
 
 CLUSTER = "default"
 """The collector's cluster (its config's default): its writes, and its read-back, carry it."""
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll an external process's observable state until a deadline."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def http_get(url: str, *, token: bool = True) -> bytes | None:
