@@ -394,7 +394,16 @@ async def serve_collector(clock_s: float, capacity: int) -> None:
         background=False,
     )
     add_route(app, "GET", "/bench/report", _report, Admits(open_because="the bench's own"))
-    runner = web.AppRunner(app)
+    await serve_app(app, service)
+
+
+async def serve_app(
+    app: web.Application, service: CollectorService, *, access_log: bool = True
+) -> None:
+    """Serve ``app`` on an ephemeral loopback port; print ``port N`` (what the parent reads);
+    on SIGTERM stop and close ``service``'s storage. ``access_log=False``: no access-log
+    record per request (its cost is not the collector's)."""
+    runner = web.AppRunner(app) if access_log else web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     stop = asyncio.Event()

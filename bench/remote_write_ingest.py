@@ -42,7 +42,6 @@ import asyncio
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -67,6 +66,7 @@ from bench.ingest_bench import (
     package_version,
     percentile,
     send_phase,
+    serve_app,
     stop_process,
     wait_healthy,
 )
@@ -159,17 +159,7 @@ async def serve_collector(clock_s: float, capacity: int, series_path: bool) -> N
     mapping: Translator = translate if series_path else PromTranslator()
     app = create_app(config, service=service, background=False, prom_translate=mapping)
     add_route(app, "GET", "/bench/report", _report, Admits(open_because="the bench's own"))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    print(f"port {runner.addresses[0][1]}", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-        service.storage.close()
+    await serve_app(app, service, access_log=False)
 
 
 # --- running both ---------------------------------------------------------------------------------

@@ -1,13 +1,14 @@
 """Start and stop a server binary on loopback for the end-to-end tests (Prometheus,
 Alertmanager): its output goes to a log file, it is ready once ``GET <url>/-/ready`` answers
-200, and a failure to start raises with the end of that log."""
+200, and a failure to start raises with the end of that log. ``wait_for`` polls any external
+process's observable state until a deadline."""
 
 from __future__ import annotations
 
 import subprocess
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -47,3 +48,12 @@ def stop(process: subprocess.Popen[bytes] | None) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll an external process's observable state until a deadline."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)

@@ -12,6 +12,7 @@ from gpuwarden.collector.accounting.gpu_time import (
     AccountingConfig,
     GpuTimeline,
     account,
+    holders,
     main_holders,
     ownership,
     slot_overlap,
@@ -259,3 +260,50 @@ def test_totals_by_group():
     assert team.gpu_hours_allocated == pytest.approx(2.0)
     assert team.energy_kwh == pytest.approx(2 * 0.7)
     assert team.cost == pytest.approx(8.0)
+
+
+def _pod_gpu(silent: slice, *, node: str = "n1") -> GpuTimeline:
+    """GPU 0 held by the pod ``k8s:p`` (known from its processes only), idle, silent in
+    ``silent``: no utilisation sample and no process seen."""
+    util = np.zeros(360)
+    util[silent] = np.nan
+    seen = [frozenset({"k8s:p"}) for _ in range(360)]
+    seen[silent] = [frozenset()] * len(seen[silent])
+    return gpu(0, util, node=node, process_jobs=tuple(seen))
+
+
+def test_a_silent_slot_is_neither_held_nor_free():
+    """Issue 17: the newest slot not delivered yet, a failed scrape: nothing says whether the
+    pod still held the GPU there, so it is unknown, not "not held"."""
+    found = holders([_pod_gpu(slice(350, 360))], [], TIMES, STEP, NOW)
+    assert found.owners == ["k8s:p"]
+    assert found.held[0, :350].all()
+    assert not found.held[0, 350:].any()
+    assert found.unknown[0, 350:].all()
+    assert not found.unknown[0, :350].any()
+    assert main_holders([_pod_gpu(slice(350, 360))], [], TIMES, STEP, NOW)[1].tolist() == (
+        found.held.tolist()
+    )
+
+
+def test_a_sample_without_the_pods_process_is_known_not_held():
+    """The exporter still reports the GPU but no longer names the pod: the pod let it go."""
+    g = _pod_gpu(slice(0, 0))
+    seen = [*g.process_jobs[:300], *[frozenset()] * 60]
+    found = holders([replace(g, process_jobs=tuple(seen))], [], TIMES, STEP, NOW)
+    assert not found.held[0, 300:].any()
+    assert not found.unknown[0].any()
+
+
+def test_an_allocation_or_the_jobs_known_end_decides_a_silent_slot():
+    """A scheduler allocation says who holds a GPU without samples; after a job's known end,
+    silence is not its holding either."""
+    allocated = [job("k8s:p", "n1", (0,), T0, None)]
+    found = holders([_pod_gpu(slice(300, 360))], allocated, TIMES, STEP, NOW)
+    assert found.held[0].all()  # the allocation holds it throughout
+    assert not found.unknown[0].any()
+    ended = [replace(job("k8s:p", "n2", (0,), T0, T0 + 3000), scheduler="kubernetes")]
+    found = holders([_pod_gpu(slice(250, 360))], ended, TIMES, STEP, NOW)
+    assert found.owners == ["k8s:p"]
+    assert found.unknown[0, 250:300].all()  # silent before its end: unknown
+    assert not found.unknown[0, 300:].any()  # after its end: not its slots

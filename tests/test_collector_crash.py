@@ -12,30 +12,21 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.agent.build import AgentRuntime, build_agent
-from gpuwarden.agent.config import AgentConfig, CollectorConfig, HttpConfig, SpoolConfig
 from gpuwarden.collector.storage.records import Incident, IncidentState
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from tests.collector_server import free_port
+from tests.loopback_process import wait_for
+from tests.spooled_agent import make_agent
 
 TOKEN = "crash-test-token-0123456789abcdef"
 NODE = "crash-node"
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll an external process's observable state until a deadline."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 class Collector:
@@ -116,20 +107,6 @@ def collector(tmp_path: Path) -> Iterator[Collector]:
     c.stop()
 
 
-def make_agent(tmp: Path, port: int) -> AgentRuntime:
-    config = AgentConfig(
-        node_name=NODE,
-        source="simulated",
-        scenario="training",
-        collector=CollectorConfig(
-            endpoint=f"http://127.0.0.1:{port}/v1/metrics", token=TOKEN, timeout_seconds=2
-        ),
-        spool=SpoolConfig(directory=tmp / "spool", fsync=True),
-        http=HttpConfig(enabled=False),
-    )
-    return build_agent(config, with_host=False)
-
-
 def test_kill_9_during_ingest_loses_nothing(collector: Collector, tmp_path: Path) -> None:
     collector.start()
     start = time.time()
@@ -154,7 +131,7 @@ def test_kill_9_during_ingest_loses_nothing(collector: Collector, tmp_path: Path
             )
         )
     assert incident_id is not None
-    runtime = make_agent(tmp_path, collector.port)
+    runtime = make_agent(tmp_path, collector.port, node=NODE, token=TOKEN)
     agent, sender = runtime.agent, runtime.agent.sender
     assert sender is not None
 

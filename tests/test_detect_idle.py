@@ -54,6 +54,30 @@ def test_partially_held_window_is_clear():
     assert idle_verdicts(util, held, threshold_ratio=0.05).tolist() == [C]
 
 
+@pytest.mark.parametrize(
+    ("series", "held", "unknown", "expected"),
+    [
+        # issue 17: the newest slot not delivered yet (no sample, no holder seen): still idle
+        ([0.0] * 9 + [N], [True] * 9 + [False], [False] * 9 + [True], F),
+        ([0.0] * 9 + [N], [True] * 9 + [False], None, C),  # as before: "not held" clears
+        ([0.0] * 4 + [N] + [0.0] * 5, [True] * 4 + [False] + [True] * 5,
+         [False] * 4 + [True] + [False] * 5, F),  # a failed scrape mid-window
+        ([0.0] * 7 + [N] * 3, [True] * 7 + [False] * 3, [False] * 7 + [True] * 3, U),  # 70 %
+        ([0.0] * 10, [True] * 9 + [False], [False] * 9 + [True], C),  # a sample speaks: not held
+        ([N] * 10, [False] * 10, [True] * 10, U),  # nothing known at all
+    ],
+)  # fmt: skip
+def test_a_slot_nobody_can_tell_is_held_counts_against_coverage_only(
+    series, held, unknown, expected
+):
+    util = np.array([series], dtype=np.float32)
+    got = idle_verdicts(
+        util, np.array([held]), threshold_ratio=0.05,
+        unknown_holder=None if unknown is None else np.array([unknown]),
+    )  # fmt: skip
+    assert got.tolist() == [expected]
+
+
 def test_vectorised_over_many_gpus():
     rng = np.random.default_rng(1)
     util = rng.uniform(0.2, 1.0, size=(10_000, 360)).astype(np.float32)

@@ -38,7 +38,8 @@ from gpuwarden.collector.storage.sqlite import SqliteStorage
 from gpuwarden.collector.store.window import WindowStore
 from gpuwarden.collector.store.window_payload import RequestIngest
 from tests.collector_server import TOKEN, CollectorThread, free_port
-from tests.test_agent_process import agent_command, http_get, wait_for
+from tests.loopback_process import wait_for
+from tests.test_agent_process import agent_command, http_get
 
 T0 = 1_700_000_000.0
 INSTANCE = "0123456789abcdef0123456789abcdef"

@@ -30,15 +30,13 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpuwarden.agent.build import AgentRuntime, build_agent
 from gpuwarden.agent.catalog import rows_by_name
-from gpuwarden.agent.config import AgentConfig, CollectorConfig, HttpConfig, SpoolConfig
 from gpuwarden.agent.model import GpuSample
 from gpuwarden.agent.points import gpu_attributes, info_attributes
 from gpuwarden.collector.remote_write.naming import labels, metric_name
@@ -46,6 +44,8 @@ from gpuwarden.collector.remote_write.wire import Series, encode
 from gpuwarden.collector.storage.records import AccountingRow
 from gpuwarden.collector.storage.sqlite import SqliteStorage
 from tests.collector_server import free_port
+from tests.loopback_process import wait_for
+from tests.spooled_agent import make_agent
 from tests.tsdb_servers import VictoriaMetrics, binary
 
 TOKEN = "warm-kill9-token-0123456789abcdef"
@@ -59,15 +59,6 @@ UTIL_ROW = rows_by_name()["hw.gpu.utilization"][0]
 
 CLUSTER = "default"
 """The collector's cluster (its config's default): its writes, and its read-back, carry it."""
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll an external process's observable state until a deadline."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def http_get(url: str, *, token: bool = True) -> bytes | None:
@@ -146,20 +137,6 @@ class Collector:
         return {(r.period_start, r.job_key, r.gpu_uuid): r for r in rows}
 
 
-def make_agent(tmp: Path, port: int) -> AgentRuntime:
-    config = AgentConfig(
-        node_name=NODE,
-        source="simulated",
-        scenario="training",
-        collector=CollectorConfig(
-            endpoint=f"http://127.0.0.1:{port}/v1/metrics", token=TOKEN, timeout_seconds=2
-        ),
-        spool=SpoolConfig(directory=tmp / "spool", fsync=True),
-        http=HttpConfig(enabled=False),
-    )
-    return build_agent(config, with_host=False)
-
-
 def write_history(tsdb: VictoriaMetrics, gpus: list[GpuSample], end: float) -> None:
     """2 h of the agent's GPUs up to ``end``, as a collector's remote-write would have left it."""
     times = [int(t * 1000) for t in range(int(end) - HISTORY_SECONDS, int(end), STEP)]
@@ -204,7 +181,7 @@ def test_kill_9_mid_push_comes_back_ready_with_its_accounting_and_every_point_on
     tsdb: VictoriaMetrics, tmp_path: Path
 ) -> None:
     collector = Collector(tmp_path, tsdb)
-    runtime = make_agent(tmp_path, collector.port)
+    runtime = make_agent(tmp_path, collector.port, node=NODE, token=TOKEN)
     agent, sender = runtime.agent, runtime.agent.sender
     assert sender is not None
     write_history(tsdb, list(agent.source.sample()), time.time() - 5)

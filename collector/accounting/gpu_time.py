@@ -249,6 +249,77 @@ def jobs_by_node(jobs: Sequence[Job]) -> dict[str, list[Job]]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Holders:
+    """Who held each GPU of a window (:func:`holders`)."""
+
+    owners: list[str]
+    """Per GPU, the job that held it longest ("" for none)."""
+    held: npt.NDArray[np.bool_]
+    """GPU × slot where that job held all of the GPU."""
+    unknown: npt.NDArray[np.bool_]
+    """GPU × slot where nothing tells whether that job held the GPU: the GPU sent nothing (no
+    utilisation sample, no process seen), no scheduler allocation covers the slot, and the slot
+    lies within the job's known span (its start and end, when the registry knows them). Missing
+    data is neither held nor free (issue 17: a sender's newest slot not delivered yet when a
+    detection cycle runs, a failed scrape): a detector counts such slots against coverage only."""
+
+
+def holders(
+    gpus: Sequence[GpuTimeline],
+    jobs: Sequence[Job],
+    times: FloatArray,
+    step_seconds: float,
+    now: float,
+) -> Holders:
+    """Per GPU, its main holder over ``times``, where that job held it and where nobody can tell
+    (see :class:`Holders`, :func:`ownership`)."""
+    held = np.zeros((len(gpus), len(times)), dtype=bool)
+    unknown = np.zeros((len(gpus), len(times)), dtype=bool)
+    owners: list[str] = []
+    on_node = jobs_by_node(jobs)
+    ended = ended_at(jobs)
+    by_key = {job.key: job for job in jobs}
+    for i, gpu in enumerate(gpus):
+        shares = ownership(gpu, on_node.get(gpu.node, ()), times, step_seconds, now, ended=ended)
+        main = max(
+            (k for k in shares if k != UNALLOCATED), key=lambda k: shares[k].sum(), default=""
+        )
+        owners.append(main)
+        if not main:
+            continue
+        held[i] = shares[main] > 0.999
+        free = shares.get(UNALLOCATED)
+        if free is None:
+            continue  # every slot is somebody's
+        silent = _silent(gpu, free, times)
+        if silent.any():
+            unknown[i] = silent & _within(by_key.get(main), ended.get(main), times, step_seconds)
+    return Holders(owners, held, unknown)
+
+
+def _silent(gpu: GpuTimeline, free: FloatArray, times: FloatArray) -> npt.NDArray[np.bool_]:
+    """Slots no allocation covers (``free``: the unallocated share) where the GPU sent no
+    utilisation sample and no process was seen on it."""
+    n = len(times)
+    silent = (free > 0.999) & np.isnan(gpu.utilization_ratio[:n])
+    seen = gpu.process_jobs
+    for slot in np.flatnonzero(silent[: len(seen)]).tolist():  # few: a GPU's gaps
+        if seen[slot]:
+            silent[slot] = False
+    return np.asarray(silent, dtype=bool)
+
+
+def _within(
+    job: Job | None, end_time: float | None, times: FloatArray, step_seconds: float
+) -> npt.NDArray[np.bool_]:
+    """Slots wholly within the job's known span (every slot when the registry knows neither
+    its start nor its end, as for a pod known only from dcgm-exporter's labels)."""
+    start = job.start_time if job is not None and job.start_time is not None else -np.inf
+    end = np.inf if end_time is None else end_time
+    return np.asarray(slot_overlap(times, step_seconds, start, end) > 0.999, dtype=bool)
+
+
 def main_holders(
     gpus: Sequence[GpuTimeline],
     jobs: Sequence[Job],
@@ -257,20 +328,9 @@ def main_holders(
     now: float,
 ) -> tuple[list[str], npt.NDArray[np.bool_]]:
     """Per GPU, the job that held it longest over ``times`` ("" for none), and GPU × slot where
-    that job held all of it (see :func:`ownership`)."""
-    held = np.zeros((len(gpus), len(times)), dtype=bool)
-    owners: list[str] = []
-    on_node = jobs_by_node(jobs)
-    ended = ended_at(jobs)
-    for i, gpu in enumerate(gpus):
-        shares = ownership(gpu, on_node.get(gpu.node, ()), times, step_seconds, now, ended=ended)
-        main = max(
-            (k for k in shares if k != UNALLOCATED), key=lambda k: shares[k].sum(), default=""
-        )
-        owners.append(main)
-        if main:
-            held[i] = shares[main] > 0.999
-    return owners, held
+    that job held all of it (see :func:`ownership`, :func:`holders`)."""
+    found = holders(gpus, jobs, times, step_seconds, now)
+    return found.owners, found.held
 
 
 def _joules(energy: FloatArray, weight: FloatArray) -> float | None:

@@ -4,8 +4,12 @@ Screened for every GPU at once on the store's series × time matrix. A GPU is id
 it for the whole window and its samples stay below the threshold, but for at most
 ``busy_fraction_tolerated`` of the window's slots (heartbeat blips), with at least
 ``min_coverage`` of the window's slots sampled. A window with too few samples is UNKNOWN: missing
-data never counts as idle, and never as healthy. Jobs holding fewer than ``min_gpus`` GPUs in the
-window are not judged (no finding).
+data never counts as idle, and never as healthy; nor as the job letting the GPU go: a slot where
+the GPU sent nothing and no scheduler allocation speaks (``gpu_time.holders``) is unknown, not
+"not held" (issue 17: a sender whose newest sample reached the collector just after each
+detection cycle, as vmagent's exactly periodic scrapes can, left that slot unheld every cycle,
+so a job known only from its processes, a pod dcgm-exporter names, never fired). Jobs holding
+fewer than ``min_gpus`` GPUs in the window are not judged (no finding).
 
 GPUs are judged one by one, and reported per job: one finding (so one incident, one requeue
 approval) for all the idle GPUs of a job, listing them and their nodes.
@@ -21,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.accounting.gpu_time import main_holders
+from gpuwarden.collector.accounting.gpu_time import holders
 from gpuwarden.collector.detect.contract import DetectionContext, Detector, spec_of
 from gpuwarden.collector.detect.findings import Facts, Finding, Verdict, new_finding
 from gpuwarden.collector.rules.durations import format_duration
@@ -64,6 +68,7 @@ def idle_verdicts(
     threshold_ratio: float,
     min_coverage: float = 0.8,
     busy_fraction_tolerated: float = BUSY_FRACTION_TOLERATED,
+    unknown_holder: BoolMatrix | None = None,
 ) -> npt.NDArray[np.int8]:
     """Per GPU (row): FIRING, CLEAR or UNKNOWN over the window the columns span.
 
@@ -78,9 +83,16 @@ def idle_verdicts(
         min_coverage: fraction of slots that must have a sample for any verdict.
         busy_fraction_tolerated: share of the window's slots that may be busy in an idle
             window (brief blips: issue 14, one heartbeat sample cleared 30 minutes).
+        unknown_holder: GPUs × slots, True where nothing tells whether the job held the GPU
+            (no sample, no allocation): such a slot without a utilisation sample is not "not
+            held"; it counts against coverage only. None: every slot's ``held`` is known.
     """
     if utilization.shape != held.shape:
         raise ValueError(f"shapes differ: {utilization.shape} vs {held.shape}")
+    if unknown_holder is not None:
+        if unknown_holder.shape != held.shape:
+            raise ValueError(f"shapes differ: {unknown_holder.shape} vs {held.shape}")
+        held = held | (unknown_holder & np.isnan(utilization))  # a sample speaks for itself
     if not 0 < min_coverage <= 1:
         raise ValueError("min_coverage must be in (0, 1]")
     known = ~np.isnan(utilization)
@@ -127,10 +139,11 @@ def run_idle_gpu(ctx: DetectionContext, rule: Rule, p: IdleGpuParams, now: float
     if not gpus or len(times) == 0:
         return []
     util = np.vstack([g.utilization_ratio for g in gpus])
-    owner, held = main_holders(gpus, ctx.jobs(), times, step, end)
+    found = holders(gpus, ctx.jobs(), times, step, end)
+    owner = found.owners
     verdicts = idle_verdicts(
-        util, held, threshold_ratio=p.utilization_below, min_coverage=p.min_coverage,
-        busy_fraction_tolerated=p.busy_fraction_tolerated,
+        util, found.held, threshold_ratio=p.utilization_below, min_coverage=p.min_coverage,
+        busy_fraction_tolerated=p.busy_fraction_tolerated, unknown_holder=found.unknown,
     )  # fmt: skip
     rows_of: dict[str, list[int]] = {}
     for i, key in enumerate(owner):

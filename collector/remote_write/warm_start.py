@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpuwarden.collector.remote_write.inverse import Inverse
-from gpuwarden.collector.remote_write.reader import ReadError, TsdbReader
+from gpuwarden.collector.remote_write.inverse import Inverse, Origin
+from gpuwarden.collector.remote_write.reader import RawSeries, ReadError, TsdbReader
 from gpuwarden.collector.remote_write.wire import Labels
 from gpuwarden.collector.store.types import SeriesBlock
 from gpuwarden.collector.store.window import WindowStore
@@ -53,6 +53,19 @@ class WarmStart:
     seconds: float = 0.0
     newest_ms: dict[Labels, int] = field(default_factory=dict, repr=False)
     """Each series' newest sample in the TSDB (milliseconds), by its labels."""
+
+
+def _block(origin: Origin, raw: RawSeries) -> SeriesBlock:
+    """One series read back, as the store takes it (the point identity ``origin`` gives it)."""
+    return SeriesBlock(
+        metric=origin.metric.metric,
+        host=origin.host,
+        attributes=origin.attributes,
+        unit=origin.metric.unit,
+        counter=origin.metric.counter,
+        times_ns=raw.timestamps_ms * _NS_PER_MS,
+        values=raw.values,
+    )
 
 
 def warm_span(
@@ -103,17 +116,7 @@ def warm_from_tsdb(
                 series.add(raw.labels)
                 samples += raw.timestamps_ms.size
                 newest[raw.labels] = max(newest.get(raw.labels, -1), int(raw.timestamps_ms[-1]))
-                blocks.append(
-                    SeriesBlock(
-                        metric=origin.metric.metric,
-                        host=origin.host,
-                        attributes=origin.attributes,
-                        unit=origin.metric.unit,
-                        counter=origin.metric.counter,
-                        times_ns=raw.timestamps_ms * _NS_PER_MS,
-                        values=raw.values,
-                    )
-                )
+                blocks.append(_block(origin, raw))
             pages.append(blocks)
     except ReadError as exc:
         error = str(exc)
@@ -169,17 +172,7 @@ def warm_long_from_tsdb(
                     found = inverse.origin(raw.labels)
                     if found is None:
                         continue
-                    blocks.append(
-                        SeriesBlock(
-                            metric=found.metric.metric,
-                            host=found.host,
-                            attributes=found.attributes,
-                            unit=found.metric.unit,
-                            counter=found.metric.counter,
-                            times_ns=raw.timestamps_ms * _NS_PER_MS,
-                            values=raw.values,
-                        )
-                    )
+                    blocks.append(_block(found, raw))
                 written += store.fill_long(blocks)
     except ReadError as exc:
         log.error("warm start of the long window from the TSDB stopped: %s", exc)
