@@ -4,6 +4,9 @@ source, each job counted once."""
 
 from __future__ import annotations
 
+import argparse
+import io
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -12,6 +15,9 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient, Configuration
 
+from gpuwarden.collector.accounting.report import add_report_parser, run_report
+from gpuwarden.collector.build import build_service
+from gpuwarden.collector.config import load_collector_config
 from gpuwarden.collector.fairness.figures import fairness_figures
 from gpuwarden.collector.fairness.kueue import runs_with_workloads
 from gpuwarden.collector.jobs import JobSourceError
@@ -19,8 +25,8 @@ from gpuwarden.collector.jobs.kube_client import KubeApis
 from gpuwarden.collector.jobs.kubernetes import KubernetesJobSource
 from gpuwarden.collector.jobs.kueue_workloads import KueueWorkload, KueueWorkloadReader
 from tests.k8s_stub import KubeApiStub
+from tests.test_build_actuators import TOKEN, write_kubeconfig
 
-TOKEN = "gw-collector-token-kueue"
 T0 = 1_740_830_400.0  # 2025-03-01T12:00:00Z
 H = 3600.0
 NOW = T0 + 4 * H
@@ -272,26 +278,52 @@ def test_admitted_pending_and_evicted_workloads_and_their_pods_count_once(cluste
     assert queues["lq-vision"].pending == 2
 
 
-def test_an_evicted_workload_still_holding_its_quota_loses_its_run_time():
-    evicted = KueueWorkload(
-        namespace="nlp",
-        name="w",
-        uid="u",
-        queue="lq",
-        owners=(),
-        labels={},
-        gpus=4,
-        created_time=T0,
-        admitted_time=T0 + H,
-        evicted_time=T0 + 3 * H,
-        eviction_reason="Preempted",
-        finished_time=None,
-    )
+def evicted_workload(**fields: Any) -> KueueWorkload:
+    base: dict[str, Any] = {
+        "namespace": "nlp", "name": "w", "uid": "u", "queue": "lq", "owners": (), "labels": {},
+        "gpus": 4, "created_time": T0, "admitted_time": None, "evicted_time": T0 + 3 * H,
+        "eviction_reason": "Preempted", "requeued_time": T0 + 3 * H, "finished_time": None,
+    }  # fmt: skip
+    return KueueWorkload(**{**base, **fields})
+
+
+EVICTION_CASES = [  # the Workload, (preemptions, pending, GPU-hours lost)
+    # Kueue has not released the quota yet: the admission is known, 2 h × 4 GPUs lost
+    (evicted_workload(admitted_time=T0 + H, requeued_time=None), (1, 0, 8.0)),
+    # released and requeued: waits again
+    (evicted_workload(), (1, 1, 0.0)),
+    # released, in its requeue backoff (Requeued false): not waiting yet
+    (evicted_workload(requeued_time=None), (1, 0, 0.0)),
+    # deactivated (spec.active false): not waiting
+    (evicted_workload(active=False, eviction_reason="Deactivated"), (1, 0, 0.0)),
+]
+
+
+@pytest.mark.parametrize(("evicted", "want"), EVICTION_CASES)
+def test_an_eviction_is_a_preemption_and_a_requeued_workload_waits_again(evicted, want):
     runs = runs_with_workloads([], [evicted], since=T0)
-    figures = fairness_figures(runs, since=T0, until=NOW, targets={})
-    team = figures.team("nlp")
+    team = fairness_figures(runs, since=T0, until=NOW, targets={}).team("nlp")
     assert team is not None
-    assert (team.preemptions, team.pending, team.preempted_gpu_hours) == (1, 0, 8.0)
+    assert (team.preemptions, team.pending, team.preempted_gpu_hours) == want
+
+
+def test_a_readmitted_workload_is_admitted_again(cluster):
+    """After a new admission Kueue turns Evicted and Preempted back to False."""
+    cluster.objects.put(
+        WORKLOADS.format(ns="vision", name="job-train-c-7c8d9"),
+        workload("vision", "job-train-c-7c8d9", created=T0, owner=("Job", "train-c"),
+                 queue="lq-vision", count=1, gpus=2, conditions=[
+                     *admitted(T0 + 3 * H),
+                     condition("Evicted", "False", T0 + 3 * H, "QuotaReserved"),
+                     condition("Preempted", "False", T0 + 3 * H, "QuotaReserved"),
+                     condition("Requeued", "True", T0 + 2 * H, "Preempted"),
+                 ]),
+    )  # fmt: skip
+    _, found = read(cluster, namespace="vision")
+    runs = {r.key: r for r in runs_with_workloads([], found, since=T0)}
+    readmitted = runs["kueue:uid-job-train-c-7c8d9"]
+    assert (readmitted.start_time, readmitted.preempted) == (T0 + 3 * H, False)
+    assert "kueue:uid-job-train-c-7c8d9#evicted" not in runs
 
 
 def test_pod_integration_workload_owned_by_the_pod_is_the_same_job():
@@ -316,3 +348,37 @@ def test_pod_integration_workload_owned_by_the_pod_is_the_same_job():
     assert [r.key for r in runs] == ["kueue:uid-pod-solo-0a1b2"]
     assert runs[0].team == "nlp"
     assert runs[0].start_time == T0 + 2 * H
+
+
+# --- report fairness --db --kueue ---------------------------------------------------------------
+
+
+def report(*args: str) -> tuple[int, str]:
+    parser = argparse.ArgumentParser()
+    add_report_parser(parser.add_subparsers(dest="command", required=True))
+    out = io.StringIO()
+    return run_report(parser.parse_args(["report", "fairness", *args]), out=out), out.getvalue()
+
+
+def test_report_adds_the_workloads_to_the_stored_pods(cluster, tmp_path, capsys):
+    """The collector polls the pods into its database; the report reads the Workloads through
+    the same config's Kubernetes client: train-a waited 1 h in Kueue, train-b and train-c wait."""
+    config = tmp_path / "collector.yaml"
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", cluster.url)
+    config.write_text(f"database: {tmp_path / 'c.db'}\nkubernetes_kubeconfig: {kubeconfig}\n")
+    service = build_service(load_collector_config(config), clock=lambda: NOW)
+    assert service.poll_jobs(NOW) == 3
+    service.storage.close()
+    common = ["--db", str(tmp_path / "c.db"), "--since", "4h", "--until", str(NOW)]
+    code, text = report(*common, "--config", str(config), "--format", "json", "--kueue")
+    assert code == 0
+    teams = {t["group"]: t for t in json.loads(text)["teams"]}
+    assert (teams["nlp"]["runs"], teams["nlp"]["wait_p50_seconds"]) == (1, H)
+    assert (teams["vision"]["pending"], teams["vision"]["preemptions"]) == (2, 1)
+    code, text = report(*common, "--config", str(config), "--format", "json")
+    teams = {t["group"]: t for t in json.loads(text)["teams"]}
+    assert (teams["nlp"]["runs"], teams["nlp"]["wait_p50_seconds"]) == (2, 70.0)  # pods only
+    assert "vision" not in teams
+    code, _ = report(*common, "--kueue")
+    assert code == 1
+    assert "--kueue needs --config with kubernetes_kubeconfig" in capsys.readouterr().err

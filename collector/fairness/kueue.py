@@ -7,7 +7,8 @@ For a job with a Workload (:mod:`~gpuwarden.collector.jobs.kueue_workloads`):
 - it holds its GPUs (its pod sets' requests) from admission to ``Finished`` (Kueue reserves the
   quota at admission, whether or not the pods have started yet);
 - an eviction (``Evicted`` / ``Preempted`` true) ends the attempt as preempted; the Workload,
-  requeued by Kueue, waits again from the eviction (a second attempt) unless deactivated;
+  requeued by Kueue, waits again from its ``Requeued`` condition (a second attempt), not
+  during a requeue backoff nor when deactivated;
 - its pods are the same job: a pod whose controller (``Job/<name>``, or the pod itself with
   Kueue's pod integration) owns a Workload in the same namespace is left out, so it is never
   counted twice. The pods give the Workload its team when they carry one.
@@ -61,8 +62,9 @@ def workload_runs(workload: KueueWorkload, *, team: str | None) -> list[QueueRun
                 state=f"evicted: {workload.eviction_reason}",
             )
         ]
-        if not holding and workload.active and workload.finished_time is None:
-            runs.append(replace(base, eligible_time=evicted, state="pending"))  # requeued
+        requeued = workload.requeued_time
+        if not holding and workload.active and workload.finished_time is None and requeued:
+            runs.append(replace(base, eligible_time=requeued, state="pending"))
         return runs
     if not workload.active and admitted is None:
         return []  # deactivated before its admission: not queued

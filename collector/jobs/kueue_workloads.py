@@ -18,7 +18,8 @@ Fields relied on (``apis/kueue/v1beta1/workload_types.go`` in kubernetes-sigs/ku
 - ``status.conditions[]`` (``metav1.Condition``: ``type``, ``status``, ``reason``,
   ``lastTransitionTime``): ``Admitted`` (``QuotaReserved`` when a Workload has no ``Admitted``
   condition), ``Evicted`` / ``Preempted`` (an eviction: preemption, PodsReady timeout,
-  deactivation...), ``Finished``.
+  deactivation...), ``Requeued`` (back in the queue after an eviction; ``False`` during a
+  requeue backoff), ``Finished``.
 
 A Workload holds its latest state only: after an eviction and a new admission Kueue turns
 ``Evicted`` back to ``False``, so an earlier, evicted admission is no longer seen (as with
@@ -65,6 +66,9 @@ class KueueWorkload:
     evicted_time: float | None
     """When ``Evicted`` (or ``Preempted``) became true; ``None`` while neither is true."""
     eviction_reason: str | None
+    requeued_time: float | None
+    """When ``Requeued`` became true (the eviction's time when the condition is absent);
+    ``None`` while it is false (a requeue backoff): not queued again yet."""
     finished_time: float | None
     active: bool = True
 
@@ -90,6 +94,11 @@ def _true_conditions(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
         for c in conditions
         if isinstance(c, Mapping) and c.get("status") == "True"
     }
+
+
+def _has_condition(item: Mapping[str, Any], kind: str) -> bool:
+    conditions = (item.get("status") or {}).get("conditions") or []
+    return any(isinstance(c, Mapping) and c.get("type") == kind for c in conditions)
 
 
 def _quantity(value: Any) -> int:
@@ -135,12 +144,15 @@ def parse_workload(
         return None
     true = _true_conditions(item.get("status") or {})
     admitted = true.get("Admitted")
-    if admitted is None and not any(
-        isinstance(c, Mapping) and c.get("type") == "Admitted"
-        for c in (item.get("status") or {}).get("conditions") or []
-    ):
+    if admitted is None and not _has_condition(item, "Admitted"):
         admitted = true.get("QuotaReserved")
     eviction = next((true[t] for t in _EVICTION_TYPES if t in true), None)
+    evicted_time = _time(eviction.get("lastTransitionTime")) if eviction else None
+    requeued_time = (
+        _time(true["Requeued"].get("lastTransitionTime")) if "Requeued" in true else None
+    )
+    if requeued_time is None and not _has_condition(item, "Requeued"):
+        requeued_time = evicted_time
     references = [r for r in metadata.get("ownerReferences") or [] if isinstance(r, Mapping)]
     references.sort(key=lambda r: not r.get("controller"))
     names = frozenset(gpu_resource_names)
@@ -154,8 +166,9 @@ def parse_workload(
         gpus=sum(pod_set_gpus(p, names) for p in spec.get("podSets") or []),
         created_time=_time(metadata.get("creationTimestamp")),
         admitted_time=_time(admitted.get("lastTransitionTime")) if admitted else None,
-        evicted_time=_time(eviction.get("lastTransitionTime")) if eviction else None,
+        evicted_time=evicted_time,
         eviction_reason=str(eviction.get("reason")) if eviction else None,
+        requeued_time=requeued_time,
         finished_time=(
             _time(true["Finished"].get("lastTransitionTime")) if "Finished" in true else None
         ),
