@@ -151,6 +151,8 @@ class KubeApiStub:
         )
         self.token = token
         self.forbidden = False
+        self.absent_resources: set[str] = set()
+        """Plural names (``workloads``) answered 404, as for a CRD that is not installed."""
         self.objects = ObjectStore()
         self.requests: list[Request] = []
         self._lock = threading.Lock()
@@ -205,6 +207,9 @@ class KubeApiStub:
         """Return the status and JSON body the API server would send."""
         if authorization != f"Bearer {self.token}":
             return 401, status_object(401, "Unauthorized", "Unauthorized")
+        if any(f"/{plural}" in path for plural in self.absent_resources):
+            message = "the server could not find the requested resource"
+            return 404, status_object(404, "NotFound", message)
         found = self.objects.read(path)
         if found is not None:
             return found

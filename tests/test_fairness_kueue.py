@@ -23,7 +23,11 @@ from gpuwarden.collector.fairness.kueue import runs_with_workloads
 from gpuwarden.collector.jobs import JobSourceError
 from gpuwarden.collector.jobs.kube_client import KubeApis
 from gpuwarden.collector.jobs.kubernetes import KubernetesJobSource
-from gpuwarden.collector.jobs.kueue_workloads import KueueWorkload, KueueWorkloadReader
+from gpuwarden.collector.jobs.kueue_workloads import (
+    KueueWorkload,
+    KueueWorkloadReader,
+    parse_workload,
+)
 from tests.k8s_stub import KubeApiStub
 from tests.test_build_actuators import TOKEN, write_kubeconfig
 
@@ -227,6 +231,22 @@ def test_workloads_are_read_in_all_namespaces_with_the_fields_fairness_needs(clu
     assert (b.queue, b.gpus, b.admitted_time) == ("lq-vision", 8, None)
     assert (c.admitted_time, c.evicted_time, c.eviction_reason) == (None, T0 + 2 * H, "Preempted")
     assert cluster.requests[-1].path == "/apis/kueue.x-k8s.io/v1beta1/workloads"
+
+
+def test_a_cluster_without_kueue_has_no_workloads(cluster):
+    cluster.absent_resources.add("workloads")
+    assert read(cluster)[1] == []
+    assert cluster.requests[-1].status == 404
+
+
+def test_mig_slices_count_as_gpus():
+    item = workload("nlp", "mig", created=T0, count=3)
+    item["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"nvidia.com/mig-1g.10gb": "2", "cpu": "1"}
+    }
+    parsed = parse_workload(item)
+    assert parsed is not None
+    assert parsed.gpus == 6
 
 
 def test_one_namespace_lists_only_its_workloads(cluster):

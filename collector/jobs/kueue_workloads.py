@@ -13,8 +13,8 @@ Fields relied on (``apis/kueue/v1beta1/workload_types.go`` in kubernetes-sigs/ku
   ``labels``, ``ownerReferences`` (the Job, JobSet... or, with Kueue's pod integration, the Pod
   the Workload stands for; the ``controller`` one first).
 - ``spec.queueName`` (the LocalQueue), ``spec.active`` (``false``: deactivated, not queued),
-  ``spec.podSets[]``: ``count`` × the GPUs of ``template.spec`` (containers' limits, else
-  requests; largest one-shot init container, as for pods).
+  ``spec.podSets[]``: ``count`` × the GPUs of ``template.spec`` (``nvidia.com/gpu`` and MIG
+  slices; containers' limits, else requests; largest one-shot init container, as for pods).
 - ``status.conditions[]`` (``metav1.Condition``: ``type``, ``status``, ``reason``,
   ``lastTransitionTime``): ``Admitted`` (``QuotaReserved`` when a Workload has no ``Admitted``
   condition), ``Evicted`` / ``Preempted`` (an eviction: preemption, PodsReady timeout,
@@ -29,7 +29,7 @@ A Workload holds its latest state only: after an eviction and a new admission Ku
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
@@ -108,32 +108,42 @@ def _quantity(value: Any) -> int:
         return 0
 
 
-def _container_gpus(container: Mapping[str, Any], resource_names: frozenset[str]) -> int:
+@dataclass(frozen=True, slots=True)
+class GpuResources:
+    """Which extended resources are GPUs: whole GPUs by name, MIG slices by prefix (each slice
+    one GPU), as the Kubernetes job source counts them."""
+
+    names: frozenset[str] = frozenset({"nvidia.com/gpu"})
+    mig_prefix: str = "nvidia.com/mig-"
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name in self.names or name.startswith(self.mig_prefix))
+
+
+def _container_gpus(container: Mapping[str, Any], gpu: GpuResources) -> int:
     resources = container.get("resources") or {}
     limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
     return sum(
         _quantity(limits.get(name, requests.get(name, 0)))
         for name in {*limits, *requests}
-        if name in resource_names
+        if name in gpu
     )
 
 
-def pod_set_gpus(pod_set: Mapping[str, Any], resource_names: frozenset[str]) -> int:
+def pod_set_gpus(pod_set: Mapping[str, Any], gpu: GpuResources) -> int:
     """GPUs of one pod set: ``count`` × one pod's GPUs (containers and sidecars together, or the
     largest one-shot init container)."""
     spec = (pod_set.get("template") or {}).get("spec") or {}
     init = spec.get("initContainers") or []
     sidecars = [c for c in init if c.get("restartPolicy") == "Always"]
     one_shot = [c for c in init if c.get("restartPolicy") != "Always"]
-    together = sum(
-        _container_gpus(c, resource_names) for c in [*spec.get("containers", []), *sidecars]
-    )
-    per_pod = max([together, *(_container_gpus(c, resource_names) for c in one_shot)])
+    together = sum(_container_gpus(c, gpu) for c in [*spec.get("containers", []), *sidecars])
+    per_pod = max([together, *(_container_gpus(c, gpu) for c in one_shot)])
     return _quantity(pod_set.get("count", 1)) * per_pod
 
 
 def parse_workload(
-    item: Mapping[str, Any], *, gpu_resource_names: Sequence[str] = ("nvidia.com/gpu",)
+    item: Mapping[str, Any], *, gpu: GpuResources = GpuResources()
 ) -> KueueWorkload | None:
     """A :class:`KueueWorkload` from one API object; ``None`` without namespace, name or uid."""
     metadata = item.get("metadata") or {}
@@ -155,7 +165,6 @@ def parse_workload(
         requeued_time = evicted_time
     references = [r for r in metadata.get("ownerReferences") or [] if isinstance(r, Mapping)]
     references.sort(key=lambda r: not r.get("controller"))
-    names = frozenset(gpu_resource_names)
     return KueueWorkload(
         namespace=str(namespace),
         name=str(name),
@@ -163,7 +172,7 @@ def parse_workload(
         queue=spec.get("queueName") or None,
         owners=tuple((str(r.get("kind")), str(r.get("name"))) for r in references),
         labels=MappingProxyType(dict(metadata.get("labels") or {})),
-        gpus=sum(pod_set_gpus(p, names) for p in spec.get("podSets") or []),
+        gpus=sum(pod_set_gpus(p, gpu) for p in spec.get("podSets") or []),
         created_time=_time(metadata.get("creationTimestamp")),
         admitted_time=_time(admitted.get("lastTransitionTime")) if admitted else None,
         evicted_time=evicted_time,
@@ -187,7 +196,7 @@ class KueueWorkloadReader:
         api: CustomObjectsApi,
         *,
         namespace: str | None = None,
-        gpu_resource_names: Sequence[str] = ("nvidia.com/gpu",),
+        gpu: GpuResources = GpuResources(),
         request_timeout_seconds: float = 10,
         page_size: int = DEFAULT_PAGE_SIZE,
     ) -> None:
@@ -195,7 +204,7 @@ class KueueWorkloadReader:
             raise ValueError("request_timeout_seconds and page_size must be positive")
         self._api = api
         self.namespace = namespace
-        self.gpu_resource_names = tuple(gpu_resource_names)
+        self.gpu = gpu
         self.request_timeout_seconds = request_timeout_seconds
         self.page_size = page_size
 
@@ -213,7 +222,7 @@ class KueueWorkloadReader:
             if page is None:
                 return []
             for item in page.get("items") or []:
-                workload = parse_workload(item, gpu_resource_names=self.gpu_resource_names)
+                workload = parse_workload(item, gpu=self.gpu)
                 if workload is not None:
                     found.append(workload)
             token = (page.get("metadata") or {}).get("continue")
