@@ -249,6 +249,11 @@ def test_mig_slices_count_as_gpus():
     assert parsed.gpus == 6
 
 
+def test_a_workload_without_gpus_is_not_a_job():
+    runs = runs_with_workloads([], [evicted_workload(gpus=0)], since=T0)
+    assert runs == []
+
+
 def test_one_namespace_lists_only_its_workloads(cluster):
     _, found = read(cluster, namespace="vision")
     assert sorted(w.name for w in found) == ["job-train-b-4a5b6", "job-train-c-7c8d9"]

@@ -9,6 +9,7 @@ For a job with a Workload (:mod:`~gpuwarden.collector.jobs.kueue_workloads`):
 - an eviction (``Evicted`` / ``Preempted`` true) ends the attempt as preempted; the Workload,
   requeued by Kueue, waits again from its ``Requeued`` condition (a second attempt), not
   during a requeue backoff nor when deactivated;
+- a Workload whose pod sets ask for no GPU is not a job here (as a pod that asks for none);
 - its pods are the same job: a pod whose controller (``Job/<name>``, or the pod itself with
   Kueue's pod integration) owns a Workload in the same namespace is left out, so it is never
   counted twice. The pods give the Workload its team when they carry one.
@@ -88,7 +89,7 @@ def runs_with_workloads(
     left out.
     """
     by_owner: dict[tuple[str, str], KueueWorkload] = {}
-    listed = list(workloads)
+    listed = [w for w in workloads if w.gpus > 0]  # like pods: only jobs that ask for GPUs
     for workload in listed:
         for kind, name in workload.owners:
             by_owner.setdefault((workload.namespace, f"{kind}/{name}"), workload)
