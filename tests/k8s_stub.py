@@ -151,6 +151,8 @@ class KubeApiStub:
         )
         self.token = token
         self.forbidden = False
+        self.absent_resources: set[str] = set()
+        """Plural names (``workloads``) answered 404, as for a CRD that is not installed."""
         self.objects = ObjectStore()
         self.requests: list[Request] = []
         self._lock = threading.Lock()
@@ -205,6 +207,9 @@ class KubeApiStub:
         """Return the status and JSON body the API server would send."""
         if authorization != f"Bearer {self.token}":
             return 401, status_object(401, "Unauthorized", "Unauthorized")
+        if any(f"/{plural}" in path for plural in self.absent_resources):
+            message = "the server could not find the requested resource"
+            return 404, status_object(404, "NotFound", message)
         found = self.objects.read(path)
         if found is not None:
             return found
@@ -352,6 +357,12 @@ class ObjectStore:
             if path.endswith("/scale") and "/deployments/" in path:
                 return 404, _not_found(path.removesuffix("/scale"))
             items = [obj for key, obj in sorted(self._objects.items()) if _parent(key) == path]
+            if _cluster_scoped_list(path):  # e.g. /apis/kueue.x-k8s.io/v1beta1/workloads
+                items = [
+                    obj
+                    for key, obj in sorted(self._objects.items())
+                    if _cluster_parent(key) == path
+                ]
             if items or path.endswith(("/horizontalpodautoscalers", "/workloads")):
                 return 200, {
                     "kind": "List",
@@ -443,6 +454,20 @@ class ObjectStore:
 
 def _parent(path: str) -> str:
     return path.rsplit("/", 1)[0]
+
+
+def _cluster_scoped_list(path: str) -> bool:
+    """``/apis/<group>/<version>/<plural>``: a custom resource listed in all namespaces."""
+    parts = path.strip("/").split("/")
+    return len(parts) == 4 and parts[0] == "apis" and parts[3] != "namespaces"
+
+
+def _cluster_parent(path: str) -> str:
+    """The all-namespaces list path of a namespaced custom object's path, else ``""``."""
+    parts = path.strip("/").split("/")
+    if len(parts) != 7 or parts[0] != "apis" or parts[3] != "namespaces":
+        return ""
+    return "/" + "/".join([*parts[:3], parts[5]])
 
 
 def _resource(path: str) -> str:

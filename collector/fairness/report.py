@@ -8,6 +8,10 @@ The attempts come from one of two places:
   ``SLURM_CONF`` from the environment, or ``--slurm-conf``.
 - ``--db``: the jobs the collector stored from its job sources (``squeue``, Kubernetes pods, the
   API): one record per job, its latest attempt, no eligible time (waits count from submission).
+  With ``--kueue``, the Kueue Workloads are read (as they are now) through the Kubernetes client
+  of ``--config`` (``kubernetes_kubeconfig`` / ``kubernetes_in_cluster``): a job with a Workload
+  waits from its creation to its admission and its pods are not counted again
+  (:mod:`~gpuwarden.collector.fairness.kueue`).
 
 Targets are the ``fairness.targets`` of the collector's config (``--config``).
 
@@ -27,7 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
+    from gpuwarden.collector.config import CollectorConfig
     from gpuwarden.collector.fairness.figures import FairnessFigures, GroupFigures
+    from gpuwarden.collector.jobs.kueue_workloads import KueueWorkload
     from gpuwarden.collector.jobs.runs import QueueRun
 
 EXIT_OK, EXIT_ERROR = 0, 1
@@ -122,6 +128,12 @@ def add_fairness_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParse
     )
     fairness.add_argument("--slurm-conf", type=Path, help="the slurm.conf sacct reads")
     fairness.add_argument(
+        "--kueue",
+        action="store_true",
+        help="with --db: add the Kueue Workloads, read now through the Kubernetes client of "
+        "--config (waits from Workload creation to admission)",
+    )
+    fairness.add_argument(
         "--config", type=Path, help="the collector's config file, whose fairness.targets apply"
     )
     fairness.add_argument(
@@ -133,7 +145,9 @@ def add_fairness_parser(kinds: argparse._SubParsersAction[argparse.ArgumentParse
     fairness.add_argument("--format", choices=FORMATS, default="table", dest="fmt")
 
 
-def _runs(args: argparse.Namespace, since: float, until: float) -> list[QueueRun]:
+def _runs(
+    args: argparse.Namespace, since: float, until: float, config: CollectorConfig | None = None
+) -> list[QueueRun]:
     if args.sacct:
         from gpuwarden.collector.jobs.slurm_sacct import SlurmAccounting
 
@@ -148,7 +162,34 @@ def _runs(args: argparse.Namespace, since: float, until: float) -> list[QueueRun
     if not is_postgresql_url(args.db) and not Path(args.db).is_file():
         raise FileNotFoundError(f"{args.db}: no such database")
     with _open(args.db) as storage:
-        return [run_from_job(job) for job in storage.jobs(since=since)]
+        jobs = storage.jobs(since=since)
+    if not args.kueue:
+        return [run_from_job(job) for job in jobs]
+    from gpuwarden.collector.fairness.kueue import runs_with_workloads
+
+    return runs_with_workloads(jobs, _workloads(config), since=since)
+
+
+def _workloads(config: CollectorConfig | None) -> list[KueueWorkload]:
+    """The Kueue Workloads, through the Kubernetes client the collector's config names."""
+    from gpuwarden.collector.jobs import JobSourceError
+    from gpuwarden.collector.jobs.kube_client import KubeApis, load_client
+    from gpuwarden.collector.jobs.kueue_workloads import KueueWorkloadReader
+
+    if config is None or (
+        config.kubernetes_kubeconfig is None and not config.kubernetes_in_cluster
+    ):
+        raise JobSourceError(
+            "--kueue needs --config with kubernetes_kubeconfig or kubernetes_in_cluster"
+        )
+    client = load_client(
+        kubeconfig=config.kubernetes_kubeconfig,
+        context=config.kubernetes_context,
+        in_cluster=config.kubernetes_in_cluster,
+    )
+    with client:
+        api = KubeApis(client).custom_objects()
+        return KueueWorkloadReader(api, namespace=config.kubernetes_namespace).workloads()
 
 
 def run_fairness(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
@@ -161,8 +202,9 @@ def run_fairness(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
 
     try:
         until = parse_time(args.until, time.time())
-        targets = load_collector_config(args.config).fairness.targets if args.config else {}
-        runs = _runs(args, until - args.since, until)
+        config = load_collector_config(args.config) if args.config else None
+        targets = config.fairness.targets if config is not None else {}
+        runs = _runs(args, until - args.since, until, config)
     except (ValueError, ConfigError, JobSourceError, StorageError, OSError) as exc:
         print(f"gpuwarden report fairness: {exc}", file=sys.stderr)
         return EXIT_ERROR
