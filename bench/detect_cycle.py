@@ -575,10 +575,12 @@ def run_one(
 
 
 def run_accounting(
-    engine: DetectionEngine, fleet: Fleet, t: int, template: list[NumberPoint]
+    engine: DetectionEngine, fleet: Fleet, t: int, template: list[NumberPoint], where: str
 ) -> None:
-    """One run of the collector's accounting step (every ``accounting_period_seconds``, in a
-    thread of the collector's process), with the ingest probe: what it costs ingest."""
+    """One run of the collector's accounting step (every ``accounting_period_seconds``), with
+    the ingest probe: what it costs ingest, computed ``where`` (this thread, or the forked child
+    the collector uses: ``CollectorService.fork_accounting``)."""
+    say(f"accounting ({where}):")
     probe = IngestProbe(engine, fleet.service, node_points(template, 0, t * NS))
     began, cpu = time.perf_counter(), time.thread_time()
     try:
@@ -586,7 +588,7 @@ def run_accounting(
     finally:
         wall, cpu = time.perf_counter() - began, time.thread_time() - cpu
         probe.finish()
-    say(f"accounting: {wall:.2f} s wall, {cpu:.2f} s CPU in this process (GIL held), "
+    say(f"accounting ({where}): {wall:.2f} s wall, {cpu:.2f} s CPU in this thread (GIL held), "
         f"{written} rows written")  # fmt: skip
     say(probe.report())
 
@@ -618,8 +620,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--accounting", action="store_true",
-        help="after the cycles, time one accounting step (the collector runs it every minute "
-             "in its own process) with the ingest probe",
+        help="after the cycles, time one accounting step with the ingest probe: in a thread of "
+             "this process, then in a forked child (as the collector runs it every minute)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -654,8 +656,10 @@ def main(argv: list[str] | None = None) -> int:
                 last = cycle == args.cycles - 1
                 run_one(engine, f"cycle {cycle} ({mode})", args.profile and last, fleet, t,
                         template if args.probe_ingest else None)  # fmt: skip
-        if args.accounting:
-            run_accounting(engines[modes[-1]], fleet, t, template)
+        if args.accounting:  # as it ran before, then as the collector runs it now
+            run_accounting(engines[modes[-1]], fleet, t, template, "in a thread")
+            service.fork_accounting()
+            run_accounting(engines[modes[-1]], fleet, t, template, "in a forked child")
         memory_report(fleet)
         service.storage.close()
     return 0

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Generic, Self, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Generic, Self, TypeVar, cast, overload
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from gpuwarden.collector.store.types import AttrValue
 from gpuwarden.collector.store.window import WindowStore
 from gpuwarden.collector.store.window_rows import RowBatch, RowsIngested
 from gpuwarden.collector.views import DetectionView
+
+if TYPE_CHECKING:
+    from gpuwarden.collector.detect.fork import ForkedCycles
 
 __all__ = ["Accepted", "CollectorService", "DetectionView", "IngestTotals"]
 
@@ -146,6 +149,7 @@ class CollectorService:
         self.history = history
         self._view: DetectionView | None = None
         self._lock = threading.Lock()
+        self._accounting_forks: ForkedCycles | None = None
 
     # --- ingest (the intake) ------------------------------------------------------------------
 
@@ -308,6 +312,27 @@ class CollectorService:
     def run_accounting(self, now: float | None = None) -> int:
         """Recompute the last complete periods (late and spooled data land in them too)."""
         return self.fleet.run_accounting(now)
+
+    def fork_accounting(self, *, timeout_seconds: float = 600.0) -> None:
+        """From now on compute each accounting run in a forked child (what the collector does).
+
+        Accounting is Python over every GPU, its jobs and ten recomputed periods: 38-42 s a run
+        at 4,000 GPUs measured on a busy machine (issue 16), all of it holding the GIL that
+        ingest needs. The child gets the store and the registry as they were at the fork (their
+        locks held while forking, as for detection: ``detect.fork``) and sends back the rows;
+        storage reads and writes stay here.
+        """
+        from gpuwarden.collector.detect.fork import ForkedCycles
+
+        forks = ForkedCycles(self.detection_view.exclusive, timeout_seconds=timeout_seconds)
+        self._accounting_forks = forks
+        self.fleet.offload = forks.run
+
+    def stop_forks(self) -> None:
+        """Kill a running accounting child, if any, and fork no other (shutdown): a run then
+        raises ``detect.fork.CycleStoppedError``."""
+        if self._accounting_forks is not None:
+            self._accounting_forks.stop()
 
     # --- detection ----------------------------------------------------------------------------
 

@@ -41,6 +41,11 @@ from gpuwarden.collector.store.window import WindowStore
 PROJECT_LABEL = "project"
 """The job label naming the project a job's cost is charged to (chargeback, budgets)."""
 
+Batches = list[list[AccountingRow]]
+"""Accounting rows of each recomputed period, oldest first."""
+Offload = Callable[[Callable[[], Batches]], Batches]
+"""Runs a computation somewhere (``Fleet.offload``) and returns its result."""
+
 RANGE_READS = frozenset(
     {
         "hw.gpu.utilization",
@@ -69,6 +74,13 @@ class Fleet:
     #: the end of the newest period ``run_accounting`` wrote (None: it has not run here): spend
     #: windows ending now stop there (``views.DetectionView.spend``)
     accounted_until: float | None = None
+    #: runs the computing part of ``run_accounting`` (reading the window, the jobs and the
+    #: stored rows it was given; no storage, no state written) and returns its result: a forked
+    #: child (``detect.fork.ForkedCycles.run``, what the collector wires), so that minutes of
+    #: Python over every GPU never hold the GIL ingest needs; None: in the calling thread
+    offload: (
+        Callable[[Callable[[], list[list[AccountingRow]]]], list[list[AccountingRow]]] | None
+    ) = None
     #: each GPU's newest sample time at the previous ``run_accounting``
     _newest_seen: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
 
@@ -327,22 +339,26 @@ class Fleet:
             # a GPU came back after a gap longer than the recompute window: its gap becomes
             # no data from the first period after its previous sample, not nobody's time
             first = math.floor(resumed / self.period_seconds) * self.period_seconds
-        times, gpus = self.charged_timelines(first, last_complete)
-        jobs = self.registry.known()
         stored = self.storage.accounting_rows(since=first, until=last_complete)
-        written = 0
-        for k in range(round((last_complete - first) / self.period_seconds)):
-            start = first + k * self.period_seconds
-            end = start + self.period_seconds
-            part = (times >= start) & (times < end)
-            sliced = [_sliced(gpu, part) for gpu in gpus]
-            usage = account(
-                sliced, jobs, times[part], self.store.step_seconds, end, self.accounting
-            )
-            # never replace a GPU's period with one that knows less (a restart's empty window)
-            rows = not_less_informed(self._rows(start, usage), stored)
-            if rows:
-                written += self.storage.write_rollups(rows)
+
+        def compute() -> Batches:
+            times, gpus = self.charged_timelines(first, last_complete)
+            jobs = self.registry.known()
+            batches = []
+            for k in range(round((last_complete - first) / self.period_seconds)):
+                start = first + k * self.period_seconds
+                end = start + self.period_seconds
+                part = (times >= start) & (times < end)
+                sliced = [_sliced(gpu, part) for gpu in gpus]
+                usage = account(
+                    sliced, jobs, times[part], self.store.step_seconds, end, self.accounting
+                )
+                # never replace a GPU's period with one that knows less (a restart's empty window)
+                batches.append(not_less_informed(self._rows(start, usage), stored))
+            return batches
+
+        batches = compute() if self.offload is None else self.offload(compute)
+        written = sum(self.storage.write_rollups(rows) for rows in batches if rows)
         self.accounted_until = last_complete
         return written
 

@@ -144,6 +144,7 @@ def _app(
         service.storage.close()
         raise _StartupRefusedError(2, f"remediation: {exc}") from None
     lease_store = _lease_store(config, service)
+    service.fork_accounting()  # minutes of Python over every GPU, off the GIL ingest needs
     app = create_app(
         config,
         service=service,

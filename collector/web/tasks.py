@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.detect.fork import CycleStoppedError
 from gpuwarden.collector.ha.leadership import Leadership, LeaseElection
 from gpuwarden.collector.notify.dispatcher import AlertDispatcher
 from gpuwarden.collector.remediate.remediator import Remediator
@@ -123,6 +124,8 @@ async def _every(
             await in_daemon_thread(name, step)
         except FencedError as exc:  # leadership lost mid-step: the standby's turn now
             log.warning("%s stopped: %s", name, exc)
+        except CycleStoppedError:  # its forked child was killed: we are stopping
+            log.info("%s stopped at shutdown", name)
         except Exception:  # one broad except per iteration: the loop must go on
             log.exception("%s failed; retrying in %.0f s", name, interval_seconds)
         else:
@@ -267,6 +270,7 @@ def background(
         stop.set()
         if detection is not None:  # a cycle in its forked child is killed, not waited for
             detection.stop()
+        service.stop_forks()  # so is an accounting run's child
         await _stop(loops, stop_timeout_seconds)
         if election is not None:  # after the loops: none of them acts any more
             await _final_saves([election.release], final_save_seconds)
