@@ -20,6 +20,8 @@ from kubernetes.client import ApiClient, Configuration
 from gpuwarden.collector.accounting.report import add_report_parser, run_report
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import load_collector_config
+from gpuwarden.collector.detect.catalog import load_rules
+from gpuwarden.collector.detect.engine import DetectionEngine
 from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.fairness.figures import fairness_figures
 from gpuwarden.collector.fairness.kueue import runs_with_workloads
@@ -31,7 +33,10 @@ from gpuwarden.collector.jobs.kueue_workloads import (
     KueueWorkloadReader,
     parse_workload,
 )
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
+from gpuwarden.collector.rules.model import RuleSet
 from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.records import IncidentState
 from gpuwarden.collector.web.exposition_fairness import fairness_families
 from tests.detectors import make_rule, run_rule
 from tests.k8s_stub import KubeApiStub
@@ -494,5 +499,28 @@ def test_a_failed_list_keeps_the_last_workloads_and_logs_once(queued_cluster, tm
         kueue_logs = [r for r in caplog.records if "Kueue Workloads failed" in r.getMessage()]
         assert len(kueue_logs) == 1
         assert "401" in kueue_logs[0].getMessage()
+    finally:
+        service.storage.close()
+
+
+def test_a_forked_detection_cycle_sees_the_polled_workloads(queued_cluster, tmp_path):
+    """The default team-starved rule, run by the engine in a forked child: the child reads the
+    registry's Workloads as they were at the fork and the incident is about team vision."""
+    service = live_service(queued_cluster, tmp_path)
+    try:
+        service.registry.poll(NOW)
+        rules = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
+        starved = rules.get("team-starved")
+        assert starved is not None
+        engine = DetectionEngine(
+            service.detection_view, RuleSet((starved,)), storage=service.storage, fork=True
+        )
+        result = engine.run_cycle(now=NOW)
+        assert (result.failed_rules, result.opened) == ((), 1)
+        (incident,) = service.storage.incidents(state=IncidentState.OPEN)
+        assert (incident.rule_id, incident.evidence["job"]) == (
+            "team-starved",
+            "kueue:uid-job-train-b-4a5b6",
+        )
     finally:
         service.storage.close()
