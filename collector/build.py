@@ -322,6 +322,7 @@ def build_service(
             extra=(*config.recent_metrics, *long_kept, *SERVICE_RANGE_READS),
         )
     storage = open_storage(config, clock=clock)
+    workload_reader = None
     if job_sources is None:
         job_sources = []
         if config.slurm_cluster:
@@ -336,6 +337,7 @@ def build_service(
 
             with needs_extra("kubernetes", setting):
                 from gpuwarden.collector.jobs.kubernetes import KubernetesJobSource
+                from gpuwarden.collector.jobs.kueue_workloads import KueueWorkloadReader
 
                 try:
                     client = load_client(
@@ -345,9 +347,12 @@ def build_service(
                     )
                 except JobSourceError as exc:
                     raise ConfigError(f"kubernetes: {exc}") from None
-            api = KubeApis(client).core()
-            source = KubernetesJobSource(api, namespace=config.kubernetes_namespace)
+            apis = KubeApis(client)
+            source = KubernetesJobSource(apis.core(), namespace=config.kubernetes_namespace)
             job_sources.append(("kubernetes", source))
+            workload_reader = KueueWorkloadReader(
+                apis.custom_objects(), namespace=config.kubernetes_namespace
+            )
     scraper = None
     if config.model_servers:
         from gpuwarden.collector.ingest.scrape import ModelServerScraper, ScrapeTarget
@@ -377,7 +382,7 @@ def build_service(
             clock=clock,
         ),
         storage=storage,
-        registry=JobRegistry(storage, job_sources),
+        registry=JobRegistry(storage, job_sources, workload_reader=workload_reader),
         accounting=AccountingConfig(
             idle_threshold_ratio=config.idle_threshold_ratio,
             grid_intensity_grams_per_kwh=config.grid_intensity_grams_per_kwh,

@@ -21,6 +21,7 @@ from gpuwarden.collector.accounting.fleet import Fleet
 from gpuwarden.collector.accounting.gpu_time import GpuRef, GpuTimeline
 from gpuwarden.collector.budgets.config import Budgets
 from gpuwarden.collector.budgets.spend import WindowSpend, WindowSpendCache
+from gpuwarden.collector.jobs.kueue_workloads import KueueWorkload
 from gpuwarden.collector.jobs.model import Job
 from gpuwarden.collector.storage.records import Event, EventKind, ModelDeployment
 from gpuwarden.collector.store.fresh import FreshReads
@@ -61,6 +62,10 @@ class DetectionView:
     def jobs(self) -> list[Job]:
         """Every job known."""
         return self._fleet.registry.known()
+
+    def kueue_workloads(self) -> list[KueueWorkload]:
+        """The job registry's last good list of Kueue Workloads."""
+        return self._fleet.registry.kueue_workloads()
 
     def job(self, key: str) -> Job | None:
         """One job by key."""

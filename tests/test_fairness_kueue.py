@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,9 @@ from kubernetes.client import ApiClient, Configuration
 from gpuwarden.collector.accounting.report import add_report_parser, run_report
 from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import load_collector_config
+from gpuwarden.collector.detect.catalog import load_rules
+from gpuwarden.collector.detect.engine import DetectionEngine
+from gpuwarden.collector.detect.findings import Verdict
 from gpuwarden.collector.fairness.figures import fairness_figures
 from gpuwarden.collector.fairness.kueue import runs_with_workloads
 from gpuwarden.collector.jobs import JobSourceError
@@ -28,6 +33,12 @@ from gpuwarden.collector.jobs.kueue_workloads import (
     KueueWorkloadReader,
     parse_workload,
 )
+from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
+from gpuwarden.collector.rules.model import RuleSet
+from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.storage.records import IncidentState
+from gpuwarden.collector.web.exposition_fairness import fairness_families
+from tests.detectors import make_rule, run_rule
 from tests.k8s_stub import KubeApiStub
 from tests.test_build_actuators import TOKEN, write_kubeconfig
 
@@ -407,3 +418,109 @@ def test_report_adds_the_workloads_to_the_stored_pods(cluster, tmp_path, capsys)
     code, _ = report(*common, "--kueue")
     assert code == 1
     assert "--kueue needs --config with kubernetes_kubeconfig" in capsys.readouterr().err
+
+
+# --- live: the collector polls the Workloads; /metrics and the rules read them -----------------
+
+
+@pytest.fixture
+def queued_cluster() -> Iterator[KubeApiStub]:
+    """Team vision: ``train-b`` queued in Kueue since 3 h ago (8 GPUs, LocalQueue lq-vision, no
+    pods yet); team nlp: a pod without any Workload, started 1 min after its creation."""
+    pods = [pod("nlp", "serve-0", owner="serve", created=T0 + H, started=T0 + H + 60, team="nlp")]
+    with KubeApiStub(pods, token=TOKEN) as stub:
+        stub.objects.put(
+            WORKLOADS.format(ns="vision", name="job-train-b-4a5b6"),
+            workload(
+                "vision",
+                "job-train-b-4a5b6",
+                created=T0 + H,
+                owner=("Job", "train-b"),
+                queue="lq-vision",
+                count=1,
+                gpus=8,
+                conditions=[condition("QuotaReserved", "False", T0 + H, "Pending")],
+            ),
+        )
+        yield stub
+
+
+def live_service(stub: KubeApiStub, tmp_path: Path) -> CollectorService:
+    config = tmp_path / "collector.yaml"
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", stub.url)
+    config.write_text(f"database: {tmp_path / 'c.db'}\nkubernetes_kubeconfig: {kubeconfig}\n")
+    return build_service(load_collector_config(config), clock=lambda: NOW)
+
+
+def fairness_samples(service: CollectorService) -> dict[tuple[str, frozenset[Any]], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in fairness_families(service, NOW, 24 * H)
+        for s in family.samples
+    }
+
+
+def test_polled_workloads_are_in_metrics_and_the_starved_rule(queued_cluster, tmp_path):
+    service = live_service(queued_cluster, tmp_path)
+    try:
+        assert ("gpuwarden_fairness_pending_jobs", frozenset({("team", "vision")})) not in (
+            fairness_samples(service)
+        )  # not polled yet: only what the registry holds is read
+        result = service.registry.poll(NOW)
+        assert (result.jobs, result.failed_sources) == (1, ())
+        got = fairness_samples(service)
+        vision, nlp = frozenset({("team", "vision")}), frozenset({("team", "nlp")})
+        assert got[("gpuwarden_fairness_pending_jobs", vision)] == 1
+        assert got[("gpuwarden_fairness_wait_seconds", vision | {("quantile", "0.5")})] == 3 * H
+        assert got[("gpuwarden_fairness_wait_seconds", nlp | {("quantile", "0.5")})] == 60
+        lq = frozenset({("queue", "lq-vision"), ("quantile", "0.95")})
+        assert got[("gpuwarden_fairness_queue_wait_seconds", lq)] == 3 * H
+
+        found = run_rule(service, make_rule("team_starved", window_seconds=6 * H), NOW)
+        starved = {f.facts.team: f for f in found}["vision"]
+        assert starved.verdict is Verdict.FIRING
+        assert (starved.evidence["pending"], starved.evidence["job"]) == (
+            1,
+            "kueue:uid-job-train-b-4a5b6",
+        )
+    finally:
+        service.storage.close()
+
+
+def test_a_failed_list_keeps_the_last_workloads_and_logs_once(queued_cluster, tmp_path, caplog):
+    service = live_service(queued_cluster, tmp_path)
+    try:
+        service.registry.poll(NOW)
+        queued_cluster.token = "another-token"  # the API now refuses every call (401)
+        with caplog.at_level(logging.WARNING, logger="gpuwarden.collector.jobs.registry"):
+            assert service.registry.poll(NOW).failed_sources == ("kubernetes", "kueue")
+            service.registry.poll(NOW)
+        assert [w.name for w in service.registry.kueue_workloads()] == ["job-train-b-4a5b6"]
+        kueue_logs = [r for r in caplog.records if "Kueue Workloads failed" in r.getMessage()]
+        assert len(kueue_logs) == 1
+        assert "401" in kueue_logs[0].getMessage()
+    finally:
+        service.storage.close()
+
+
+def test_a_forked_detection_cycle_sees_the_polled_workloads(queued_cluster, tmp_path):
+    """The default team-starved rule, run by the engine in a forked child: the child reads the
+    registry's Workloads as they were at the fork and the incident is about team vision."""
+    service = live_service(queued_cluster, tmp_path)
+    try:
+        service.registry.poll(NOW)
+        rules = load_rules([default_rules_dir()], runbooks_dir=default_runbooks_dir())
+        starved = rules.get("team-starved")
+        assert starved is not None
+        engine = DetectionEngine(
+            service.detection_view, RuleSet((starved,)), storage=service.storage, fork=True
+        )
+        result = engine.run_cycle(now=NOW)
+        assert (result.failed_rules, result.opened) == ((), 1)
+        (incident,) = service.storage.incidents(state=IncidentState.OPEN)
+        assert (incident.rule_id, incident.evidence["job"]) == (
+            "team-starved",
+            "kueue:uid-job-train-b-4a5b6",
+        )
+    finally:
+        service.storage.close()

@@ -28,6 +28,7 @@ from gpuwarden.collector.accounting.gpu_time import GpuRef, GpuTimeline
 from gpuwarden.collector.budgets.config import Budgets
 from gpuwarden.collector.budgets.spend import WindowSpend
 from gpuwarden.collector.detect.findings import Finding
+from gpuwarden.collector.jobs.kueue_workloads import KueueWorkload
 from gpuwarden.collector.jobs.model import Job
 from gpuwarden.collector.rules.model import (
     SELECTOR_FIELDS,
@@ -75,6 +76,10 @@ class DetectionContext(Protocol):
 
     def job(self, key: str) -> Job | None:
         """One job by key."""
+        ...
+
+    def kueue_workloads(self) -> list[KueueWorkload]:
+        """Kueue's Workloads as last listed (empty: no Kubernetes source, or no Kueue)."""
         ...
 
     def resolve_job(self, scheduler: str, ident: str, node: str) -> str:

@@ -1,7 +1,9 @@
 """Fairness between teams: a team starved of GPUs, a team holding more than its share.
 
 Both read the jobs the collector knows (``squeue``, Kubernetes pods, the API; each job's latest
-attempt, :func:`~gpuwarden.collector.jobs.runs.run_from_job`) over the rule's window and judge
+attempt, :func:`~gpuwarden.collector.jobs.runs.run_from_job`), with Kueue's Workloads in place
+of their pods (``ctx.kueue_workloads()``, :mod:`~gpuwarden.collector.fairness.kueue`: a job still
+queued in Kueue is pending) over the rule's window and judge
 each team's figures (:mod:`~gpuwarden.collector.fairness.figures`) against its entitled share
 (``fairness.targets``; with no targets set, an equal share of the teams seen in the window):
 
@@ -34,7 +36,8 @@ from gpuwarden.collector.fairness.figures import (
     used_seconds,
     wait_seconds,
 )
-from gpuwarden.collector.jobs.runs import QueueRun, runs_from_jobs
+from gpuwarden.collector.fairness.kueue import runs_with_workloads
+from gpuwarden.collector.jobs.runs import QueueRun
 from gpuwarden.collector.rules.durations import format_duration
 from gpuwarden.collector.rules.model import Rule, Subject
 from gpuwarden.collector.rules.params import duration, number
@@ -104,7 +107,7 @@ class _Window:
 
 def _window(ctx: DetectionContext, window_seconds: float, now: float) -> _Window:
     start = now - window_seconds
-    runs = runs_from_jobs(ctx.jobs(), since=start)
+    runs = runs_with_workloads(ctx.jobs(), ctx.kueue_workloads(), since=start)
     figures = fairness_figures(runs, since=start, until=now, targets=ctx.fairness_targets)
     return _Window(figures, runs, dict(figures.targets), start, now)
 

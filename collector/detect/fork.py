@@ -59,6 +59,7 @@ from gpuwarden.collector.budgets.calendar import month_bounds
 from gpuwarden.collector.budgets.config import Budgets
 from gpuwarden.collector.budgets.spend import WindowSpend
 from gpuwarden.collector.detect.contract import DetectionContext
+from gpuwarden.collector.jobs.kueue_workloads import KueueWorkload
 from gpuwarden.collector.jobs.model import Job
 from gpuwarden.collector.storage.records import Event, EventKind, ModelDeployment
 from gpuwarden.collector.store.window import WindowStore
@@ -150,6 +151,10 @@ class ForkContext:
     def jobs(self) -> list[Job]:
         """The inner view's jobs."""
         return self._inner.jobs()
+
+    def kueue_workloads(self) -> list[KueueWorkload]:
+        """The inner view's Kueue Workloads (a child: as they were at the fork)."""
+        return self._inner.kueue_workloads()
 
     def job(self, key: str) -> Job | None:
         """The inner view's job."""

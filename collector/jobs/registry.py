@@ -12,12 +12,23 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from gpuwarden.collector.jobs import JobSourceError
+from gpuwarden.collector.jobs.kueue_workloads import KueueWorkload
 from gpuwarden.collector.jobs.model import Job, JobSource
 from gpuwarden.collector.storage.base import Storage
 
 log = logging.getLogger(__name__)
+
+
+class WorkloadReader(Protocol):
+    """What lists Kueue Workloads
+    (:class:`~gpuwarden.collector.jobs.kueue_workloads.KueueWorkloadReader`)."""
+
+    def workloads(self) -> list[KueueWorkload]:
+        """Every Workload; raises ``JobSourceError`` when the API fails."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +41,25 @@ class PollResult:
 
 
 class JobRegistry:
-    """Jobs by key, from adapters (``sources``) and the API; persisted to ``storage``."""
+    """Jobs by key, from adapters (``sources``) and the API; persisted to ``storage``.
 
-    def __init__(self, storage: Storage, sources: Sequence[tuple[str, JobSource]] = ()) -> None:
+    With a ``workload_reader`` (the Kubernetes source's cluster), each poll also lists Kueue's
+    Workloads, kept in memory only (fairness reads them, ``fairness.kueue``): a failing list keeps
+    the last good one, logged once per distinct error.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        sources: Sequence[tuple[str, JobSource]] = (),
+        *,
+        workload_reader: WorkloadReader | None = None,
+    ) -> None:
         self._storage = storage
         self._sources = list(sources)
+        self._workload_reader = workload_reader
+        self._workloads: list[KueueWorkload] = []
+        self._workload_error: str | None = None
         self._by_source: dict[str, dict[str, Job]] = {}
         self._api: dict[str, Job] = {
             job.key: job for job in storage.jobs() if job.scheduler == "api"
@@ -55,8 +80,32 @@ class JobRegistry:
                 continue
             with self._lock:
                 self._by_source[name] = {job.key: job for job in jobs}
+        reader = self._workload_reader
+        if reader is not None and not self._poll_workloads(reader):
+            failed.append("kueue")
         changed = self._persist(self.jobs())
         return PollResult(len(self.jobs()), changed, tuple(failed))
+
+    def _poll_workloads(self, reader: WorkloadReader) -> bool:
+        """List the Workloads; on failure keep the last good list (logged once per error)."""
+        try:
+            workloads = reader.workloads()
+        except JobSourceError as exc:
+            if str(exc) != self._workload_error:
+                log.warning("Kueue Workloads failed (keeping the last good list): %s", exc)
+            self._workload_error = str(exc)
+            return False
+        if self._workload_error is not None:
+            log.info("Kueue Workloads listed again")
+            self._workload_error = None
+        with self._lock:
+            self._workloads = workloads
+        return True
+
+    def kueue_workloads(self) -> list[KueueWorkload]:
+        """The last good list of Kueue Workloads (empty: no reader, or Kueue not installed)."""
+        with self._lock:
+            return list(self._workloads)
 
     def put(self, jobs: Iterable[Job]) -> int:
         """Register or update jobs announced over the API; return how many changed."""

@@ -2,10 +2,12 @@
 jobs and preemptions over the accounting window (default 24 h), per team and per queue.
 
 Read at scrape time from the jobs the collector knows (``squeue``, Kubernetes pods, the API;
-each job's latest attempt) through :func:`~gpuwarden.collector.fairness.figures.
-fairness_figures`; targets from ``fairness.targets`` (equal shares of the teams seen when none
-is set). A figure without data (no waits, no use) is a missing sample, never 0. The families
-are gauges over the window: ``preemptions`` counts the window's, it is not a counter.
+each job's latest attempt), Kueue's Workloads in place of their pods (the registry's last
+list, :mod:`~gpuwarden.collector.fairness.kueue`), through
+:func:`~gpuwarden.collector.fairness.figures.fairness_figures`; targets from
+``fairness.targets`` (equal shares of the teams seen when none is set). A figure without data
+(no waits, no use) is a missing sample, never 0. The families are gauges over the window:
+``preemptions`` counts the window's, it is not a counter.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from gpuwarden.collector.fairness.figures import WAIT_QUANTILES, GroupFigures, fairness_figures
-from gpuwarden.collector.jobs.runs import runs_from_jobs
+from gpuwarden.collector.fairness.kueue import runs_with_workloads
 from gpuwarden.collector.service import CollectorService
 
 Figure = Callable[[GroupFigures], float | None]
@@ -72,7 +74,9 @@ _WAITS: dict[float, Figure] = {
 
 def fairness_families(service: CollectorService, now: float, window_seconds: float) -> list[Metric]:
     """The ``gpuwarden_fairness_*`` families over ``[now - window_seconds, now)``."""
-    runs = runs_from_jobs(service.registry.known(), since=now - window_seconds)
+    runs = runs_with_workloads(
+        service.registry.known(), service.registry.kueue_workloads(), since=now - window_seconds
+    )
     targets = service.fleet.accounting.fairness_targets
     figures = fairness_figures(runs, since=now - window_seconds, until=now, targets=targets)
     window = f"over the last {window_seconds / 3600:g} h"
