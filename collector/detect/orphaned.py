@@ -73,7 +73,8 @@ def run_orphaned_memory(
     fresh_gpus = _fresh_gpus(ctx, end - fresh, end) | {
         where[i] for i in range(n) if not np.isnan(memory[i])
     }
-    win = Window(start, end, times, step, [], [], np.zeros((0, 0), dtype=bool))
+    empty = np.zeros((0, 0), dtype=bool)
+    win = Window(start, end, times, step, [], [], empty, empty)
     orphans_on: dict[tuple[str, str], list[int]] = {}  # GPU → its orphan processes, in order
     for i in np.flatnonzero(orphan).tolist():
         orphans_on.setdefault(where[i], []).append(i)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.accounting.gpu_time import GpuTimeline, main_holders
+from gpuwarden.collector.accounting.gpu_time import GpuTimeline, holders
 from gpuwarden.collector.detect.contract import DetectionContext
 from gpuwarden.collector.detect.findings import Facts, Finding, JsonScalar, Verdict, new_finding
 from gpuwarden.collector.jobs.model import Job, JobState
@@ -64,15 +64,24 @@ LIVE_STATES = (JobState.RUNNING, JobState.SUSPENDED)
 
 
 def low_mean_verdicts(
-    utilization: FloatMatrix, held: BoolMatrix, *, threshold_ratio: float, min_coverage: float
+    utilization: FloatMatrix,
+    held: BoolMatrix,
+    *,
+    threshold_ratio: float,
+    min_coverage: float,
+    unknown_holder: BoolMatrix | None = None,
 ) -> tuple[Verdicts, npt.NDArray[np.float64]]:
     """Per row: FIRING when held throughout and the mean of its samples is below the threshold.
 
     Returns the verdicts and each row's mean (NaN without samples). Rows not held for the whole
     window are CLEAR (not this rule's case); rows with coverage below ``min_coverage`` UNKNOWN.
+    ``unknown_holder`` (rows × slots, as ``idle_gpu.idle_verdicts`` takes it): True where
+    nothing tells whether the job held the GPU; such a slot without a sample is not "not held",
+    it counts against coverage only. None: every slot's ``held`` is known.
     """
     if utilization.shape != held.shape:
         raise ValueError(f"shapes differ: {utilization.shape} vs {held.shape}")
+    held = held_or_silent(utilization, held, unknown_holder)
     if not 0 < min_coverage <= 1:
         raise ValueError("min_coverage must be in (0, 1]")
     known = ~np.isnan(utilization)
@@ -86,6 +95,19 @@ def low_mean_verdicts(
     verdict[enough & (mean >= threshold_ratio)] = Verdict.CLEAR
     verdict[enough & (mean < threshold_ratio)] = Verdict.FIRING
     return verdict, mean.astype(np.float64)
+
+
+def held_or_silent(
+    utilization: FloatMatrix, held: BoolMatrix, unknown_holder: BoolMatrix | None
+) -> BoolMatrix:
+    """``held``, plus the slots where nothing tells whether the job held the GPU and the GPU sent
+    no sample (``gpu_time.holders``' ``unknown``): missing data is not the job letting the GPU
+    go (issue 17). A slot with a sample and no job stays "not held": the sample speaks."""
+    if unknown_holder is None:
+        return held
+    if unknown_holder.shape != held.shape:
+        raise ValueError(f"shapes differ: {unknown_holder.shape} vs {held.shape}")
+    return np.asarray(held | (unknown_holder & np.isnan(utilization)), dtype=bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +280,7 @@ class Window:
     gpus: list[GpuTimeline]
     owner: list[str]  # the job that held each GPU longest in the window ("" = none)
     held: BoolMatrix  # GPU × slot: that job held it
+    unknown: BoolMatrix  # GPU × slot: no sample, no allocation: nothing tells (holders())
 
 
 def slot_end(ctx: DetectionContext, now: float, step: float) -> float:
@@ -303,8 +326,8 @@ def read_window(ctx: DetectionContext, now: float, window_seconds: float) -> Win
         ]
     if not gpus or len(times) == 0:
         return None
-    owner, held = main_holders(gpus, ctx.jobs(), times, step, end)
-    return Window(start, end, times, step, gpus, owner, held)
+    found = holders(gpus, ctx.jobs(), times, step, end)
+    return Window(start, end, times, step, gpus, found.owners, found.held, found.unknown)
 
 
 def gpu_price(ctx: DetectionContext, gpu: GpuTimeline, job: Job | None) -> tuple[float, str]:
@@ -313,9 +336,15 @@ def gpu_price(ctx: DetectionContext, gpu: GpuTimeline, job: Job | None) -> tuple
 
 
 def held_by_job(win: Window) -> dict[str, list[int]]:
+    """Per job, the GPUs (rows) it held for the whole window. A slot where the GPU sent nothing
+    and no allocation speaks (``win.unknown``) does not break the hold: it counts against the
+    detector's coverage only (issue 17: a dcgm-exporter pod whose newest scrape had not arrived
+    yet, or that missed one, was "not held" and never judged)."""
+    util = np.vstack([g.utilization_ratio for g in win.gpus])
+    held = held_or_silent(util, win.held, win.unknown)
     groups: dict[str, list[int]] = {}
     for i, key in enumerate(win.owner):
-        if key and win.held[i].all():
+        if key and held[i].all():
             groups.setdefault(key, []).append(i)
     return groups
 
