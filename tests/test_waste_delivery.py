@@ -1,6 +1,7 @@
 """Issue 17, for the waste detectors: a pod known only from dcgm-exporter's labels that held its
-GPUs unused fires ``forgotten_gpu`` whatever the phase of the sender's delivery against the
-detection cycle, as ``idle_gpu`` does (tests/test_prom_idle_delivery.py).
+GPUs unused fires ``forgotten_gpu`` (and a starving one ``input_bound``) whatever the phase of
+the sender's delivery against the detection cycle, as ``idle_gpu`` does
+(tests/test_prom_idle_delivery.py).
 
 A slot where the GPU sent nothing and no scheduler allocation speaks is unknown
 (``gpu_time.holders``), not the pod letting its GPUs go: ``waste.held_by_job`` counted it as
@@ -27,6 +28,8 @@ from gpuwarden.collector.service import CollectorService
 from tests.dcgm_exposition import DcgmFleet
 from tests.detectors import make_rule, run_rule
 from tests.test_prom_idle_delivery import KEY, STALE_NAN, T0, deliver, fleet
+from tests.test_prom_idle_delivery import scrape as idle_scrape
+from tests.test_prom_idle_delivery import service as idle_service
 from tests.test_prom_map_service import scrape_series
 
 STEP = 60
@@ -121,6 +124,24 @@ def test_an_exporter_silent_for_a_fifth_of_the_window_is_unknown(tmp_path: Path)
     found = notebook(run_rule(svc, forgotten_rule(), NOW))
     assert found.verdict is Verdict.UNKNOWN
     assert found.evidence["wasted_gpu_hours"] == 0.0
+
+
+def test_an_input_bound_pod_whose_newest_scrape_is_late_still_fires(tmp_path: Path) -> None:
+    """``input_bound`` groups jobs by ``held_by_job`` too: a pod whose GPUs cycle between busy
+    and stalled (a data loader that cannot keep up) fires when the scrape of the window's newest
+    slot has not arrived yet. One-second slots and scrapes, a one-minute window, as in
+    tests/test_prom_idle_delivery.py."""
+    now = T0 + 70.2
+    svc = idle_service(tmp_path, now)
+    the_fleet = fleet()
+    for k in range(69):  # the scrape of slot 69 (at T0 + 69.9) arrives after the cycle
+        for index in (2, 3):
+            busy = 95.0 if (k // 5) % 2 == 0 else 0.0  # 5 s busy, 5 s stalled
+            the_fleet.set("node-a", index, {"DCGM_FI_DEV_GPU_UTIL": busy})
+        deliver(svc, idle_scrape(the_fleet, k))
+    rule = make_rule("input_bound", "input-bound", window_seconds=60.0)
+    found = notebook(run_rule(svc, rule, now))
+    assert found.verdict is Verdict.FIRING, found.evidence
 
 
 NAN = np.nan
