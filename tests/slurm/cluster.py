@@ -24,7 +24,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -171,6 +171,8 @@ class SlurmCluster:
         accounting: Also run MariaDB and slurmdbd, so ``sacct`` answers (see the module).
         job_submit_lua: Files of the ``job_submit/lua`` plugin (``job_submit.lua`` and what it
             reads), by name, written next to ``slurm.conf``; given, ``JobSubmitPlugins=lua``.
+        partitions: Extra partitions (on every node, never the default) besides the plain
+            cluster's ``debug``: e.g. the price tiers a requeue moves jobs between.
 
     """
 
@@ -181,8 +183,12 @@ class SlurmCluster:
         start_timeout_seconds: float = 60.0,
         accounting: bool = False,
         job_submit_lua: Mapping[str, str] | None = None,
+        partitions: Sequence[str] = (),
     ) -> None:
+        if accounting and partitions:
+            raise SlurmClusterError("extra partitions go with the plain cluster only")
         self.accounting = accounting
+        self.partitions = tuple(partitions)
         self.job_submit_lua = dict(job_submit_lua or {})
         self._fields: dict[str, object] = {}
         self._db_password = ""
@@ -399,6 +405,8 @@ class SlurmCluster:
         }
         extra = ACCOUNTING_CONF if self.accounting else PLAIN_CONF
         conf = SLURM_CONF.format(**self._fields) + extra.format(**self._fields)
+        for name in self.partitions:
+            conf += f"PartitionName={name} Nodes=ALL MaxTime=INFINITE State=UP\n"
         if self.job_submit_lua:  # slurmctld reads job_submit.lua next to slurm.conf
             conf += "JobSubmitPlugins=lua\n"
             for name, text in self.job_submit_lua.items():

@@ -96,7 +96,8 @@ def _slurm(
 ) -> Actuator:
     from gpuwarden.collector.remediate.actuators.slurm import SlurmActuator
 
-    slurm = SlurmActuator(cluster, environ=environ)
+    partitions = {str(tier): name for tier, name in config.slurm_partitions_by_tier.items()}
+    slurm = SlurmActuator(cluster, environ=environ, partitions_by_tier=partitions)
     if not (config.kubernetes_actions or config.slurm_action_nodes):
         return slurm  # the only scheduler acting, on every node
 

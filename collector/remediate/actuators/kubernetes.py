@@ -159,6 +159,13 @@ class KubernetesActuator:
             if request.kind == "scale_up":
                 return self._scale_up(request)
             if request.kind == "requeue":
+                tier = request.parameters.get("price_tier", "same")
+                if tier != "same":  # a pod recreated by its controller keeps its node pool
+                    return ActionResult(
+                        Outcome.REFUSED,
+                        f"requeue to price tier {tier} is not supported on Kubernetes "
+                        "(no node-pool mapping): the pod would restart at its own tier",
+                    )
                 return self._requeue(request)
             if request.kind in ("drain", "resume"):
                 return self._cordon(request, cordon=request.kind == "drain")

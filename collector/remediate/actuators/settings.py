@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -65,6 +65,17 @@ WebhookName = Annotated[
 EnvName = Annotated[
     str,
     msgspec.Meta(pattern="^[A-Za-z_][A-Za-z0-9_]*$", description="an environment variable name"),
+]
+
+#: The price tiers a requeue may move a job to (``price_tier`` of ``requeue`` but ``same``).
+PriceTier = Literal["on-demand", "spot", "reserved"]
+#: A Slurm partition name: letters, digits, ``.``, ``_``, ``-`` (no list, space or ``=``).
+SlurmPartition = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="a Slurm partition name (letters, digits, '.', '_', '-')",
+    ),
 ]
 
 
@@ -170,6 +181,8 @@ class ActuatorSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     Attributes:
         slurm_cluster: the Slurm actuator (requeue, drain, resume), and the Slurm job source.
         slurm_action_nodes: node-name globs Slurm drains when Kubernetes acts too.
+        slurm_partitions_by_tier: price tier → the Slurm partition a ``requeue`` with that
+            ``price_tier`` moves the job to (a tier without one is refused).
         kubernetes_kubeconfig: the Kubernetes client: a kubeconfig file (also the job source's).
         kubernetes_context: the kubeconfig context.
         kubernetes_in_cluster: the Kubernetes client: the pod's service account.
@@ -186,6 +199,9 @@ class ActuatorSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     slurm_cluster: NonEmpty | None = None
     slurm_action_nodes: Annotated[tuple[NodeGlob, ...], ONE_OR_MANY] = ()
+    slurm_partitions_by_tier: Mapping[PriceTier, SlurmPartition] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
     kubernetes_kubeconfig: Path | None = None
     kubernetes_context: str | None = None
     kubernetes_in_cluster: bool = False
@@ -236,6 +252,10 @@ def actuator_problem(config: ActuatorSettings) -> str | None:
         (
             bool(config.slurm_action_nodes) and not config.slurm_cluster,
             "slurm_action_nodes needs slurm_cluster",
+        ),
+        (
+            bool(config.slurm_partitions_by_tier) and not config.slurm_cluster,
+            "slurm_partitions_by_tier needs slurm_cluster",
         ),
         (
             bool(config.slurm_cluster)

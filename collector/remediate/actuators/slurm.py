@@ -11,6 +11,13 @@ else, including a timeout or an unreachable controller, is FAILED (the remediato
 ``requeue`` with parameter ``hold: true`` (or an actuator built with ``hold=True``) runs
 ``scontrol requeuehold``: the job waits for ``scontrol release``.
 
+A ``requeue`` whose ``price_tier`` is not ``same`` (the spot → on-demand fallback) moves the job
+to the Slurm partition ``partitions_by_tier`` maps that tier to: ``scontrol requeuehold``, then
+``scontrol update JobId=<id> Partition=<p>``, then (unless ``hold``) ``scontrol release``; a job
+already pending is only updated. A failed update releases the job (it runs again where it was:
+never held by accident) and reports FAILED. A tier without a partition is REFUSED, never a
+silent requeue at the job's old tier.
+
 Dry runs read ``scontrol show`` and say what would happen; nothing changes.
 """
 
@@ -27,11 +34,16 @@ _JOB_ID = re.compile(r"\d{1,10}(_\d{1,10})?")
 _HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _FIELD = re.compile(r"(\w+)=(\S*)")
 _REASON = re.compile(r"[^\x00-\x1f\"'`\\]{1,200}")
+_PARTITION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+PRICE_TIERS = frozenset({"on-demand", "spot", "reserved"})
+"""The tiers a requeue may move a job to (``price_tier: same``, the default, keeps its own)."""
 REQUEUE_KINDS = frozenset({"requeue"})
 NODE_KINDS = frozenset({"drain", "resume"})
 DEFAULT_DRAIN_REASON = "gpuwarden: GPU hardware fault"
 _REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 """States a requeued job passes through (REQUEUED briefly, then PENDING)."""
+_REQUEUE_HELD = "job_requeued_in_held_state"
+"""The ``Reason`` of a job ``scontrol requeuehold`` holds (an admin's hold reads otherwise)."""
 _FINISHED_STATES = frozenset({"COMPLETED", "CANCELLED"})
 """States a requeue must not touch: the job is done, or a person stopped it."""
 _MISSING = ("invalid job id", "not found")
@@ -53,6 +65,8 @@ class SlurmActuator:
         environ: environment of ``scontrol`` (``SLURM_CONF``, ``PATH``); ``None`` inherits ours.
         scontrol: the program to run.
         hold: requeue with ``requeuehold`` (the job waits for ``scontrol release``).
+        partitions_by_tier: price tier → Slurm partition, for a ``requeue`` whose
+            ``price_tier`` is not ``same``.
         timeout_seconds: per ``scontrol`` call.
         runner: runs an argument list (tests inject one; default a
             :class:`~gpuwarden.collector.jobs.slurm_cli.SlurmCli` with ``environ`` and
@@ -68,11 +82,19 @@ class SlurmActuator:
         environ: Mapping[str, str] | None = None,
         scontrol: str = "scontrol",
         hold: bool = False,
+        partitions_by_tier: Mapping[str, str] | None = None,
         timeout_seconds: float = 30.0,
         runner: SlurmRunner | None = None,
     ) -> None:
         if not _HOSTNAME.fullmatch(cluster):
             raise ValueError(f"cluster name {cluster!r} is not a plain name")
+        partitions = dict(partitions_by_tier or {})
+        for tier, partition in partitions.items():
+            if tier not in PRICE_TIERS:
+                raise ValueError(f"price tier {tier!r} is not one of {sorted(PRICE_TIERS)}")
+            if not _PARTITION.fullmatch(partition):
+                raise ValueError(f"partition {partition!r} (tier {tier}) is not a partition name")
+        self._partitions = partitions
         self.cluster = cluster
         self._scontrol = scontrol
         self._hold = hold
@@ -106,10 +128,7 @@ class SlurmActuator:
                 Outcome.REFUSED, f"{request.target!r} is not a {wanted} of cluster {self.cluster}"
             )
         if request.kind in REQUEUE_KINDS:
-            hold = request.parameters.get("hold", self._hold)
-            if not isinstance(hold, bool):
-                return ActionResult(Outcome.REFUSED, "parameter hold must be true or false")
-            return self._requeue(target.name, hold=hold, dry_run=request.dry_run)
+            return self._requeue_request(target.name, request)
         reason = str(request.parameters.get("reason", DEFAULT_DRAIN_REASON))
         if not _REASON.fullmatch(reason):
             return ActionResult(Outcome.REFUSED, "drain reason must be 1-200 printable characters")
@@ -185,6 +204,74 @@ class SlurmActuator:
             )
         return _requeue_failure(job_id, verb, result.stderr)
 
+    def _requeue_request(self, job_id: str, request: ActionRequest) -> ActionResult:
+        """A requeue at the job's own tier, or into the partition of its ``price_tier``."""
+        hold = request.parameters.get("hold", self._hold)
+        if not isinstance(hold, bool):
+            return ActionResult(Outcome.REFUSED, "parameter hold must be true or false")
+        tier = str(request.parameters.get("price_tier", "same"))
+        if tier == "same":
+            return self._requeue(job_id, hold=hold, dry_run=request.dry_run)
+        partition = self._partitions.get(tier)
+        if partition is None or not _PARTITION.fullmatch(partition):
+            return ActionResult(
+                Outcome.REFUSED,
+                f"no Slurm partition for price tier {tier} (slurm_partitions_by_tier)",
+            )
+        return self._move(job_id, partition, tier, hold=hold, dry_run=request.dry_run)
+
+    def _move(
+        self, job_id: str, partition: str, tier: str, *, hold: bool, dry_run: bool
+    ) -> ActionResult:
+        """Requeue ``job_id`` into ``partition`` (held while it moves), or move it if pending."""
+        fields = self._show("job", job_id)
+        if isinstance(fields, ActionResult):
+            return fields
+        answer = _move_answer(job_id, fields, partition, tier, dry_run=dry_run)
+        if answer is not None:
+            return answer
+        state, was = fields.get("JobState", "?"), fields.get("Partition", "?")
+        pending = state in _REQUEUED_STATES
+        # Held by a requeuehold whose move never ran (a crash between the calls): release it too.
+        release = not hold and (not pending or fields.get("Reason") == _REQUEUE_HELD)
+        if not pending:
+            held = self._call(["requeuehold", job_id])
+            if held.status is RunStatus.TIMED_OUT or held.returncode != 0:
+                return _requeue_failure(job_id, "requeuehold", held.stderr or "timed out")
+        moved = self._call(["update", f"JobId={job_id}", f"Partition={partition}"])
+        if moved.status is RunStatus.TIMED_OUT or moved.returncode != 0:
+            said = "timed out" if moved.status is RunStatus.TIMED_OUT else _tail(moved.stderr)
+            if release:
+                back = self._release(job_id) or f"; job released back to {was}"
+            else:
+                back = f"; job stays {'held' if hold and not pending else state} in {was}"
+            return ActionResult(
+                Outcome.FAILED,
+                f"scontrol update JobId={job_id} Partition={partition}: {said}{back}",
+            )
+        released = self._release(job_id) if release else ""
+        if released:
+            return ActionResult(Outcome.FAILED, f"job {job_id} moved to {partition} but{released}")
+        shown = self._show("job", job_id)
+        after = shown if isinstance(shown, dict) else {}
+        restarts = after.get("Restarts", "?")
+        return ActionResult(
+            Outcome.DONE,
+            f"requeue job {job_id} to partition {after.get('Partition', partition)} "
+            f"(price tier {tier}, was {was}): {after.get('JobState', '?')} "
+            f"({after.get('Reason', '?')}), restarts={restarts}",
+            {"job_id": job_id, "partition": partition, "price_tier": tier, "restarts": restarts},
+        )
+
+    def _release(self, job_id: str) -> str:
+        """``scontrol release``; ``""`` when done, else what went wrong (to append)."""
+        released = self._call(["release", job_id])
+        if released.status is RunStatus.TIMED_OUT:
+            return f"; left held: scontrol release {job_id} timed out"
+        if released.returncode != 0:
+            return f"; left held: scontrol release {job_id}: {_tail(released.stderr)}"
+        return ""
+
     def _node_answer(self, node: str, kind: str, *, dry_run: bool) -> ActionResult | None:
         """The answer without acting (not found, already so, dry run), else None."""
         fields = self._show("node", node)
@@ -237,6 +324,26 @@ class SlurmActuator:
 
 def _tail(stderr: str) -> str:
     return " ".join(stderr.split())[-300:] or "no message"
+
+
+def _move_answer(
+    job_id: str, fields: Mapping[str, str], partition: str, tier: str, *, dry_run: bool
+) -> ActionResult | None:
+    """The answer to a move without acting (finished, already there, dry run), else None."""
+    state, was = fields.get("JobState", "?"), fields.get("Partition", "?")
+    pending = state in _REQUEUED_STATES
+    if state in _FINISHED_STATES:
+        return ActionResult(Outcome.REFUSED, f"job {job_id} is {state}: not requeued")
+    if pending and was == partition:
+        return ActionResult(Outcome.ALREADY_DONE, f"job {job_id} is {state} in {partition}")
+    if dry_run:
+        how = "move pending" if pending else "requeue"
+        return ActionResult(
+            Outcome.DRY_RUN,
+            f"would {how} job {job_id} from partition {was} to {partition} "
+            f"(price tier {tier}, {state})",
+        )
+    return None
 
 
 def _requeue_failure(job_id: str, verb: str, stderr: str) -> ActionResult:
