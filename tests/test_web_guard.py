@@ -111,6 +111,33 @@ async def test_a_trickled_body_is_answered_408_and_takes_no_slot(aiohttp_client)
     assert app[STATS].responses[408] == 1
 
 
+async def test_a_body_still_awaited_when_the_stop_begins_is_answered_503_at_once(aiohttp_client):
+    """At SIGTERM aiohttp answers the requests in progress: one waiting for its body used to wait
+    out the body timeout (30 s) and get a 408, so the stop took 34 s (tests/test_sigterm_load.py,
+    intermittently). Now the stop ends the wait: 503 with Retry-After (nothing stored, the agent
+    sends again), long before the timeout."""
+    app = create_app(config(body_timeout_seconds=60))
+    client = await aiohttp_client(app)
+    never = asyncio.Event()
+    waiting = asyncio.Event()
+
+    async def trickle() -> AsyncIterator[bytes]:
+        yield b"\x0a"
+        waiting.set()
+        await never.wait()
+        yield b"never sent"
+
+    posted = asyncio.ensure_future(client.post("/v1/metrics", data=trickle(), headers=headers("a")))
+    await asyncio.wait_for(waiting.wait(), 30)
+    await asyncio.sleep(0.2)  # the guard is waiting for the rest of the body
+    await app.shutdown()  # the stop's first step (on_shutdown hooks), as run_app does it
+    # the 60 s body timeout would give a 408 (and this bound would trip first): the stop ended it
+    resp = await asyncio.wait_for(posted, 30)
+    assert resp.status == 503
+    assert resp.headers["Retry-After"] == "1"
+    assert app[STATS].responses[503] == 1
+
+
 # --- in-flight slots: while processing only, and at most N per caller --------------------
 
 

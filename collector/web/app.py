@@ -30,8 +30,7 @@ from gpuwarden.collector.web.admission import setup_admission
 from gpuwarden.collector.web.api import setup_api
 from gpuwarden.collector.web.auth import authentication
 from gpuwarden.collector.web.exposition import setup_metrics
-from gpuwarden.collector.web.guard import body_guard, header_guard
-from gpuwarden.collector.web.headers import security_headers
+from gpuwarden.collector.web.guard import body_guard, header_guard, setup_guards
 from gpuwarden.collector.web.keys import (
     ADMISSION_STATS,
     ALERT_RECEIVER,
@@ -120,7 +119,7 @@ def create_app(
         },
         middlewares=[header_guard, authentication, body_guard],
     )
-    app.on_response_prepare.append(security_headers)  # CSP & co. on every response
+    setup_guards(app)  # CSP & co. on every response; body waits end when the stop begins
     app[CONFIG] = config
     app[STATS] = IngestStats()
     app[LOOP_LAG] = LoopLag()

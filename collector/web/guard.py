@@ -6,7 +6,8 @@
 - :func:`body_guard` (after authentication, so only callers with a valid token, or open routes,
   get their bodies read): the whole body is read (a multipart form parsed) before the handler
   runs, within ``CollectorConfig.body_timeout_seconds`` of the request head; a body that
-  trickles in slower is answered 408 and the connection closed. Handlers then read the buffered
+  trickles in slower is answered 408 and the connection closed (503 with ``Retry-After`` once
+  the collector is stopping: :mod:`.stopping`). Handlers then read the buffered
   body (``read``, ``json``, ``post``) at once, never the stream, so no handler (nor a receiver
   slot) waits on a slow client. A body over ``client_max_size`` is a 413 as before.
 
@@ -28,7 +29,9 @@ from contextlib import contextmanager
 from aiohttp import web
 
 from gpuwarden.collector.config import CollectorConfig
-from gpuwarden.collector.web.keys import CONFIG, ROUTE_ACCESS, STATS, Handler, IngestStats
+from gpuwarden.collector.web.headers import security_headers
+from gpuwarden.collector.web.keys import CONFIG, ROUTE_ACCESS, STATS, STOPPING, Handler, IngestStats
+from gpuwarden.collector.web.stopping import Stopping
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,20 @@ async def header_guard(request: web.Request, handler: Handler) -> web.StreamResp
     return await handler(request)
 
 
+def setup_guards(app: web.Application) -> None:
+    """What every response and request gets besides the middlewares: security headers (CSP & co.)
+    on every response, and the stop mark :func:`body_guard` reads (body waits end when the stop
+    begins: :mod:`.stopping`)."""
+    app.on_response_prepare.append(security_headers)
+    app[STOPPING] = Stopping()
+    app.on_shutdown.append(_stop_body_waits)
+
+
+async def _stop_body_waits(app: web.Application) -> None:
+    """An ``on_shutdown`` hook: body reads still waiting end now (503), not at their timeout."""
+    app[STOPPING].start()
+
+
 @web.middleware
 async def body_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Read the whole body within the body timeout before the handler runs (408 otherwise)."""
@@ -67,14 +84,26 @@ async def body_guard(request: web.Request, handler: Handler) -> web.StreamRespon
             response = web.Response(status=413, text=text)
             response.force_close()
             return response
-        timeout = config.body_timeout_seconds
+        stopping = request.app[STOPPING]
+        timeout = stopping.timeout(config.body_timeout_seconds)
         try:
-            async with asyncio.timeout(timeout):
-                if request.content_type == "multipart/form-data":
-                    await request.post()  # parsed and kept: the handler's post() returns it
-                else:
-                    await request.read()  # buffered: the handler's read() returns it at once
+            async with asyncio.timeout(timeout) as wait:
+                with stopping.waiting(wait):
+                    if request.content_type == "multipart/form-data":
+                        await request.post()  # parsed and kept: the handler's post() returns it
+                    else:
+                        await request.read()  # buffered: the handler's read() returns it at once
         except TimeoutError:
+            if stopping.started:  # not stored: the sender sends it again (``web.stopping``)
+                log.info("%s: body not received before the stop, closing", request.remote)
+                _count(request, 503)
+                response = web.Response(
+                    status=503,
+                    text="collector stopping: send again\n",
+                    headers={"Retry-After": "1"},
+                )
+                response.force_close()
+                return response
             log.info("%s: body not received within %g s, closing", request.remote, timeout)
             _count(request, 408)
             response = web.Response(status=408, text=f"body not received within {timeout:g} s\n")

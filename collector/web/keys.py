@@ -28,6 +28,7 @@ from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.reload import LiveTokens, Reloader
 from gpuwarden.collector.web.remediation_setup import Remediation
 from gpuwarden.collector.web.shed import LoopLag
+from gpuwarden.collector.web.stopping import Stopping
 from gpuwarden.collector.web.throttle import FailureThrottle
 
 __all__ = [
@@ -179,6 +180,7 @@ closed)."""
 CONFIG = web.AppKey("config", CollectorConfig)
 STATS = web.AppKey("stats", IngestStats)
 LOOP_LAG = web.AppKey("loop_lag", LoopLag)
+STOPPING = web.AppKey("stopping", Stopping)
 SINK = web.AppKey("sink", MetricsSink)
 SERVICE = web.AppKey("service", CollectorService)
 READINESS: web.AppKey[list[str]] = web.AppKey("readiness")
