@@ -345,8 +345,9 @@ def _describe_errors(errors: list[Any]) -> str:
     return "; ".join(described)
 
 
-def parse_squeue_json(text: str, *, cluster: str) -> list[Job]:
-    """Parse the output of ``squeue --json``; entries without a job id are logged and skipped.
+def job_entries(text: str, program: str) -> list[Mapping[str, Any]]:
+    """The job objects of a Slurm ``--json`` document (``squeue``, ``sacct``); an entry that is
+    not an object is logged and skipped.
 
     Raises:
         JobSourceError: Not JSON, no ``jobs`` list, or Slurm reported errors.
@@ -355,19 +356,32 @@ def parse_squeue_json(text: str, *, cluster: str) -> list[Job]:
     try:
         document = json.loads(text)
     except ValueError as error:
-        raise JobSourceError(f"squeue printed no valid JSON: {error}") from error
+        raise JobSourceError(f"{program} printed no valid JSON: {error}") from error
     if not isinstance(document, Mapping) or not isinstance(document.get("jobs"), list):
-        raise JobSourceError("squeue JSON has no 'jobs' list")
+        raise JobSourceError(f"{program} JSON has no 'jobs' list")
     # 22.05 exits 0 with no jobs and an ``errors`` entry when slurmctld cannot be reached:
     # an empty list then would read as "every job ended".
     errors = document.get("errors")
     if isinstance(errors, list) and errors:
-        raise JobSourceError(f"squeue reported errors: {_describe_errors(errors)}")
-    jobs = []
+        raise JobSourceError(f"{program} reported errors: {_describe_errors(errors)}")
+    entries = []
     for entry in document["jobs"]:
-        if not isinstance(entry, Mapping):
-            log.warning("squeue: skipping a job entry that is not an object")
-            continue
+        if isinstance(entry, Mapping):
+            entries.append(entry)
+        else:
+            log.warning("%s: skipping a job entry that is not an object", program)
+    return entries
+
+
+def parse_squeue_json(text: str, *, cluster: str) -> list[Job]:
+    """Parse the output of ``squeue --json``; entries without a job id are logged and skipped.
+
+    Raises:
+        JobSourceError: Not JSON, no ``jobs`` list, or Slurm reported errors.
+
+    """
+    jobs = []
+    for entry in job_entries(text, "squeue"):
         try:
             jobs.append(job_from_squeue(entry, cluster=cluster))
         except ValueError as error:

@@ -14,7 +14,6 @@ the Slurm CLI runner (:mod:`~gpuwarden.collector.jobs.slurm_cli`).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -22,7 +21,13 @@ from typing import Any
 
 from gpuwarden.collector.jobs import JobSourceError
 from gpuwarden.collector.jobs.runs import QueueRun
-from gpuwarden.collector.jobs.slurm import SCHEDULER, slurm_number, slurm_time, state_names
+from gpuwarden.collector.jobs.slurm import (
+    SCHEDULER,
+    job_entries,
+    slurm_number,
+    slurm_time,
+    state_names,
+)
 from gpuwarden.collector.jobs.slurm_cli import RunStatus, SlurmCli, SlurmRunner
 
 log = logging.getLogger(__name__)
@@ -91,19 +96,8 @@ def parse_sacct_json(text: str, *, cluster: str) -> list[QueueRun]:
         JobSourceError: Not JSON, no ``jobs`` list, or Slurm reported errors.
 
     """
-    try:
-        document = json.loads(text)
-    except ValueError as error:
-        raise JobSourceError(f"sacct printed no valid JSON: {error}") from error
-    if not isinstance(document, Mapping) or not isinstance(document.get("jobs"), list):
-        raise JobSourceError("sacct JSON has no 'jobs' list")
-    errors = document.get("errors")
-    if isinstance(errors, list) and errors:
-        raise JobSourceError(f"sacct reported errors: {str(errors[:3])[:500]}")
     runs = []
-    for entry in document["jobs"]:
-        if not isinstance(entry, Mapping):
-            continue
+    for entry in job_entries(text, "sacct"):
         try:
             runs.append(run_from_sacct(entry, cluster=cluster))
         except ValueError as error:
