@@ -137,27 +137,37 @@ class RowIdentity:
         """
         metric, host, raw = alias
         strings = self.strings
-        items = tuple(
-            (sys.intern(k), strings.setdefault(v, v) if isinstance(v, str) else v) for k, v in raw
-        )
-        if isinstance(host, str):
-            host = strings.setdefault(host, host)
+        intern = sys.intern
+        kept: list[tuple[str, AttrValue | None]] = []
         # The key shares the alias' item tuples: one (name, value) pair per series attribute.
         pairs: dict[str, tuple[str, AttrValue]] = {}
-        for item in items:
-            if item[1] is not None:
+        for name, value in raw:
+            item = (
+                intern(name),
+                strings.setdefault(value, value) if isinstance(value, str) else value,
+            )
+            kept.append(item)
+            if value is not None:
                 pairs[item[0]] = cast("tuple[str, AttrValue]", item)
-        if host is not None and HOST_NAME not in pairs:
-            pairs[HOST_NAME] = (HOST_NAME, host)
-        key: SeriesKey = (sys.intern(metric), tuple(sorted(pairs.values())))
+        items = tuple(kept)
+        if isinstance(host, str):
+            host = strings.setdefault(host, host)
+        own_host = pairs.get(HOST_NAME)
+        if own_host is not None:
+            node: AttrValue | None = own_host[1]
+        else:
+            node = host
+            if host is not None:
+                pairs[HOST_NAME] = (HOST_NAME, host)
+        key: SeriesKey = (intern(metric), tuple(sorted(pairs.values())))
         row = self.rows_by_key.get(key)
         if row is None:
             if len(self.rows_by_key) + total >= self.max_rows:
                 return -1
             if not create and hash(key) not in self.retired:
                 return -1
-            row = self._create(key, unit, counter, time_ns)
-            self.object_bytes[row] = _object_bytes(key, alias)
+            row = self._create(key, unit, counter, time_ns, node)
+            self.object_bytes[row] = _object_bytes(key, items)
         if len(self.aliases) >= 4 * len(self.rows_by_key) + 1024:
             self.aliases.clear()  # senders with ever-changing attribute orders: it is a cache
         self.aliases[(key[0], host, items)] = row
@@ -167,13 +177,15 @@ class RowIdentity:
         """A ``SeriesInfo`` sharing interned strings with the table."""
         return SeriesInfo(key=key, unit=sys.intern(unit), kind=kind)
 
-    def _create(self, key: SeriesKey, unit: str, counter: bool, time_ns: int) -> int:
+    def _create(
+        self, key: SeriesKey, unit: str, counter: bool, time_ns: int, node: AttrValue | None
+    ) -> int:
         row = self.free_rows.pop() if self.free_rows else self._next_row()
         kind = Kind.COUNTER if counter else Kind.GAUGE
         self.infos[row] = self.info(key, unit, kind)
         self.rows_by_key[key] = row
         self.metric_of_row[row] = self.metric_ids.setdefault(key[0], len(self.metric_ids))
-        self.host_of_row[row] = self.host_id(key)
+        self.host_of_row[row] = self.host_index(node)
         self.last_seen_ns[row] = time_ns
         if not self.keeps_recent(key[0]):  # its latest value only: no ring rows at all
             self.latest_bits[row] = 0
@@ -203,9 +215,8 @@ class RowIdentity:
         """Whether ``metric``'s series have a recent ring row (else their latest value only)."""
         return self.recent_metrics is None or metric in self.recent_metrics
 
-    def host_id(self, key: SeriesKey) -> int:
-        """The index of the key's ``host.name`` in ``host_names`` (-1: it has none)."""
-        host = next((value for name, value in key[1] if name == HOST_NAME), None)
+    def host_index(self, host: AttrValue | None) -> int:
+        """The index of ``host`` (a key's ``host.name``) in ``host_names`` (-1: none)."""
         if not isinstance(host, str):
             return -1
         found = self.host_ids.get(host)
@@ -267,9 +278,17 @@ class RowIdentity:
         return row
 
 
-def _object_bytes(key: SeriesKey, alias: AliasKey) -> int:
-    """Bytes of one series' own Python objects; strings are shared and counted apart."""
-    numbers = [v for _, v in key[1] if not isinstance(v, str)]
-    own = [key, key[1], alias, alias[2], *key[1], *numbers]
-    info = 56  # SeriesInfo with three slots
-    return info + sum(sys.getsizeof(o) for o in own)
+_TUPLE = sys.getsizeof(())
+_TUPLE_ITEM = sys.getsizeof((0,)) - _TUPLE
+_SERIES_INFO = 56  # SeriesInfo with three slots
+
+
+def _object_bytes(key: SeriesKey, items: tuple[tuple[str, AttrValue | None], ...]) -> int:
+    """Bytes of one series' own Python objects (``sys.getsizeof`` of each, by its tuple sizes):
+    the ``SeriesInfo``, the key, its items and their pairs, the alias and its items; strings are
+    shared and counted apart."""
+    pairs = key[1]
+    tuples = 4 * _TUPLE + _TUPLE_ITEM * (2 + len(pairs) + 3 + len(items))
+    tuples += len(pairs) * (_TUPLE + 2 * _TUPLE_ITEM)
+    numbers = sum(sys.getsizeof(v) for _, v in pairs if not isinstance(v, str))
+    return _SERIES_INFO + tuples + numbers

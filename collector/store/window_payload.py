@@ -71,7 +71,7 @@ class PayloadIngest(PointIngest):
         The same points, series, counts and budget as ``ingest(number_points(request)[0])``,
         without a ``NumberPoint`` per point: attribute items are looked up as sent.
 
-        A protobuf sender's (first resource's) second request makes the store keep its shape
+        A protobuf sender's (first resource's) first request makes the store keep its shape
         (``otlp.RequestShape``) with the rows its points resolved to; a later request that
         matches it byte for byte but for point times and values is read without parsing. When
         a sender whose shape matched sends another shape (a new series), that one is kept at
@@ -112,7 +112,7 @@ class PayloadIngest(PointIngest):
             if state is None and len(self._shape_senders) >= SHAPE_SENDERS:
                 self._shape_senders.clear()
             self._shape_senders[sender] = _SEEN if state in (None, _BUILT) else _BUILT
-            return state in (_SEEN, _USED)
+            return state in (None, _SEEN, _USED)
 
     def _remember(
         self, key: bytes, shape: RequestShape, rows: list[int], columns: NumberColumns
