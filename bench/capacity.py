@@ -20,7 +20,10 @@ Per size (``--gpus``, 8 GPUs a node, one virtual agent a node):
    (``bytes.replace``), gzip'd at the agent's level (6), with the agent's round headers and
    its 10 s timeout, over keep-alive connections from one asyncio process. A request that
    fails is counted, not retried (a real agent keeps it in its spool and resends it with the
-   next round). The run lasts ``--cycles`` detection cycles after the first (the first cycle
+   next round, or after its ``Retry-After``). Latencies are those of the requests answered
+   200; when each agent's first request was stored is printed too (a new node waits while the
+   collector creates series at ``max_new_series_per_second``: its 503s are counted apart).
+   The run lasts ``--cycles`` detection cycles after the first (the first cycle
    starts with the collector, on an empty store).
 4. After the run: the collector's ``/metrics`` (503s by reason, abandoned requests, event-loop
    lag), its peak RSS (``VmHWM``), then SIGTERM and the seconds to its exit; the cycle times
@@ -211,6 +214,9 @@ class LoadFigures:
     statuses: dict[int, int] = field(default_factory=dict)
     timeouts: int = 0
     errors: int = 0
+    first_stored_s: list[float] = field(default_factory=list)
+    """When each agent's first request answered 200 was sent, seconds after the agents started
+    (a new node waits while the collector creates series at ``max_new_series_per_second``)."""
 
 
 async def run_agent(
@@ -234,6 +240,7 @@ async def run_agent(
     }
     due = time.monotonic() + phase_s
     seq = 0
+    stored = False
     while due < until:
         await asyncio.sleep(max(0.0, due - time.monotonic()))
         template = rounds[seq % len(rounds)]
@@ -249,6 +256,9 @@ async def run_agent(
                 if answer.status == 200:
                     figures.latencies_s.append(time.monotonic() - started)
                     figures.sent_s.append(started - origin)
+                    if not stored:
+                        stored = True
+                        figures.first_stored_s.append(started - origin)
         except TimeoutError:
             figures.timeouts += 1
         except aiohttp.ClientError:
@@ -339,7 +349,7 @@ def run_size(gpus: int, args: argparse.Namespace) -> SizeFigures:
             cpu0, wall0 = time.process_time(), time.monotonic()
             load = asyncio.run(run_agents(port, tokens, templates, args.interval, seconds))
             load_cpu = (time.process_time() - cpu0) / (time.monotonic() - wall0)
-            latency_timeline(load, args.interval)
+            latency_timeline(load, args.interval, agents)
             metrics = scrape(port)
             rss_peak = proc_status(proc.pid, "VmHWM")
             print(f"   SIGTERM at {time.strftime('%H:%M:%S')}", flush=True)
@@ -398,7 +408,7 @@ def window_bytes(database: Path) -> tuple[int, int, int]:
         service.storage.close()
 
 
-def latency_timeline(load: LoadFigures, bucket_s: float) -> None:
+def latency_timeline(load: LoadFigures, bucket_s: float, agents: int) -> None:
     """Ingest latency per ``bucket_s`` of the run (by send time): where the tail comes from, the
     first interval (every agent's series created) or a detection cycle's moment."""
     buckets: dict[int, list[float]] = {}
@@ -413,6 +423,12 @@ def latency_timeline(load: LoadFigures, bucket_s: float) -> None:
         )
     later = [v for t, v in zip(load.sent_s, load.latencies_s, strict=True) if t >= bucket_s]
     print(f"   after the first {bucket_s:.0f} s: p99 {percentile(later, 0.99) * 1000:.0f} ms")
+    first = load.first_stored_s
+    print(
+        f"   each agent's first request stored (sent at, s after the start): p50 "
+        f"{percentile(first, 0.5):.1f}, p90 {percentile(first, 0.9):.1f}, max "
+        f"{max(first, default=math.nan):.1f}; {agents - len(first)} of {agents} agents never"
+    )
 
 
 def report(rows: list[SizeFigures]) -> None:
@@ -421,15 +437,17 @@ def report(rows: list[SizeFigures]) -> None:
 
     print(
         "\n| GPUs | agents | series | cycle p50 / max s | ingest p50 / p99 ms | 200 | 503 "
-        "(wait/slots/caller) | timeouts | errors | abandoned | RSS peak MiB | recent / long "
-        "B per GPU | SIGTERM to exit s | load gen CPU |"
+        "(wait/slots/caller/new_series) | timeouts | errors | abandoned | RSS peak MiB "
+        "| recent / long B per GPU | SIGTERM to exit s | load gen CPU |"
     )
     print("|" + "---:|" * 14)
     for r in rows:
         cycles = (
             f"{percentile(r.cycles_s, 0.5):.1f} / {max(r.cycles_s):.1f}" if r.cycles_s else "none"
         )
-        shed = "/".join(f"{r.shed.get(k, 0):.0f}" for k in ("wait", "slots", "caller"))
+        shed = "/".join(
+            f"{r.shed.get(k, 0):.0f}" for k in ("wait", "slots", "caller", "new_series")
+        )
         print(
             f"| {r.gpus:,} | {r.agents:,} | {r.series:,} | {cycles} "
             f"| {ms(r.load.latencies_s, 0.5)} / {ms(r.load.latencies_s, 0.99)} "

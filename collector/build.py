@@ -11,6 +11,7 @@ from gpuwarden.collector.accounting.gpu_time import AccountingConfig
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.detect.catalog import load_rules, long_metrics, recent_metrics
 from gpuwarden.collector.extras import needs_extra
+from gpuwarden.collector.ingest.creation_pace import CreationPace
 from gpuwarden.collector.ingest.otlp_limits import IngestLimits
 from gpuwarden.collector.ingest.rounds_seen import RoundsLedger
 from gpuwarden.collector.jobs import JobSourceError
@@ -395,6 +396,7 @@ def build_service(
         period_seconds=config.accounting_period_seconds,
         clock=clock,
         max_new_series_per_source_hour=config.max_new_series_per_source_hour,
+        pace=CreationPace(config.max_new_series_per_second),
         limits=config.ingest_limits,
         snapshot_path=config.snapshot_path,
         history=build_history(

@@ -22,6 +22,7 @@ import numpy as np
 
 from gpuwarden.collector.accounting.fleet import Fleet
 from gpuwarden.collector.accounting.gpu_time import AccountingConfig, GpuRef, GpuTimeline, Usage
+from gpuwarden.collector.ingest.creation_pace import CreationPace
 from gpuwarden.collector.ingest.intake import Accepted, IngestTotals, Intake
 from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint
 from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
@@ -91,6 +92,7 @@ class CollectorService:
     nodes = _OnParts[dict[str, dict[str, str]]]("intake", "fleet")
     totals = _OnParts[IngestTotals]("intake")
     max_new_series_per_source_hour = _OnParts[int]("intake")
+    pace = _OnParts[CreationPace | None]("intake")
     limits = _OnParts[IngestLimits]("intake")
     accounting = _OnParts[AccountingConfig]("fleet")
     period_seconds = _OnParts[int]("fleet")
@@ -112,6 +114,7 @@ class CollectorService:
         limits: IngestLimits = DEFAULT_LIMITS,
         snapshot_path: Path | None = None,
         history: HistoryWriter | None = None,
+        pace: CreationPace | None = None,
     ) -> None:
         nodes = {} if nodes is None else nodes  # one dict: the intake writes, the fleet reads
         self.intake = Intake(
@@ -124,6 +127,7 @@ class CollectorService:
             max_new_series_per_source_hour=max_new_series_per_source_hour,
             limits=limits,
             tap=history,
+            pace=pace,
         )
         self.fleet = Fleet(
             store,

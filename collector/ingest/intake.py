@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from gpuwarden.collector.ingest.creation_pace import CreationPace
 from gpuwarden.collector.ingest.otlp import HistogramPoint, NumberPoint, histogram_points
+from gpuwarden.collector.ingest.otlp_hosts import claimed_hosts
 from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
 from gpuwarden.collector.ingest.otlp_transport import PROTOBUF, OtlpError
 from gpuwarden.collector.ingest.rounds_seen import AgentRounds, RoundsLedger
@@ -108,6 +110,9 @@ class Intake:
     limits: IngestLimits = DEFAULT_LIMITS
     #: sees what was stored (the remote-write history writer), if any
     tap: IngestTap | None = None
+    #: the pace of series creation for the whole collector (``creation_pace``): while it is
+    #: behind, a node with no series yet is answered 503 (None: never paced)
+    pace: CreationPace | None = None
     _budgets: dict[str, tuple[float, float]] = field(default_factory=dict)
     _source_locks: dict[str, threading.Lock] = field(default_factory=dict)
     _announced: set[tuple[tuple[str, str | int | float | bool], ...]] = field(default_factory=set)
@@ -208,12 +213,18 @@ class Intake:
         return total
 
     def _accept_one(self, payload: bytes, kind: str, source: str) -> Accepted:
-        """Decode and store one body (or one round of it)."""
+        """Decode and store one body (or one round of it); raises ``CreationPacedError`` for a
+        new node's body while series are created at the pace's limit."""
+        pace = self.pace
+        if pace is not None and pace.behind() and self._new_node(payload, kind):
+            raise pace.refuse()
         with self._source_lock(source):  # concurrent requests of one sender: one budget
             result = self.store.ingest_payload(
                 payload, kind, new_series_budget=self._budget(source), limits=self.limits
             )
             self._count(source, result.counts, result.newest_ns)
+        if pace is not None:
+            pace.spend(result.counts.new_series)
         if self.tap is not None:
             self.tap.payload(payload, kind)
         self._remember_resources(result.resources, source)
@@ -235,6 +246,12 @@ class Intake:
             stored_rejected=result.counts.rejected,
             over_limits=result.over_limits,
         )
+
+    def _new_node(self, payload: bytes, kind: str) -> bool:
+        """Whether ``payload`` writes a node the store has no series of (a resource without a
+        ``host.name`` is no node: never paced)."""
+        hosts = [host for host in claimed_hosts(payload, kind) if host]
+        return bool(hosts) and not self.store.knows_nodes(hosts)
 
     def record_events(self, events: Iterable[Event]) -> int:
         """Store events (a repeat is a no-op); return how many were new.

@@ -177,6 +177,13 @@ class WindowStore(PayloadIngest, RowIngest, WindowReads, Snapshots):
         with self._lock:
             return self._series_count()
 
+    def knows_nodes(self, hosts: Iterable[str]) -> bool:
+        """Whether the store has had number series of every node in ``hosts`` (since it
+        started, or in the snapshot it was restored from)."""
+        with self._lock:
+            known = self._table.host_ids
+            return all(host in known for host in hosts)
+
     def metric_names(self) -> set[str]:
         """Every metric name with at least one series held."""
         with self._lock:

@@ -9,8 +9,10 @@ wrong content type or encoding, 503 with ``Retry-After`` when too many requests,
 one caller, are being processed (503 too while an earlier request of the same agent instance is
 being stored: see ``ingest.rounds_seen``), and 503 too when requests wait longer than
 ``max_queue_wait_seconds`` before they are worked on (``web.shed``: the event loop's lag, or a
-big body's wait for a worker thread). A request whose client has closed its connection (an agent
-that timed out) is not decoded nor stored: counted, and answered 499 to the access log only.
+big body's wait for a worker thread), and 503 for a node with no series yet while the collector
+creates series at ``max_new_series_per_second`` (``ingest.creation_pace``). A request whose
+client has closed its connection (an agent that timed out) is not decoded nor stored: counted,
+and answered 499 to the access log only.
 Never a 5xx for bad input.
 """
 
@@ -27,6 +29,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.ingest.creation_pace import CreationPacedError
 from gpuwarden.collector.ingest.otlp import flatten, histogram_points, request_points
 from gpuwarden.collector.ingest.otlp_hosts import claimed_hosts
 from gpuwarden.collector.ingest.otlp_limits import DEFAULT_LIMITS, IngestLimits
@@ -102,6 +105,9 @@ async def otlp_metrics(request: web.Request) -> web.Response:
             done = await _store_in_thread(request, body, kind, encoding, caller, rounds)
     except _DroppedError as exc:
         return exc.answer(stats)
+    except CreationPacedError as exc:
+        stats.shed["new_series"] += 1
+        return _shed(stats, exc.message, exc.retry_after)
     except OtlpError as exc:
         if isinstance(exc, UnboundNodesError):
             _log_unbound(request, caller, exc.nodes)
