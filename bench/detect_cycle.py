@@ -343,10 +343,13 @@ def write(fleet: Fleet, t: int, rng: np.random.Generator, clock: list[float]) ->
         )
 
 
+PSS_EVERY_SECONDS = 1.0
+
+
 class IngestProbe:
     """Another thread that stores one node's request every 50 ms and times each ``accept``;
-    it also samples the memory of this process and of a forked cycle's child (PSS: a page
-    shared by both counts half in each, so the sum is what they hold together)."""
+    it also samples, once a second, the memory of this process and of a forked cycle's child
+    (PSS: a page shared by both counts half in each, so the sum is what they hold together)."""
 
     def __init__(
         self, engine: DetectionEngine, service: CollectorService, points: list[NumberPoint]
@@ -357,6 +360,7 @@ class IngestProbe:
         self.latencies: list[float] = []
         self.spans: list[tuple[float, float]] = []
         self.peak_pss = pss(os.getpid())
+        self._pss_due = 0.0
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run)
         self.thread.start()
@@ -370,10 +374,15 @@ class IngestProbe:
             self.latencies.append(ended - began)
             # from when it was due: a request arriving then also waits for the GIL first
             self.spans.append((due, ended))
-            cycles = self.engine._cycles
-            child = None if cycles is None else cycles._pid
-            total = pss(os.getpid()) + (pss(child) if child is not None else 0)
-            self.peak_pss = max(self.peak_pss, total)
+            if began >= self._pss_due:
+                # Once a second: reading smaps_rollup walks every page table of a process of
+                # GiBs (tens of ms of kernel time, holding its mmap lock); every 50 ms it took
+                # most of a core from the cycle it measures.
+                self._pss_due = began + PSS_EVERY_SECONDS
+                cycles = self.engine._cycles
+                child = None if cycles is None else cycles._pid
+                total = pss(os.getpid()) + (pss(child) if child is not None else 0)
+                self.peak_pss = max(self.peak_pss, total)
             due = max(due + 0.05, time.perf_counter())  # the PSS reads are not a request's wait
 
     def finish(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import os
 import threading
 from pathlib import Path
@@ -16,6 +17,7 @@ from gpuwarden.collector.detect.catalog import DETECTORS, load_rules
 from gpuwarden.collector.detect.contract import DetectionContext, Detector
 from gpuwarden.collector.detect.engine import CycleResult, DetectionEngine
 from gpuwarden.collector.detect.findings import Finding, Verdict, new_finding
+from gpuwarden.collector.detect.fork import Packed
 from gpuwarden.collector.detect.incidents import MAX_PLOT_POINTS, incident_evidence, plot_points
 from gpuwarden.collector.rules.loader import default_rules_dir, default_runbooks_dir
 from gpuwarden.collector.rules.model import Rule, RuleSet
@@ -94,6 +96,16 @@ def test_each_cycle_runs_in_a_new_child_and_its_caches_come_back(service, tmp_pa
     assert os.getpid() not in pids
     assert len(set(pids)) == 2  # a fork per cycle
     assert [int(count) for _, count in lines] == [1, 2]  # the first child's cache came back
+    # kept pickled here until something here uses it: no objects of it in the parent's heap
+    forked = engine._forked
+    assert forked is not None
+    (packed,) = forked.caches().values()
+    assert isinstance(packed, Packed)
+    assert not any(isinstance(o, Visits) for o in gc.get_objects())
+    assert forked.cache(Visits).count == 2  # unpickled on first use here
+    third = engine.run_cycle(now=NOW + 120)  # a cache the parent unpickled goes on as well
+    assert third.firing == 1
+    assert log.read_text().splitlines()[-1].split()[1] == "3"
 
 
 def blocking(started_fd: int, never_fd: int) -> Any:

@@ -181,17 +181,22 @@ class DetectionEngine:
         forked, cycles = self._forked, self._cycles
         cpu_began = time.thread_time()
         if forked is None or cycles is None:
-            detected = self._detect(bound, current)
-            cpu = time.thread_time() - cpu_began
-        else:
-            forked.prefetch(current, self._spend_windows)
-            try:
-                detected = cycles.run(lambda: self._detect(bound, current, caches=forked.caches))
-            except CycleStoppedError:
-                return CycleResult(0, 0, 0, 0, (), stopped=True)
+            return self._fold(self._detect(bound, current), time.thread_time() - cpu_began)
+        forked.prefetch(current, self._spend_windows)
+
+        def fold(detected: _Detected) -> CycleResult:
             if detected.caches is not None:
                 forked.restore(detected.caches)
-            cpu = cycles.child_cpu_seconds
+            return self._fold(detected, cycles.child_cpu_seconds)
+
+        try:
+            # the findings are folded as they come (the garbage collector paused: see run_then)
+            return cycles.run_then(lambda: self._detect(bound, current, caches=forked.caches), fold)
+        except CycleStoppedError:
+            return CycleResult(0, 0, 0, 0, (), stopped=True)
+
+    def _fold(self, detected: _Detected, cpu: float) -> CycleResult:
+        """Fold a cycle's findings into incidents (unless this replica no longer leads)."""
         findings, seconds = detected.findings, dict(detected.seconds)
         self._check_proceed()  # nor folds one it no longer leads for
         began = time.perf_counter()

@@ -26,8 +26,9 @@ lock and stalled ingest 0.47-0.81 s once a cycle; shared, the probe's max was 52
 (2) Latency: the fork copies the page tables of the private mappings under the store's lock
 (20-90 ms at 1,000 GPUs; shared mappings' are not copied). (3) Findings and caches cross a
 pipe, pickled: 87 MiB at 1,000 GPUs with 16 models, 85 of them demand-forecast's fits, which
-change every cycle (each fit appends the new bins), and unpickling them holds the parent's GIL
-for 0.5-3 s a cycle (``loads_seconds``).
+change every cycle (each fit appends the new bins). The parent unpickles the findings (with the
+garbage collector paused) but keeps each cache as the child pickled it (:class:`Packed`): the
+next child unpickles what it uses, so the fits never become objects of the parent's heap.
 Stopping: :meth:`ForkedCycles.stop` kills a running child (SIGKILL), so the collector stops
 within a second whatever the cycle was doing; a child that runs past ``timeout_seconds`` is
 killed too and the cycle counts as failed.
@@ -36,6 +37,7 @@ killed too and the cycle counts as failed.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import logging
 import os
@@ -67,6 +69,7 @@ from gpuwarden.collector.store.window import WindowStore
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
 C = TypeVar("C")
 
 EVENTS_LOOKBACK_SECONDS = 14 * 86400.0
@@ -192,21 +195,51 @@ class ForkContext:
         return self._inner.fairness_targets
 
     def cache(self, kind: Callable[[], C]) -> C:
-        """The detector state of this kind, made on first use (kept here, see the class)."""
+        """The detector state of this kind, made on first use (kept here, see the class); one
+        a child sent back is unpickled here on first use (:class:`Packed`)."""
         with self._lock:
-            if kind not in self._caches:
-                self._caches[kind] = kind()
-            return cast("C", self._caches[kind])
+            value = self._caches.get(kind)
+            if value is None:
+                value = self._caches[kind] = kind()
+            elif isinstance(value, Packed):
+                value = self._caches[kind] = pickle.loads(value.data)  # noqa: S301 - our child's
+            return cast("C", value)
 
     def caches(self) -> dict[object, object]:
-        """Every cache, by kind (what a child sends back)."""
+        """Every cache, by kind, each pickled on its own (what a child sends back)."""
         with self._lock:
-            return dict(self._caches)
+            return {
+                kind: value if isinstance(value, Packed) else Packed(dumps(value))
+                for kind, value in self._caches.items()
+            }
 
     def restore(self, caches: dict[object, object]) -> None:
-        """Take the caches a child sent back."""
+        """Take the caches a child sent back (still pickled: see :class:`Packed`)."""
         with self._lock:
             self._caches = dict(caches)
+
+
+class Packed:
+    """A detector cache as a child pickled it, kept so in the parent until something uses it.
+
+    The parent never reads most caches: the next cycle's child does. Unpickled in the parent,
+    demand-forecast's fits alone (85 MiB at 1,000 or 10,000 GPUs with 16 models) were millions
+    of objects made while the parent held its GIL (ingest waited 0.4-0.7 s for the full
+    collections they set off, two to four a cycle, at 10,000 GPUs), for the parent to keep and
+    the collector to walk until the next child sent new ones. Kept as one ``bytes``, they cost
+    the parent a copy; the child that uses them unpickles them (off the event loop)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce__(self) -> tuple[type[Packed], tuple[bytes]]:
+        return (Packed, (self.data,))
+
+
+def _same(value: T) -> T:
+    return value
 
 
 class _Pickler(pickle.Pickler):
@@ -282,6 +315,32 @@ class ForkedCycles:
             CycleStoppedError: :meth:`stop` was called (before or while the child ran).
             RuntimeError: the child failed (the message holds its traceback), or timed out.
         """
+        return self.run_then(work, _same)
+
+    def run_then(self, work: Callable[[], T], then: Callable[[T], R]) -> R:
+        """``then(work())``: ``work`` run in a child, ``then`` here on its unpickled result.
+
+        The garbage collector is paused from the unpickling to ``then``'s end: the result's
+        objects are all made at once and, once ``then`` has used them, freed by their reference
+        counts. A collection among them would walk them all, and promote them until a full
+        collection walked the whole heap too: 0.4-0.7 s with the GIL held at 10,000 GPUs, two
+        to four times a cycle, while ingest waited. Raises as :meth:`run` does, and what
+        ``then`` raises.
+        """
+        data, read = self._run_child(work)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            result = cast("T", pickle.loads(data))  # noqa: S301 - our own child's result
+            self.loads_seconds = time.perf_counter() - read
+            self.phases["loads"] = (read, read + self.loads_seconds)
+            return then(result)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _run_child(self, work: Callable[[], object]) -> tuple[bytes, float]:
+        """``work()`` run in a child: its pickled result and when it was read."""
         read_fd, write_fd = os.pipe()
         with self._lock:
             if self._stopped:
@@ -327,14 +386,8 @@ class ForkedCycles:
         if code != 0:
             text = data.decode(errors="replace") if code == 1 else ""
             raise RuntimeError(f"the detection child failed (exit {code}): {text}")
-        result = pickle.loads(data)  # noqa: S301 - our own child's result
-        self.loads_seconds = time.perf_counter() - read
-        self.phases = {
-            "fork": (began, forked),
-            "child": (forked, read),
-            "loads": (read, read + self.loads_seconds),
-        }
-        return cast("T", result)
+        self.phases = {"fork": (began, forked), "child": (forked, read)}
+        return data, read
 
     def _read(self, fd: int, pid: int) -> bytes | None:
         """Everything the child writes, or None when it ran past the timeout (then killed)."""
