@@ -20,7 +20,25 @@ EXIT_BROKEN_PIPE = 128 + 13
 """What a shell reports for a command that SIGPIPE ended (``gpuwarden agent --once | head -1``)."""
 
 
-def _parser() -> argparse.ArgumentParser:
+LIGHT_COMMANDS = ("agent", "catalog")
+"""Subcommands whose parser is built alone: building every parser imports each collector
+command's module (rules, policies, budgets, silences, snappy for backtest ...), which a node
+agent would then carry for its whole life (about 3 MiB of its RSS)."""
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names (None: none, e.g. ``gpuwarden --help``)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-level":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def _parser(*, light: bool = False) -> argparse.ArgumentParser:
+    """The command line's parser; ``light``: only the :data:`LIGHT_COMMANDS`."""
     parser = argparse.ArgumentParser(
         prog="gpuwarden",
         description="Observability and SLO automation for GPU fleets.",
@@ -82,6 +100,15 @@ def _parser() -> argparse.ArgumentParser:
     install.add_argument("--force", action="store_true", help="overwrite existing files")
     install.add_argument("--no-verify", action="store_true", help="skip systemd-analyze verify")
 
+    if not light:
+        _add_collector_parsers(sub)
+    catalog = sub.add_parser("catalog", help="print the telemetry catalog")
+    catalog.add_argument("--format", choices=["markdown", "names"], default="markdown")
+    return parser
+
+
+def _add_collector_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Every subcommand of the collector's side (each imports its module for its arguments)."""
     collector = sub.add_parser(
         "collector",
         help="run the central collector (or 'collector token' to make a bearer token)",
@@ -133,10 +160,6 @@ def _parser() -> argparse.ArgumentParser:
     from gpuwarden.collector.backtest.cli import add_backtest_parser
 
     add_backtest_parser(sub)
-
-    catalog = sub.add_parser("catalog", help="print the telemetry catalog")
-    catalog.add_argument("--format", choices=["markdown", "names"], default="markdown")
-    return parser
 
 
 #: The ``gpuwarden agent`` flags that override a config key: dotted key → (flag, its dest).
@@ -280,7 +303,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gpuwarden`` console script."""
-    args = _parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = _parser(light=_command_of(words) in LIGHT_COMMANDS).parse_args(words)
     logging.basicConfig(
         level=getattr(logging, args.log_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
