@@ -13,7 +13,7 @@ import math
 import threading
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import replace
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -39,6 +39,7 @@ class DetectionView:
         self._store = FreshReads(fleet.store, clock=self.now)
         self._caches: dict[object, object] = {}
         self._lock = threading.Lock()
+        self._cache_source: Callable[[Callable[[], Any]], Any] | None = None
         self._spend = WindowSpendCache(fleet.storage)  # settled hours of spend, read once
 
     @property
@@ -119,11 +120,25 @@ class DetectionView:
             yield
 
     def cache(self, kind: Callable[[], C]) -> C:
-        """The detector state of this kind, made on first use."""
+        """The detector state of this kind, made on first use; once a forked engine shares
+        them (:meth:`share_caches`), the state its cycles hold."""
+        source = self._cache_source
+        if source is not None:
+            return cast("C", source(kind))
+        return self.own_cache(kind)
+
+    def own_cache(self, kind: Callable[[], C]) -> C:
+        """The view's own state of this kind (what was read at start: level-shift's fits)."""
         with self._lock:
             if kind not in self._caches:
                 self._caches[kind] = kind()
             return cast("C", self._caches[kind])
+
+    def share_caches(self, source: Callable[[Callable[[], Any]], Any]) -> None:
+        """Read caches through ``source`` from now on: a forked engine's context, which holds
+        what its cycles' children send back (``detect.fork.ForkContext``), so that a snapshot
+        writes the fits the cycles made, not the ones read at start."""
+        self._cache_source = source
 
 
 def stale_unknown(store: WindowStore, timelines: list[GpuTimeline], at: float) -> list[GpuTimeline]:

@@ -108,6 +108,18 @@ def test_each_cycle_runs_in_a_new_child_and_its_caches_come_back(service, tmp_pa
     assert log.read_text().splitlines()[-1].split()[1] == "3"
 
 
+def test_the_services_view_reads_and_writes_the_forked_cycles_caches(service, tmp_path):  # noqa: F811
+    # what the service read at start (level-shift's fits, read_fits) reaches the children,
+    # and what the children made is what the service's view (write_fits, every snapshot) sees
+    service.detection_view.cache(Visits).count = 10
+    log = tmp_path / "probe.log"
+    engine = engine_with(probe(log), service)
+    engine.run_cycle(now=NOW)
+    engine.run_cycle(now=NOW + 60)
+    assert [line.split()[1] for line in log.read_text().splitlines()] == ["11", "12"]
+    assert service.detection_view.cache(Visits).count == 12
+
+
 def blocking(started_fd: int, never_fd: int) -> Any:
     """A run function that says it started, then waits for a byte that never comes."""
 

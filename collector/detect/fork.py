@@ -106,6 +106,11 @@ class ForkContext:
         self._spend: dict[tuple[float, float], WindowSpend] = {}
         self._caches: dict[object, object] = {}
         self._lock = threading.Lock()
+        # The service's view holds what was read at start (level-shift's fits) and writes
+        # the fits with every snapshot: both go through this context from now on.
+        share = getattr(inner, "share_caches", None)
+        if share is not None:
+            share(self.cache)
 
     def prefetch(self, now: float, spend_windows_seconds: Collection[float] = ()) -> None:
         """Read the deployments, recent events and the spend windows ending at ``now`` the
@@ -199,8 +204,9 @@ class ForkContext:
         a child sent back is unpickled here on first use (:class:`Packed`)."""
         with self._lock:
             value = self._caches.get(kind)
-            if value is None:
-                value = self._caches[kind] = kind()
+            if value is None:  # the inner view's own (read at start), else a new one
+                own = getattr(self._inner, "own_cache", None)
+                value = self._caches[kind] = own(kind) if own is not None else kind()
             elif isinstance(value, Packed):
                 value = self._caches[kind] = pickle.loads(value.data)  # noqa: S301 - our child's
             return cast("C", value)
