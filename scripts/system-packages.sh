@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Debian packages the integration tests start for real: gcc (fake NVML), Slurm and munge,
+# Debian packages the integration tests start for real: gcc (fake NVML; the compiled
+# remote-write reader with protobuf-c and xxHash), Slurm and munge,
 # Prometheus (promtool, dashboard queries, remote-write receiver), Alertmanager, VictoriaMetrics
 # (remote-write target), Chromium (the status page), PostgreSQL (the storage suite's second
 # backend: initdb + pg_ctl of a private server), and slurmdbd + MariaDB (the Slurm cluster's
@@ -8,6 +9,11 @@
 set -euo pipefail
 pkgs=()
 command -v gcc >/dev/null || pkgs+=(gcc libc6-dev)
+# the collector's compiled remote-write reader (setup.py): protobuf-c's generator, headers and
+# library, and xxHash's header; without them pip leaves it out and the reader stays in Python
+command -v protoc-c >/dev/null || pkgs+=(protobuf-c-compiler)
+[ -e /usr/include/protobuf-c/protobuf-c.h ] || pkgs+=(libprotobuf-c-dev)
+[ -e /usr/include/xxhash.h ] || pkgs+=(libxxhash-dev)
 command -v slurmctld >/dev/null || pkgs+=(slurmctld)
 command -v slurmd >/dev/null || pkgs+=(slurmd)
 command -v sbatch >/dev/null || pkgs+=(slurm-client)

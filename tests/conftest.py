@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.slurm.plugin",
     "tests.postgres_server",
     "tests.storage_backends",
+    "tests.native_reader",
 ]

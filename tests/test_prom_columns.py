@@ -69,8 +69,8 @@ def utilization(service: CollectorService, host: str) -> dict[str, float]:
     }
 
 
-def test_the_cache_follows_the_decoders_table_and_hands_back_older_requests(service):
-    decoder = Decoder(max_label_sets=6)  # two nodes of 4 series do not fit: a new table
+def test_the_cache_follows_the_decoders_table_and_hands_back_older_requests(service, native):
+    decoder = Decoder(max_label_sets=6, native=native)  # two nodes of 4 series: a new table
     cache = LabelSetCache(LabelVerdicts(LIMITS), SeriesTranslator())
     t = int(time.time() * 1000) - 60_000
     old = flat(decoder, node("node-a", t, 10.0))
@@ -96,8 +96,8 @@ def test_the_cache_follows_the_decoders_table_and_hands_back_older_requests(serv
     assert service.store.series_count() == 8
 
 
-def test_requests_stored_from_several_threads_land_on_their_own_series(service):
-    decoder = Decoder()
+def test_requests_stored_from_several_threads_land_on_their_own_series(service, native):
+    decoder = Decoder(native=native)
     cache = LabelSetCache(LabelVerdicts(LIMITS), SeriesTranslator())
     hosts = [f"node-{i:02d}" for i in range(24)]
     t = int(time.time() * 1000) - 300_000

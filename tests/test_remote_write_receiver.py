@@ -224,20 +224,20 @@ async def test_without_a_translator_there_is_no_route(aiohttp_client, service):
     assert resp.status == 404
 
 
-def test_the_receivers_decoder_reads_what_decode_reads():
+def test_the_receivers_decoder_reads_what_decode_reads(native):
     series = [
         dcgm("DCGM_FI_DEV_GPU_UTIL", "node-a", 0, [(1000, 1.5), (2000, -2.0)]),
         Series((("__name__", "é_unicode"), ("x", "")), (3000,), (float("inf"),)),
         Series((("__name__", "no_samples"),), (), ()),
     ]
     body = encode(series)
-    decoder = Decoder(max_label_sets=3)
+    decoder = Decoder(max_label_sets=3, native=native)
     first = decoder.decode(body)
     assert first == decode(body) == series
     again = decoder.decode(body)  # label sets remembered: the same tuples
     assert again == series
     assert all(a.labels is f.labels for a, f in zip(again, first, strict=True))
-    small = Decoder(max_label_sets=2)  # forgets them all when full: still right
+    small = Decoder(max_label_sets=2, native=native)  # forgets them all when full: still right
     assert small.decode(body) == small.decode(body) == series
     with pytest.raises(WireTooLargeError):
         decoder.decode(body, max_bytes=len(body))

@@ -1,6 +1,8 @@
-"""The receiver's flat read of remote-write requests (``remote_write.wire_flat`` through
-``wire.Decoder``): the same series as the generated classes parse, for every request, whether it
-was read flat or series by series; steady one-sample requests are read flat.
+"""The receiver's flat read of remote-write requests in Python (``remote_write.wire_flat``
+through ``wire.Decoder(native=False)``, what runs where the compiled reader is not built): the
+same series as the generated classes parse, for every request, whether it was read flat or
+series by series; steady one-sample requests are read flat. The compiled reader's own tests are
+``test_remote_write_native.py``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def same(got: list[Series], expected: list[Series]) -> bool:
 
 
 def test_steady_one_sample_requests_are_read_flat_and_equal_the_parse():
-    decoder = Decoder()
+    decoder = Decoder(native=False)
     first = fleet([1.0, 2.5], T0_MS)
     assert same(decoder.decode(encode(first)), first)
     assert decoder.flat_reads == 0  # the label sets were new: parsed, and remembered
@@ -72,7 +74,7 @@ def test_steady_one_sample_requests_are_read_flat_and_equal_the_parse():
 
 
 def test_a_new_series_several_samples_or_none_are_parsed_series_by_series():
-    decoder = Decoder()
+    decoder = Decoder(native=False)
     steady = fleet([1.0, 2.0], T0_MS)
     decoder.decode(encode(steady))
     new = [*steady, Series(labels("DCGM_FI_DEV_SM_CLOCK", 0), (T0_MS,), (1410.0,))]
@@ -121,7 +123,7 @@ def sample(**fields: float) -> bytes:
     ],
 )
 def test_unusual_sample_encodings_read_as_protobuf_reads_them(body, value, t_ms):
-    decoder = Decoder()
+    decoder = Decoder(native=False)
     steady = fleet([1.0, 2.0], T0_MS)
     canonical = [(s.labels, [sample(value=s.values[0], timestamp=T0_MS)]) for s in steady]
     decoder.decode(body_of(canonical))
@@ -135,7 +137,7 @@ def test_unusual_sample_encodings_read_as_protobuf_reads_them(body, value, t_ms)
 
 
 def test_a_label_set_sent_in_another_order_is_its_own_key():
-    decoder = Decoder()
+    decoder = Decoder(native=False)
     steady = fleet([1.0], T0_MS)
     canonical = [(s.labels, [sample(value=1.0, timestamp=T0_MS)]) for s in steady]
     decoder.decode(body_of(canonical))
@@ -146,7 +148,7 @@ def test_a_label_set_sent_in_another_order_is_its_own_key():
 
 
 def test_samples_moved_between_known_series_are_not_read_flat():
-    decoder = Decoder()
+    decoder = Decoder(native=False)
     steady = fleet([1.0, 2.0], T0_MS)
     canonical = [(s.labels, [sample(value=s.values[0], timestamp=T0_MS)]) for s in steady]
     decoder.decode(body_of(canonical))

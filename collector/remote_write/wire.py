@@ -174,13 +174,23 @@ class Decoder:
     ``Series`` themselves (:mod:`.wire_flat`).
     """
 
-    def __init__(self, max_label_sets: int = 200_000, *, flat: bool = True) -> None:
+    def __init__(
+        self, max_label_sets: int = 200_000, *, flat: bool = True, native: bool | None = None
+    ) -> None:
         self.max_label_sets = max_label_sets
         self.flat = flat
         """Whether to read requests flat at all (False: series by series, as before it could;
         for comparisons)."""
+        self._native = wire_flat.native_reader() if flat and native is not False else None
+        """The compiled flat reader (``native/rwflat.c``) when the install built it (``native``
+        None: use it if there; False: never, for comparisons; True: it must be there)."""
+        if native and self._native is None:
+            raise RuntimeError(
+                "the compiled remote-write reader is not built (install protobuf-c: "
+                "protobuf-c-compiler libprotobuf-c-dev, then reinstall gpuwarden)"
+            )
         self._known: dict[tuple[bytes, ...], Labels] = {}
-        self._table = wire_flat.Table({}, [], 0)
+        self._table = self._new_table(0)
         self._lock = threading.Lock()  # one writer of the table (requests run in threads)
         self.flat_reads = 0
         """Requests read flat (the rest were parsed series by series)."""
@@ -196,6 +206,12 @@ class Decoder:
     ) -> wire_flat.FlatRequest | list[Series]:
         """:meth:`decode`, but a request read flat stays columns (``wire_flat.FlatRequest``)."""
         raw = _inflate(body, max_bytes)
+        if self._native is not None:
+            flat = wire_flat.read_native(self._native, raw, self._table)
+            if flat is not None:
+                self.flat_reads += 1
+                return flat
+            return self._parse(raw, None)
         parts = wire_flat.split(raw) if self.flat else None
         if parts is not None:
             flat = wire_flat.read(raw, parts, self._table)
@@ -227,9 +243,31 @@ class Decoder:
             else:
                 times = tuple([sample.timestamp for sample in samples])
                 out.append(Series(labels, times, tuple([sample.value for sample in samples])))
-        if parts is not None and len(parts.samples) == len(out):
+        if self._native is not None:
+            self._remember_native(keys, out)
+        elif parts is not None and len(parts.samples) == len(out):
             self._remember(parts, keys, out)
         return out
+
+    def _new_table(self, generation: int) -> wire_flat.Table:
+        native = self._native.Index() if self._native is not None else None
+        return wire_flat.Table({}, [], generation, native)
+
+    @property
+    def native(self) -> bool:
+        """Whether the compiled reader reads requests flat."""
+        return self._native is not None
+
+    def _remember_native(self, keys: list[tuple[bytes, ...]], out: list[Series]) -> None:
+        """Remember the native keys of a request's series when each has one sample."""
+        if any(len(one.values) != 1 for one in out):
+            return
+        with self._lock:
+            for key, one in zip(keys, out, strict=True):
+                table = self._table
+                if len(table.label_sets) >= self.max_label_sets:  # readers keep theirs
+                    table = self._table = self._new_table(table.generation + 1)
+                table.remember_labels(key, one.labels)
 
     def _remember(
         self, parts: wire_flat.Split, keys: list[tuple[bytes, ...]], out: list[Series]
@@ -244,7 +282,7 @@ class Decoder:
             ):
                 table = self._table
                 if len(table.known) >= self.max_label_sets:  # a new table; readers keep theirs
-                    table = self._table = wire_flat.Table({}, [], table.generation + 1)
+                    table = self._table = self._new_table(table.generation + 1)
                 table.remember(series, sample, key, one.labels)
 
     def _labels(self, key: tuple[bytes, ...]) -> Labels:

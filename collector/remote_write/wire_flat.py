@@ -26,6 +26,12 @@ above, so nothing moves to another request's or another sender's series). Anythi
 series of several samples or none, a label set not seen yet, an unusual encoding, a body that
 does not parse) gives None and the caller parses the request series by series
 (``wire.Decoder``), which also remembers the new keys.
+
+Where the install built it, the compiled reader (``native/rwflat.c``, :func:`read_native`) does
+the same in one C call: protobuf-c parses the request through the same kind of schema (each
+label as its encoded bytes), so a series is read flat when it holds exactly one sample and
+nothing but its labels, and its label set's key (:func:`native_key`) is remembered. The
+decoder uses it when it is there; this module's read is what runs without it.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -148,13 +154,26 @@ def split(raw: bytes) -> Split | None:
 @dataclass(frozen=True, slots=True)
 class Table:
     """The label sets a decoder remembers for the flat read: each key's index into
-    ``label_sets``. Only ever added to (the entry first, then its key, so a reader that finds a
-    key finds its entry) and replaced whole, with the next ``generation``, when full: a reader
-    that took a table keeps a consistent one."""
+    ``label_sets`` (``known`` for this module's read, ``native`` for the compiled reader's:
+    :func:`native_key`). Only ever added to (the entry first, then its key, so a reader that
+    finds a key finds its entry) and replaced whole, with the next ``generation``, when full: a
+    reader that took a table keeps a consistent one."""
 
     known: Known
     label_sets: list[Labels]
     generation: int
+    native: NativeIndex | None = None
+
+    def remember_labels(self, labels_raw: Sequence[bytes], labels: Labels) -> None:
+        """Remember a series' labels under their native key (the compiled reader parses the
+        whole series with protobuf-c, so nothing is left to prove about its bytes). One writer
+        at a time (the decoder's lock)."""
+        if self.native is None:
+            raise ValueError("this table has no native index")
+        key = native_key(labels_raw)
+        if self.native.get(key) is None:
+            self.label_sets.append(labels)
+            self.native.add(key, len(self.label_sets) - 1)
 
     def remember(
         self, series: bytes, sample: bytes, labels_raw: Sequence[bytes], labels: Labels
@@ -241,3 +260,58 @@ def _columns(
     if not np.array_equal(expected, lengths):
         return None
     return times, values
+
+
+def native_key(labels_raw: Sequence[bytes]) -> bytes:
+    """A label set's key for the compiled reader (``native/rwflat.c``): each label's encoded
+    bytes as sent, after its length as 4 bytes little-endian (so no two label sets share one)."""
+    return b"".join([len(one).to_bytes(4, "little") + one for one in labels_raw])
+
+
+def read_native(reader: NativeReader, raw: bytes, table: Table) -> FlatRequest | None:
+    """The request as columns through the compiled reader (``native/rwflat.c``: protobuf-c
+    parses it), when every series is a known series of one sample and its labels alone."""
+    if table.native is None:
+        return None
+    got = reader.read(raw, table.native)
+    if got is None:
+        return None
+    ids, times, values = got
+    return FlatRequest(
+        np.frombuffer(ids, np.int64),
+        np.frombuffer(times, np.int64),
+        np.frombuffer(values, np.float64),
+        table.label_sets,
+        table.generation,
+    )
+
+
+class NativeIndex(Protocol):
+    """The compiled reader's table of keys (``_rwflat.Index``): key -> its label set's index."""
+
+    def add(self, key: bytes, number: int, /) -> bool: ...
+    def get(self, key: bytes, /) -> int | None: ...
+    def __len__(self) -> int: ...
+
+
+class NativeReader(Protocol):
+    """The compiled reader's module (``_rwflat``)."""
+
+    def Index(self) -> NativeIndex: ...  # noqa: N802 (the extension's type)
+    def read(
+        self,
+        raw: bytes,
+        index: Any,  # an Index of this module (the extension checks)
+        /,
+    ) -> tuple[bytearray, bytearray, bytearray] | None: ...
+
+
+def native_reader() -> NativeReader | None:
+    """The compiled reader, or None when the install could not build it (no protobuf-c: then
+    this module's read does the same, slower)."""
+    try:
+        from gpuwarden.collector.remote_write import _rwflat
+    except ImportError:
+        return None
+    reader: NativeReader = _rwflat
+    return reader
