@@ -17,6 +17,9 @@ from gpuwarden.collector.storage.sql_base import Fence, FencedError
 from gpuwarden.collector.storage.sql_lease import LEADER_ACTION
 from tests.storage_backends import Backend
 
+# the holder stopped renewing 10 s ago (both columns move back; a SET reads the old values)
+EXPIRE = "UPDATE leader_lease SET acquired_at = acquired_at - 10, expires_at = acquired_at - 9.999"
+
 
 class Ticks:
     """A monotonic clock the test moves."""
@@ -68,7 +71,7 @@ def test_one_holder_epoch_rises_and_audit_names_both(backend: Backend) -> None:
         renewed = a.claim_lease("collector", "a:1", 30.0, held_epoch=1)
         assert (renewed.holder, renewed.epoch) == ("a:1", 1)
         assert renewed.expires_at >= first.expires_at
-        backend.execute("UPDATE leader_lease SET expires_at = acquired_at + 0.001")  # a stopped
+        backend.execute(EXPIRE)  # a stopped
         taken = b.claim_lease("collector", "b:2", 30.0, held_epoch=None)
         assert (taken.holder, taken.epoch) == ("b:2", 2)
         again = a.claim_lease("collector", "a:1", 30.0, held_epoch=1)  # a wakes up
@@ -91,7 +94,7 @@ def test_a_deposed_leader_cannot_claim(backend: Backend) -> None:
         old.fence = Fence("collector", "old", 1)
         action_id = old.insert_action(_action(incident_id, "proposed"))
         assert action_id is not None
-        backend.execute("UPDATE leader_lease SET expires_at = acquired_at + 0.001")
+        backend.execute(EXPIRE)
         new.claim_lease("collector", "new", 30.0, held_epoch=None)
         stored = old.action(action_id)
         assert stored is not None
@@ -132,7 +135,7 @@ def test_election_leads_renews_and_lets_go(backend: Backend) -> None:
         ticks.now += 1.0
         assert one.step() is Change.ACQUIRED  # its epoch lapsed locally: a new epoch
         assert one.status().epoch == 2
-        backend.execute("UPDATE leader_lease SET expires_at = acquired_at + 0.001")  # a paused
+        backend.execute(EXPIRE)  # a paused
         assert two.step() is Change.ACQUIRED  # ... and taken over while one was paused
         assert one.leading()  # one's own clock has not noticed yet
         assert not one.confirmed()  # the database has: one calls and sends nothing
