@@ -4,6 +4,8 @@ Not a test: it prints figures. Run from the repository root:
 
     .venv/bin/python bench/remote_write_ingest.py                  # 16 nodes, 12 rounds
     .venv/bin/python bench/remote_write_ingest.py --nodes 125 --rounds 40   # the lead's size
+    .venv/bin/python bench/remote_write_ingest.py --nodes 32 --rounds 40 --repeat 3
+    .venv/bin/python bench/remote_write_ingest.py --reader python   # without the compiled reader
 
 1. Batches. dcgm-exporter's pages as the end-to-end test serves them (``tests/dcgm_exposition.py``:
    its default fields, help, labels and value formats), ``--nodes`` nodes x 8 GPUs (two GPUs a
@@ -24,7 +26,8 @@ the collector reads a label set flat, and learns its mapping, from its second re
 apart), then the other rounds, timed,
 ``--concurrency`` requests in flight from this process, pinned to another core. Each server's
 CPU (``/proc/<pid>/stat``, every thread) and the wall time give samples/s, CPU per sample and
-the ratio collector / VictoriaMetrics (target >= 1.0x). Afterwards each says what it holds:
+the ratio collector / VictoriaMetrics (target >= 1.0x; with ``--repeat N`` the two run N times,
+one after the other, and the verdict is the median ratio). Afterwards each says what it holds:
 VictoriaMetrics the samples, the collector the points its mapping made of them, checked against
 what ``prom_map.translate`` makes of the same requests (step 4), so a receiver that drops them
 cannot win.
@@ -39,9 +42,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import math
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -143,13 +149,14 @@ async def _report(request: web.Request) -> web.Response:
             "stored": service.totals.accepted,
             "made": service.totals.accepted + service.totals.rejected,
             "flat_reads": request.app[RW_STATE].decoder.flat_reads,
+            "native": request.app[RW_STATE].decoder.native,
             "samples": request.app[STATS].remote_write_samples,
             "responses": {str(k): v for k, v in request.app[STATS].responses.items()},
         }
     )
 
 
-async def serve_collector(clock_s: float, capacity: int, series_path: bool) -> None:
+async def serve_collector(clock_s: float, capacity: int, series_path: bool, reader: str) -> None:
     """The collector on an ephemeral loopback port; prints ``port N``; stops on SIGTERM."""
     service = make_service(clock_s, capacity)
     service.max_new_series_per_source_hour = 10**9  # the whole fleet through one token
@@ -158,6 +165,9 @@ async def serve_collector(clock_s: float, capacity: int, series_path: bool) -> N
     )
     mapping: Translator = translate if series_path else PromTranslator()
     app = create_app(config, service=service, background=False, prom_translate=mapping)
+    if reader == "python":  # the receiver's decoder without the compiled reader
+        decoder = Decoder(MAX_LABEL_SETS, native=False)
+        app[RW_STATE] = dataclasses.replace(app[RW_STATE], decoder=decoder)
     add_route(app, "GET", "/bench/report", _report, Admits(open_because="the bench's own"))
     await serve_app(app, service, access_log=False)
 
@@ -181,6 +191,8 @@ class Figures:
 
     @property
     def per_core_s(self) -> float:
+        if self.cpu_s <= 0:  # under one tick of /proc's CPU clock: too short to tell
+            return math.nan
         return self.samples / self.cpu_s
 
 
@@ -214,6 +226,7 @@ def run_collector(
         __file__,
         "--serve-collector",
         *(["--series-path"] if args.series_path else []),
+        f"--reader={args.reader}",
         f"--clock={clock_s}",
         f"--capacity={4 * per_round}",
     ]
@@ -230,9 +243,11 @@ def run_collector(
         )
         report: dict[str, Any] = json_get(f"{base}/bench/report")
         requests = sum(map(len, work))
+        reader = "compiled (native/rwflat.c)" if report["native"] else "Python (wire_flat)"
         line(
             "collector answers",
-            f"{report['responses']}; {report['flat_reads']} of {requests} requests read flat",
+            f"{report['responses']}; {report['flat_reads']} of {requests} requests read flat, "
+            f"by the {reader} reader",
         )
     finally:
         stop_process(proc)
@@ -305,7 +320,9 @@ def parse_raw(raw: bytes) -> None:
     _raw_write_request()().ParseFromString(raw)
 
 
-def stages(work: list[list[bytes]], per_round: int, clock_s: float) -> tuple[int, int]:
+def stages(
+    work: list[list[bytes]], per_round: int, clock_s: float, native: bool
+) -> tuple[int, int]:
     """The collector's per-request pipeline in this process, stage by stage (CPU per sample),
     before (series by series: snappy, protobuf parse and label walk into ``Series``, screen,
     ``prom_map.translate`` into ``NumberPoint``s, ``accept``) and after (snappy, the flat read,
@@ -346,7 +363,7 @@ def stages(work: list[list[bytes]], per_round: int, clock_s: float) -> tuple[int
     service = make_service(clock_s, 4 * per_round)
     service.max_new_series_per_source_hour = 10**9
     sink = TimedSink(service)
-    decoder = Decoder(MAX_LABEL_SETS)
+    decoder = Decoder(MAX_LABEL_SETS, native=native)
     translator = PromTranslator()
     cache = LabelSetCache(LabelVerdicts(limits, MAX_LABEL_SETS), translator)
     for r, bodies in enumerate(work):
@@ -378,7 +395,11 @@ def stages(work: list[list[bytes]], per_round: int, clock_s: float) -> tuple[int
         line(f"    {stage}", f"{cpu / samples * 1e6:.2f} us")
     line("    total", f"{sum(before.values()) / samples * 1e6:.2f} us")
     reads = sum(map(len, work))
-    print(f"  after (read flat, PromTranslator columns; {decoder.flat_reads} of {reads} flat):")
+    reader = "compiled reader" if decoder.native else "Python reader"
+    print(
+        f"  after (read flat by the {reader}, PromTranslator columns; "
+        f"{decoder.flat_reads} of {reads} flat):"
+    )
     for stage, cpu in after.items():
         line(f"    {stage}", f"{cpu / samples * 1e6:.2f} us")
     line("    total", f"{sum(after.values()) / samples * 1e6:.2f} us")
@@ -405,6 +426,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="give the collector prom_map.translate alone (every request series by series: "
         "the receiver before the column path served the production mapping)",
     )
+    parser.add_argument(
+        "--reader",
+        choices=("native", "python"),
+        default="native",
+        help="the collector's flat reader: the compiled one (native/rwflat.c, where the install "
+        "built it) or the Python one (remote_write.wire_flat)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="collector and VictoriaMetrics runs, one after the other; the verdict is the "
+        "median of the runs' ratios (the machine's noise moves each server's figures)",
+    )
     parser.add_argument("--serve-collector", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--clock", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--capacity", type=int, default=0, help=argparse.SUPPRESS)
@@ -414,7 +449,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.serve_collector:
-        asyncio.run(serve_collector(args.clock, args.capacity, args.series_path))
+        asyncio.run(serve_collector(args.clock, args.capacity, args.series_path, args.reader))
         return 0
     if shutil.which("victoria-metrics") is None or shutil.which("taskset") is None:
         print("needs victoria-metrics and taskset (apt-get install victoria-metrics util-linux)")
@@ -443,38 +478,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs it): requests read flat go through the receiver's columns",
     )
     line("servers pinned to", f"core {args.core} (taskset); load generator on {client_cores}")
-    tmp = Path(tempfile.mkdtemp(prefix="rw-ingest-bench-"))
-    try:
-        ours = run_collector(work, per_round, args, float(t_last_s + SCRAPE_S), tmp / "c.log")
-        vm = run_victoria(work, per_round, args, tmp, t_last_s)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    pairs: list[tuple[Figures, Figures]] = []
+    for run in range(args.repeat):
+        if args.repeat > 1:
+            print(f"run {run + 1} of {args.repeat}")
+        tmp = Path(tempfile.mkdtemp(prefix="rw-ingest-bench-"))
+        try:
+            ours = run_collector(work, per_round, args, float(t_last_s + SCRAPE_S), tmp / "c.log")
+            vm = run_victoria(work, per_round, args, tmp, t_last_s)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        pairs.append((ours, vm))
     sent = per_round * args.rounds
     print()
-    for f in (ours, vm):
+    for ours, vm in pairs:
+        for f in (ours, vm):
+            line(
+                f.name,
+                f"{f.per_s:,.0f} samples/s wall, {f.per_core_s:,.0f} samples/s per core, "
+                f"{f.cpu_s / f.samples * 1e6:.2f} us CPU/sample",
+            )
+        line("VictoriaMetrics holds", f"{vm.held:,} samples of {sent:,} sent")
+    clock_s = float(t_last_s + SCRAPE_S)
+    by_series, _ = stages(work, per_round, clock_s, args.reader == "native")
+    for ours, _vm in pairs:
+        same = "the same" if ours.held == by_series else "not the same"
         line(
-            f.name,
-            f"{f.per_s:,.0f} samples/s wall, {f.per_core_s:,.0f} samples/s per core, "
-            f"{f.cpu_s / f.samples * 1e6:.2f} us CPU/sample",
+            "collector made",
+            f"{ours.held:,} points (stored or refused by the store) of {sent:,} samples sent; "
+            f"prom_map.translate on the series path makes {by_series:,} of the same requests "
+            f"sent in order: {same} (with several requests in flight a round can overtake the "
+            f"one before, and a counter's sample older than its newest is neither; "
+            f"--concurrency 1 sends in order)",
         )
-    line("VictoriaMetrics holds", f"{vm.held:,} samples of {sent:,} sent")
-    by_series, _ = stages(work, per_round, float(t_last_s + SCRAPE_S))
-    same = "the same" if ours.held == by_series else "not the same"
-    line(
-        "collector made",
-        f"{ours.held:,} points (stored or refused by the store) of {sent:,} samples sent; "
-        f"prom_map.translate on the series path makes {by_series:,} of the same requests "
-        f"sent in order: {same} (with several requests in flight a round can overtake the one "
-        f"before, and a counter's sample older than its newest is neither; --concurrency 1 "
-        f"sends in order)",
-    )
     print()
     version = package_version("victoria-metrics")
+    walls = [ours.per_s / vm.per_s for ours, vm in pairs]
+    cores = [ours.per_core_s / vm.per_core_s for ours, vm in pairs]
+    if len(pairs) > 1:
+        for n, (wall, core) in enumerate(zip(walls, cores, strict=True), start=1):
+            line(f"run {n}", f"{wall:.2f}x samples/s, {core:.2f}x per core")
+    if any(math.isnan(core) for core in cores):
+        line("note", "a server's CPU was under one clock tick (10 ms): use more --rounds")
+    wall, core = statistics.median(walls), statistics.median(cores)
     line(
-        "collector / VictoriaMetrics",
-        f"{ours.per_s / vm.per_s:.2f}x samples/s, {ours.per_core_s / vm.per_core_s:.2f}x per "
-        f"core (VictoriaMetrics {version}); target >= 1.0x: "
-        f"{'met' if ours.per_s >= vm.per_s else 'NOT met'}",
+        "collector / VictoriaMetrics" + (" (median)" if len(pairs) > 1 else ""),
+        f"{wall:.2f}x samples/s, {core:.2f}x per core (VictoriaMetrics {version}); target "
+        f">= 1.0x: {'met' if wall >= 1.0 else 'NOT met'}",
     )
     return 0
 
