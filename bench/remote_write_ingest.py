@@ -514,13 +514,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     version = package_version("victoria-metrics")
     walls = [ours.per_s / vm.per_s for ours, vm in pairs]
-    cores = [ours.per_core_s / vm.per_core_s for ours, vm in pairs]
+    per_core = [ours.per_core_s / vm.per_core_s for ours, vm in pairs]
     if len(pairs) > 1:
-        for n, (wall, core) in enumerate(zip(walls, cores, strict=True), start=1):
+        for n, (wall, core) in enumerate(zip(walls, per_core, strict=True), start=1):
             line(f"run {n}", f"{wall:.2f}x samples/s, {core:.2f}x per core")
-    if any(math.isnan(core) for core in cores):
+    if any(math.isnan(core) for core in per_core):
         line("note", "a server's CPU was under one clock tick (10 ms): use more --rounds")
-    wall, core = statistics.median(walls), statistics.median(cores)
+    wall, core = statistics.median(walls), statistics.median(per_core)
     line(
         "collector / VictoriaMetrics" + (" (median)" if len(pairs) > 1 else ""),
         f"{wall:.2f}x samples/s, {core:.2f}x per core (VictoriaMetrics {version}); target "

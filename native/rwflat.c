@@ -1,24 +1,30 @@
 /* gpuwarden.collector.remote_write._rwflat: a remote-write 1.0 request read as columns.
  *
- * The request (snappy already inflated) is parsed by protobuf-c, through the code protoc-c
- * generates from rwflat.proto at build time (setup.py): no wire format is read here. What this
- * file adds is the walk over the parsed request that Python would pay an object per series,
- * label and sample for:
+ * Every byte is parsed by protobuf-c, through the code protoc-c generates from rwflat.proto at
+ * build time (setup.py): no wire format is read here. What this file adds is the walk over a
+ * request that Python would pay an object per series and sample for:
  *
+ *   learn(raw, index, numbers) -> int
  *   read(raw, index) -> (ids, timestamps_ms, values) | None
  *
- * ``index`` (an ``Index``) maps a label set's *key* (each of its labels' encoded bytes, as sent,
- * after that length as 4 bytes little-endian: ``wire_flat.native_key``) to its number in the
- * decoder's table. The answer is three bytearrays of n native-endian int64 / int64 / float64
- * (each series' number, time in ms and value, in request order) when every series holds exactly
- * one sample and no field but its labels and that sample, and every key is in ``index``.
- * Anything else (a request that does not parse, a series of several samples or none, exemplars
- * or histograms, a label set not seen yet) answers None and the caller parses the request
- * series by series, which also remembers the new keys.
+ * A series is known by its *key*: its bytes as sent less its one sample field, i.e. its labels'
+ * fields (the same key as the Python flat read's, remote_write.wire_flat). ``learn`` (on a
+ * request the caller parsed series by series) remembers a series' key under its label set's
+ * number in ``index`` (an ``Index``) when the series is exactly that key followed by its sample
+ * field as protobuf-c packs it, and the key parses as a series of labels alone. ``read`` splits
+ * a request into its series' bytes; a series is read when its bytes are a remembered key
+ * followed by bytes that parse as one sample and nothing else (the lengths of sample fields
+ * learned are tried, most seen first). Protobuf reads two messages one after the other as their
+ * merge, so such a series *is* the key's labels and that sample. The answer is three bytearrays
+ * of n native-endian int64 / int64 / float64 (each series' number, time in ms and value, in
+ * request order); None when the request does not parse or a series is not read so (a new label
+ * set, several samples or none, exemplars or histograms, an unusual encoding), and the caller
+ * parses it series by series, then learns.
  *
- * The parse runs without the GIL; its memory comes from an arena kept by each thread (protobuf-c
- * allocates each message, label and array apart) and reused by its next request. ``Index`` is
- * an open-addressing table of keys hashed with xxHash (XXH3), read and written with the GIL held.
+ * The split runs without the GIL; the memory of both calls comes from an arena kept by each
+ * thread and reused by its next request (protobuf-c allocates each message and bytes field
+ * apart). ``Index`` is an open-addressing table of keys hashed with xxHash (XXH3), read and
+ * written with the GIL held.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -117,6 +123,8 @@ typedef struct {
     int64_t number; /* -1: an empty slot */
 } Slot;
 
+#define TAILS 8
+
 typedef struct {
     PyObject_HEAD
     Slot *slots;
@@ -125,7 +133,38 @@ typedef struct {
     char *keys;
     size_t keys_used;
     size_t keys_cap;
+    size_t tails[TAILS]; /* the sample fields' lengths learned, most seen first */
+    uint64_t tail_counts[TAILS];
+    int n_tails;
 } Index;
+
+/* Counts a learned series' sample field length (kept in order: most seen first); seen 0 adds
+ * a length not seen yet, to be tried last. */
+static void index_note_tail(Index *index, size_t len, uint64_t seen)
+{
+    int at = 0;
+    while (at < index->n_tails && index->tails[at] != len) {
+        at++;
+    }
+    if (at == index->n_tails) {
+        if (index->n_tails == TAILS) {
+            return; /* a ninth length: its series stay on the caller's path */
+        }
+        index->tails[at] = len;
+        index->tail_counts[at] = 0;
+        index->n_tails++;
+    }
+    index->tail_counts[at] += seen;
+    while (at > 0 && index->tail_counts[at] > index->tail_counts[at - 1]) {
+        size_t tail = index->tails[at];
+        uint64_t count = index->tail_counts[at];
+        index->tails[at] = index->tails[at - 1];
+        index->tail_counts[at] = index->tail_counts[at - 1];
+        index->tails[at - 1] = tail;
+        index->tail_counts[at - 1] = count;
+        at--;
+    }
+}
 
 static int64_t index_find(const Index *index, const char *key, size_t len, uint64_t hash)
 {
@@ -286,85 +325,129 @@ static PyTypeObject IndexType = {
     .tp_as_sequence = &index_sequence,
 };
 
-/* ---- read --------------------------------------------------------------------------------- */
+/* ---- learn and read --------------------------------------------------------------------- */
 
-/* The key's length for one series, or 0 when the series is not one sample and its labels
- * alone (or a label is too long for the key's 4-byte lengths). */
-static size_t key_size(const Gpuwarden__Rwflat__Series *series)
+static int only_one_sample(const Gpuwarden__Rwflat__Series *series)
 {
-    if (series->n_samples != 1 || series->base.n_unknown_fields != 0
-        || series->samples[0]->base.n_unknown_fields != 0) {
-        return 0;
-    }
-    size_t size = 0;
-    for (size_t i = 0; i < series->n_labels; i++) {
-        if (series->labels[i].len > UINT32_MAX) {
-            return 0;
-        }
-        size += 4u + series->labels[i].len;
-    }
-    return size == 0 ? (size_t)-1 : size; /* no labels: an empty key, still flat */
+    return series != NULL && series->base.n_unknown_fields == 0 && series->n_samples == 1
+           && series->samples[0]->base.n_unknown_fields == 0;
 }
 
-static void put_key(char *out, const Gpuwarden__Rwflat__Series *series)
-{
-    for (size_t i = 0; i < series->n_labels; i++) {
-        uint32_t len = (uint32_t)series->labels[i].len;
-        out[0] = (char)(len & 0xffu);
-        out[1] = (char)((len >> 8) & 0xffu);
-        out[2] = (char)((len >> 16) & 0xffu);
-        out[3] = (char)((len >> 24) & 0xffu);
-        memcpy(out + 4, series->labels[i].data, len);
-        out += 4 + len;
-    }
-}
-
-/* Parses raw and, when every series is one sample and its labels, writes each series' key into
- * keys (each at its offset in at) and its time and value; 1 flat, 0 not. No GIL needed. */
-static int parse(Arena *arena, const uint8_t *raw, size_t len, size_t *count, char **keys,
-                 size_t **at, int64_t **times, double **values)
+static Gpuwarden__Rwflat__SeriesBytes *split(Arena *arena, const Py_buffer *raw)
 {
     ProtobufCAllocator allocator = {arena_alloc, arena_free, arena};
-    Gpuwarden__Rwflat__Request *request = gpuwarden__rwflat__request__unpack(&allocator, len, raw);
-    if (request == NULL) {
-        return 0;
-    }
-    size_t n = request->n_timeseries;
-    size_t *offsets = arena_alloc(arena, (n + 1u) * sizeof(size_t));
-    if (offsets == NULL) {
-        return 0;
-    }
-    offsets[0] = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t size = key_size(request->timeseries[i]);
-        if (size == 0) {
-            return 0;
-        }
-        offsets[i + 1] = offsets[i] + (size == (size_t)-1 ? 0 : size);
-    }
-    char *out = arena_alloc(arena, offsets[n] + 1u);
-    int64_t *t = arena_alloc(arena, (n + 1u) * sizeof(int64_t));
-    double *v = arena_alloc(arena, (n + 1u) * sizeof(double));
-    if (out == NULL || t == NULL || v == NULL) {
-        return 0;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const Gpuwarden__Rwflat__Series *series = request->timeseries[i];
-        put_key(out + offsets[i], series);
-        t[i] = series->samples[0]->timestamp;
-        v[i] = series->samples[0]->value;
-    }
-    *count = n;
-    *keys = out;
-    *at = offsets;
-    *times = t;
-    *values = v;
-    return 1;
+    return gpuwarden__rwflat__series_bytes__unpack(&allocator, (size_t)raw->len,
+                                                   (const uint8_t *)raw->buf);
 }
 
-static PyObject *column(const void *data, size_t n)
+static Arena arena_for(const Py_buffer *raw)
 {
-    return PyByteArray_FromStringAndSize(data, (Py_ssize_t)(n * 8u));
+    Arena arena = {NULL, FIRST_BLOCK};
+    if ((size_t)raw->len > FIRST_BLOCK / 2u) {
+        arena.first = (size_t)raw->len * 2u;
+    }
+    return arena;
+}
+
+/* learn(raw, index, numbers) -> int: remember each one-sample series' labels' bytes (its key)
+ * under its number (numbers: n native-endian int64, one a series; < 0 skips one). A key is the
+ * series' bytes less its sample field, and is remembered only where the series ends with that
+ * field exactly as protobuf-c packs it (the canonical encoding) and the rest parses as a series
+ * of labels alone. Answers how many keys were new (none when protobuf-c does not split the
+ * request into as many series as there are numbers). */
+static PyObject *rwflat_learn(PyObject *module, PyObject *args)
+{
+    (void)module;
+    Py_buffer raw, numbers;
+    Index *index;
+    if (!PyArg_ParseTuple(args, "y*O!y*:learn", &raw, &IndexType, &index, &numbers)) {
+        return NULL;
+    }
+    Arena arena = arena_for(&raw);
+    ProtobufCAllocator allocator = {arena_alloc, arena_free, &arena};
+    Gpuwarden__Rwflat__SeriesBytes *request = split(&arena, &raw);
+    PyObject *out = NULL;
+    if (request == NULL || (size_t)numbers.len != request->n_timeseries * sizeof(int64_t)) {
+        out = PyLong_FromLong(0); /* protobuf-c does not read it as the caller did: learn none */
+        goto done;
+    }
+    const int64_t *number = numbers.buf;
+    long learned = 0;
+    for (size_t i = 0; i < request->n_timeseries; i++) {
+        const ProtobufCBinaryData *bytes = &request->timeseries[i];
+        if (number[i] < 0) {
+            continue;
+        }
+        Gpuwarden__Rwflat__Series *full =
+            gpuwarden__rwflat__series__unpack(&allocator, bytes->len, bytes->data);
+        if (!only_one_sample(full)) {
+            continue;
+        }
+        Gpuwarden__Rwflat__Series only = GPUWARDEN__RWFLAT__SERIES__INIT;
+        only.n_samples = 1;
+        only.samples = full->samples;
+        uint8_t tail[64];
+        size_t tail_len = gpuwarden__rwflat__series__get_packed_size(&only);
+        if (tail_len > sizeof(tail) || tail_len > bytes->len) {
+            continue;
+        }
+        gpuwarden__rwflat__series__pack(&only, tail);
+        size_t key_len = bytes->len - tail_len;
+        if (memcmp(bytes->data + key_len, tail, tail_len) != 0) {
+            continue; /* not the canonical encoding: stays on the caller's path */
+        }
+        Gpuwarden__Rwflat__Series *labels =
+            gpuwarden__rwflat__series__unpack(&allocator, key_len, bytes->data);
+        if (labels == NULL || labels->n_samples != 0 || labels->base.n_unknown_fields != 0) {
+            continue;
+        }
+        int added = index_add(index, (const char *)bytes->data, key_len, number[i]);
+        if (added < 0) {
+            goto done;
+        }
+        index_note_tail(index, tail_len, 1);
+        /* the same sample field with a value of 0 (left out) or not, from this series' next one */
+        Gpuwarden__Rwflat__Sample other = *full->samples[0];
+        other.value = other.value == 0.0 ? 1.0 : 0.0;
+        Gpuwarden__Rwflat__Sample *others[1] = {&other};
+        only.samples = others;
+        index_note_tail(index, gpuwarden__rwflat__series__get_packed_size(&only), 0);
+        learned += added;
+    }
+    out = PyLong_FromLong(learned);
+done:
+    arena_release(&arena);
+    PyBuffer_Release(&raw);
+    PyBuffer_Release(&numbers);
+    return out;
+}
+
+/* One series by its key: its number, time and value; 1 found, 0 not. The series' bytes are a
+ * remembered key (labels alone, as learn proved) followed by bytes that parse as one sample and
+ * nothing else, so protobuf reads the whole as those labels and that sample. */
+static int find(const Index *index, ProtobufCAllocator *allocator, const ProtobufCBinaryData *bytes,
+                const size_t *tails, int n_tails, int64_t *number, int64_t *time, double *value)
+{
+    for (int k = 0; k < n_tails; k++) {
+        if (tails[k] > bytes->len) {
+            continue;
+        }
+        size_t key_len = bytes->len - tails[k];
+        const char *key = (const char *)bytes->data;
+        int64_t found = index_find(index, key, key_len, XXH3_64bits(key, key_len));
+        if (found < 0) {
+            continue;
+        }
+        Gpuwarden__Rwflat__Series *tail =
+            gpuwarden__rwflat__series__unpack(allocator, tails[k], bytes->data + key_len);
+        if (only_one_sample(tail) && tail->n_labels == 0) {
+            *number = found;
+            *time = tail->samples[0]->timestamp;
+            *value = tail->samples[0]->value;
+            return 1;
+        }
+    }
+    return 0;
 }
 
 static PyObject *rwflat_read(PyObject *module, PyObject *args)
@@ -375,42 +458,43 @@ static PyObject *rwflat_read(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*O!:read", &raw, &IndexType, &index)) {
         return NULL;
     }
-    Arena arena = {NULL, FIRST_BLOCK};
-    if ((size_t)raw.len > FIRST_BLOCK / 4u) {
-        arena.first = (size_t)raw.len * 4u;
-    }
-    size_t n = 0;
-    char *keys = NULL;
-    size_t *at = NULL;
-    int64_t *times = NULL;
-    double *values = NULL;
-    int flat;
+    Arena arena = arena_for(&raw);
+    ProtobufCAllocator allocator = {arena_alloc, arena_free, &arena};
+    Gpuwarden__Rwflat__SeriesBytes *request;
     Py_BEGIN_ALLOW_THREADS
-    flat = parse(&arena, raw.buf, (size_t)raw.len, &n, &keys, &at, &times, &values);
+    request = split(&arena, &raw); /* each series' bytes, copied into the arena */
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&raw);
     PyObject *out = NULL;
-    PyObject *ids = flat ? PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n * 8u)) : NULL;
-    if (ids != NULL) {
-        int64_t *numbers = (int64_t *)PyByteArray_AS_STRING(ids);
-        for (size_t i = 0; i < n && flat; i++) {
-            size_t len = at[i + 1] - at[i];
-            const char *key = keys + at[i];
-            numbers[i] = index_find(index, key, len, XXH3_64bits(key, len));
-            flat = numbers[i] >= 0;
-        }
-        if (flat) {
-            PyObject *t = column(times, n);
-            PyObject *v = t == NULL ? NULL : column(values, n);
-            if (v != NULL) {
-                out = PyTuple_Pack(3, ids, t, v);
-            }
-            Py_XDECREF(t);
-            Py_XDECREF(v);
-        }
-        Py_DECREF(ids);
+    size_t n = request == NULL ? 0 : request->n_timeseries;
+    PyObject *ids = NULL, *times = NULL, *values = NULL;
+    if (request == NULL || index->count == 0) {
+        goto done;
     }
+    ids = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n * 8u));
+    times = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n * 8u));
+    values = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n * 8u));
+    if (ids == NULL || times == NULL || values == NULL) {
+        goto done;
+    }
+    int64_t *number = (int64_t *)PyByteArray_AS_STRING(ids);
+    int64_t *time = (int64_t *)PyByteArray_AS_STRING(times);
+    double *value = (double *)PyByteArray_AS_STRING(values);
+    size_t tails[TAILS];
+    int n_tails = index->n_tails;
+    memcpy(tails, index->tails, sizeof(tails));
+    for (size_t i = 0; i < n; i++) {
+        if (!find(index, &allocator, &request->timeseries[i], tails, n_tails, &number[i], &time[i],
+                  &value[i])) {
+            goto done;
+        }
+    }
+    out = PyTuple_Pack(3, ids, times, values);
+done:
     arena_release(&arena);
+    Py_XDECREF(ids);
+    Py_XDECREF(times);
+    Py_XDECREF(values);
     if (out == NULL && !PyErr_Occurred()) {
         Py_RETURN_NONE;
     }
@@ -418,6 +502,9 @@ static PyObject *rwflat_read(PyObject *module, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
+    {"learn", rwflat_learn, METH_VARARGS,
+     "learn(raw, index, numbers) -> int: remember the keys of a request's series (module "
+     "docstring)."},
     {"read", rwflat_read, METH_VARARGS,
      "read(raw, index) -> (ids, timestamps_ms, values) | None: a remote-write request as "
      "columns (module docstring)."},

@@ -9,6 +9,7 @@ protobuf-c), where they fail.
 
 from __future__ import annotations
 
+import array
 import math
 import random
 import struct
@@ -226,7 +227,7 @@ def test_the_key_table_holds_what_it_is_given(reader):
     assert index.get(b"") is None
     assert index.add(b"", 7) is True
     assert index.add(b"", 8) is False  # the first number stays
-    keys = [wire_flat.native_key([f"label-{i}".encode(), b"x" * (i % 50)]) for i in range(50_000)]
+    keys = [f"label-{i}".encode() + b"x" * (i % 50) for i in range(50_000)]
     for number, key in enumerate(keys, start=1):
         assert index.add(key, number)
     assert len(index) == 50_001
@@ -240,10 +241,42 @@ def test_the_key_table_holds_what_it_is_given(reader):
         reader.read(b"", {})
 
 
-def test_a_key_is_each_labels_bytes_after_its_length():
-    assert wire_flat.native_key([b"ab", b""]) == b"\x02\x00\x00\x00ab\x00\x00\x00\x00"
-    # no two label sets share a key: where the bytes split is part of it
-    assert wire_flat.native_key([b"ab", b"c"]) != wire_flat.native_key([b"a", b"bc"])
+def test_a_key_is_learned_where_the_series_ends_with_its_canonical_sample(reader):
+    schemas = wire_flat._schemas()
+    labels = [wire_flat_label(name, value) for name, value in dcgm(0, "DCGM_FI_DEV_GPU_UTIL")]
+    key = schemas.series(labels=labels).SerializeToString()
+    canonical = schemas.sample(value=2.5, timestamp=T0_MS).SerializeToString()
+    time_first = (
+        schemas.sample(timestamp=T0_MS).SerializeToString()
+        + schemas.sample(value=2.5).SerializeToString()
+    )
+    for body, learned in ((time_first, 0), (canonical, 1)):
+        series = schemas.series(labels=labels, samples=[body]).SerializeToString()
+        raw = schemas.series_bytes(timeseries=[series]).SerializeToString()
+        index = reader.Index()
+        assert reader.learn(raw, index, array.array("q", [7]).tobytes()) == learned
+        assert index.get(key) == (7 if learned else None)
+        got = reader.read(raw, index)
+        if learned:
+            assert got is not None
+            assert [bytes(column) for column in got] == [
+                array.array("q", [7]).tobytes(),
+                array.array("q", [T0_MS]).tobytes(),
+                array.array("d", [2.5]).tobytes(),
+            ]
+        else:
+            assert got is None
+    assert reader.learn(b"\xff\xff", reader.Index(), b"") == 0  # does not parse: none
+    assert reader.learn(raw, reader.Index(), b"") == 0  # a number a series, or none
+
+
+def wire_flat_label(name: str, value: str) -> bytes:
+    from opentelemetry.exporter.prometheus_remote_write.gen.types_pb2 import (  # type: ignore[attr-defined]
+        Label,
+    )
+
+    encoded: bytes = Label(name=name, value=value).SerializeToString()
+    return encoded
 
 
 def test_threads_reading_at_once_each_get_their_own_request(reader):

@@ -9,6 +9,7 @@ samples in time order, as the protocol asks.
 
 from __future__ import annotations
 
+import array
 import functools
 import threading
 from collections.abc import Mapping, Sequence
@@ -244,7 +245,7 @@ class Decoder:
                 times = tuple([sample.timestamp for sample in samples])
                 out.append(Series(labels, times, tuple([sample.value for sample in samples])))
         if self._native is not None:
-            self._remember_native(keys, out)
+            self._remember_native(raw, out)
         elif parts is not None and len(parts.samples) == len(out):
             self._remember(parts, keys, out)
         return out
@@ -258,16 +259,17 @@ class Decoder:
         """Whether the compiled reader reads requests flat."""
         return self._native is not None
 
-    def _remember_native(self, keys: list[tuple[bytes, ...]], out: list[Series]) -> None:
-        """Remember the native keys of a request's series when each has one sample."""
-        if any(len(one.values) != 1 for one in out):
+    def _remember_native(self, raw: bytes, out: list[Series]) -> None:
+        """Have the compiled reader learn the keys of a request's series when each has one
+        sample (``native/rwflat.c``: ``learn``)."""
+        if self._native is None or any(len(one.values) != 1 for one in out):
             return
         with self._lock:
-            for key, one in zip(keys, out, strict=True):
-                table = self._table
-                if len(table.label_sets) >= self.max_label_sets:  # readers keep theirs
-                    table = self._table = self._new_table(table.generation + 1)
-                table.remember_labels(key, one.labels)
+            table = self._table
+            if table.label_sets and len(table.label_sets) + len(out) > self.max_label_sets:
+                table = self._table = self._new_table(table.generation + 1)  # readers keep theirs
+            numbers = array.array("q", [table.number(one.labels) for one in out])
+            self._native.learn(raw, table.native, numbers.tobytes())
 
     def _remember(
         self, parts: wire_flat.Split, keys: list[tuple[bytes, ...]], out: list[Series]

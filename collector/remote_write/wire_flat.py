@@ -28,14 +28,18 @@ does not parse) gives None and the caller parses the request series by series
 (``wire.Decoder``), which also remembers the new keys.
 
 Where the install built it, the compiled reader (``native/rwflat.c``, :func:`read_native`) does
-the same in one C call: protobuf-c parses the request through the same kind of schema (each
-label as its encoded bytes), so a series is read flat when it holds exactly one sample and
-nothing but its labels, and its label set's key (:func:`native_key`) is remembered. The
-decoder uses it when it is there; this module's read is what runs without it.
+the same in C, with the same keys: protobuf-c splits the request into its series' bytes (the
+same kind of schema), and a series is read when its bytes are a key it learned followed by
+bytes that protobuf-c parses as one sample and nothing else (two messages one after the other
+parse as their merge, so the series *is* those labels and that sample). It learns a key (after
+the decoder parsed a request series by series) where a series ends with its sample field as
+protobuf-c packs it and the rest parses as labels alone. The decoder uses it when it is there;
+this module's read is what runs without it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -163,17 +167,17 @@ class Table:
     label_sets: list[Labels]
     generation: int
     native: NativeIndex | None = None
+    numbers: dict[Labels, int] = dataclasses.field(default_factory=dict)
+    """Each label set's index in ``label_sets``, for the compiled reader's ``learn``."""
 
-    def remember_labels(self, labels_raw: Sequence[bytes], labels: Labels) -> None:
-        """Remember a series' labels under their native key (the compiled reader parses the
-        whole series with protobuf-c, so nothing is left to prove about its bytes). One writer
-        at a time (the decoder's lock)."""
-        if self.native is None:
-            raise ValueError("this table has no native index")
-        key = native_key(labels_raw)
-        if self.native.get(key) is None:
+    def number(self, labels: Labels) -> int:
+        """``labels``' index in ``label_sets`` (added when new). One writer at a time (the
+        decoder's lock), which adds the entry before any key is learned for it."""
+        found = self.numbers.get(labels)
+        if found is None:
             self.label_sets.append(labels)
-            self.native.add(key, len(self.label_sets) - 1)
+            found = self.numbers[labels] = len(self.label_sets) - 1
+        return found
 
     def remember(
         self, series: bytes, sample: bytes, labels_raw: Sequence[bytes], labels: Labels
@@ -262,15 +266,9 @@ def _columns(
     return times, values
 
 
-def native_key(labels_raw: Sequence[bytes]) -> bytes:
-    """A label set's key for the compiled reader (``native/rwflat.c``): each label's encoded
-    bytes as sent, after its length as 4 bytes little-endian (so no two label sets share one)."""
-    return b"".join([len(one).to_bytes(4, "little") + one for one in labels_raw])
-
-
 def read_native(reader: NativeReader, raw: bytes, table: Table) -> FlatRequest | None:
     """The request as columns through the compiled reader (``native/rwflat.c``: protobuf-c
-    parses it), when every series is a known series of one sample and its labels alone."""
+    parses it), when every series is a known key followed by one sample."""
     if table.native is None:
         return None
     got = reader.read(raw, table.native)
@@ -298,6 +296,13 @@ class NativeReader(Protocol):
     """The compiled reader's module (``_rwflat``)."""
 
     def Index(self) -> NativeIndex: ...  # noqa: N802 (the extension's type)
+    def learn(
+        self,
+        raw: bytes,
+        index: Any,  # an Index of this module (the extension checks)
+        numbers: bytes,
+        /,
+    ) -> int: ...
     def read(
         self,
         raw: bytes,
