@@ -5,7 +5,9 @@ wrong media types, and no loop back into our own remote-write.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,6 +30,7 @@ from gpuwarden.collector.remote_write.wire import (
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.keys import AUTH_STATS, STATS
+from gpuwarden.collector.web.remote_write_receiver import RW_WORKERS, worker_count
 from tests.prom_translate import translate
 from tests.test_collector_hostile import many_series
 
@@ -266,3 +269,25 @@ def test_end_series_ends_gauges_only(service):
     assert math.isnan(float(found.values[0]))
     energy = service.store.latest("hw.energy", max_age_seconds=math.inf)
     assert float(energy.values[0]) == pytest.approx(5.0)  # 50 J over 10 s, as it was
+
+
+async def test_requests_are_stored_by_one_thread_a_core_and_the_rest_wait(aiohttp_client, service):
+    app = app_for(service)
+    client = await aiohttp_client(app)
+    workers = app[RW_WORKERS]
+    assert workers._max_workers == worker_count() == len(os.sched_getaffinity(0))
+    t = now_ms()
+    bodies = [
+        encode([dcgm("DCGM_FI_DEV_GPU_UTIL", f"node-{n}", g, [(t, 10.0 + g)]) for g in range(8)])
+        for n in range(12)
+    ]
+    answers = await asyncio.gather(
+        *(client.post("/api/v1/write", data=body, headers=headers()) for body in bodies)
+    )
+    assert [a.status for a in answers] == [204] * len(bodies)  # waited for a thread, none shed
+    assert len(workers._threads) <= worker_count()
+    assert all(t.name.startswith("remote-write") for t in workers._threads)
+    assert all(len(latest(service, "hw.gpu.utilization", f"node-{n}")) == 8 for n in range(12))
+    await client.close()  # the app's cleanup lets the threads go
+    with pytest.raises(RuntimeError):
+        workers.submit(int)

@@ -20,14 +20,23 @@ bound to (nothing stored); 413 for a body, an inflated body (the snappy header i
 decompression bomb never inflates), series or samples over the limits; 415 for another content
 type or encoding (remote-write 2.0's ``proto=`` included); 503 with ``Retry-After`` when too
 many requests, or too many of one caller, are being stored.
+
+Requests are decoded and stored in the receiver's own threads, one per core the process may run
+on (``worker_count``): more would only take turns on the same cores and the same locks (the
+label-set cache's, the store's), at a cost (``docs/performance.md``); the requests beyond wait
+for one, within the in-flight limits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
+import os
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -115,6 +124,16 @@ class RemoteWriteState:
 
 TRANSLATOR: web.AppKey[Translator] = web.AppKey("prom_translator")
 RW_STATE = web.AppKey("remote_write_state", RemoteWriteState)
+RW_WORKERS = web.AppKey("remote_write_workers", ThreadPoolExecutor)
+
+
+def worker_count() -> int:
+    """Threads that decode and store requests: one per core this process may run on (its CPU
+    affinity, as ``taskset`` or a cpuset sets it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
 
 
 class _RefusedError(Exception):
@@ -144,8 +163,8 @@ async def remote_write(request: web.Request) -> web.Response:
     """``POST /api/v1/write``: one remote-write 1.0 request (module docstring for the answers).
 
     The body is buffered by ``web.guard.body_guard`` before this runs; decoding, translating
-    and storing run in a worker thread holding an in-flight slot, so the event loop serves
-    everyone else meanwhile.
+    and storing run in one of the receiver's threads (``RW_WORKERS``) holding an in-flight slot,
+    so the event loop serves everyone else meanwhile.
     """
     config, stats = request.app[CONFIG], request.app[STATS]
     caller = request[CALLER]
@@ -161,7 +180,7 @@ async def remote_write(request: web.Request) -> web.Response:
                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
         with inflight_slot(stats, caller.name):
-            stored, rejected = await asyncio.to_thread(
+            work = functools.partial(
                 _decode_and_store,
                 body,
                 request.app[SINK],
@@ -170,6 +189,10 @@ async def remote_write(request: web.Request) -> web.Response:
                 stats.remote_write_samples,
                 caller,
                 config,
+            )
+            context = contextvars.copy_context()  # as asyncio.to_thread does
+            stored, rejected = await asyncio.get_running_loop().run_in_executor(
+                request.app[RW_WORKERS], context.run, work
             )
     except _RefusedError as exc:
         stats.responses[exc.status] += 1
@@ -322,4 +345,13 @@ def setup_remote_write(app: web.Application, translate: Translator) -> None:
         else None
     )
     app[RW_STATE] = RemoteWriteState(Decoder(MAX_LABEL_SETS), verdicts, columns)
+    # threads start at the first request; the app's cleanup lets them go
+    app[RW_WORKERS] = ThreadPoolExecutor(worker_count(), thread_name_prefix="remote-write")
+    app.on_cleanup.append(_stop_workers)
     add_route(app, "POST", "/api/v1/write", remote_write, AGENTS)
+
+
+async def _stop_workers(app: web.Application) -> None:
+    """An ``on_cleanup`` hook: the threads end once their request is done (never waited for
+    here; aiohttp's shutdown already waited for the requests in progress)."""
+    app[RW_WORKERS].shutdown(wait=False, cancel_futures=True)
