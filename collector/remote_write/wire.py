@@ -187,8 +187,8 @@ class Decoder:
         None: use it if there; False: never, for comparisons; True: it must be there)."""
         if native and self._native is None:
             raise RuntimeError(
-                "the compiled remote-write reader is not built (install protobuf-c: "
-                "protobuf-c-compiler libprotobuf-c-dev, then reinstall gpuwarden)"
+                "the compiled remote-write reader is not built (install Debian's "
+                "protobuf-c-compiler libprotobuf-c-dev libxxhash-dev, then reinstall gpuwarden)"
             )
         self._known: dict[tuple[bytes, ...], Labels] = {}
         self._table = self._new_table(0)
