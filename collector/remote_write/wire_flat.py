@@ -158,10 +158,10 @@ def split(raw: bytes) -> Split | None:
 @dataclass(frozen=True, slots=True)
 class Table:
     """The label sets a decoder remembers for the flat read: each key's index into
-    ``label_sets`` (``known`` for this module's read, ``native`` for the compiled reader's:
-    :func:`native_key`). Only ever added to (the entry first, then its key, so a reader that
-    finds a key finds its entry) and replaced whole, with the next ``generation``, when full: a
-    reader that took a table keeps a consistent one."""
+    ``label_sets`` (``known`` for this module's read; ``native``, the compiled reader's table of
+    the same keys, with ``numbers`` for its ``learn``). Only ever added to (the entry first, then
+    its key, so a reader that finds a key finds its entry) and replaced whole, with the next
+    ``generation``, when full: a reader that took a table keeps a consistent one."""
 
     known: Known
     label_sets: list[Labels]
