@@ -31,6 +31,7 @@ from gpuwarden.collector.remote_write.wire import (
     encode,
 )
 from tests.native_reader import REQUIRED, require_native
+from tests.test_remote_write_wire_flat import encoded_label
 
 STALE = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
 T0_MS = 1_764_000_000_000
@@ -243,7 +244,7 @@ def test_the_key_table_holds_what_it_is_given(reader):
 
 def test_a_key_is_learned_where_the_series_ends_with_its_canonical_sample(reader):
     schemas = wire_flat._schemas()
-    labels = [wire_flat_label(name, value) for name, value in dcgm(0, "DCGM_FI_DEV_GPU_UTIL")]
+    labels = [encoded_label(name, value) for name, value in dcgm(0, "DCGM_FI_DEV_GPU_UTIL")]
     key = schemas.series(labels=labels).SerializeToString()
     canonical = schemas.sample(value=2.5, timestamp=T0_MS).SerializeToString()
     time_first = (
@@ -268,15 +269,6 @@ def test_a_key_is_learned_where_the_series_ends_with_its_canonical_sample(reader
             assert got is None
     assert reader.learn(b"\xff\xff", reader.Index(), b"") == 0  # does not parse: none
     assert reader.learn(raw, reader.Index(), b"") == 0  # a number a series, or none
-
-
-def wire_flat_label(name: str, value: str) -> bytes:
-    from opentelemetry.exporter.prometheus_remote_write.gen.types_pb2 import (  # type: ignore[attr-defined]
-        Label,
-    )
-
-    encoded: bytes = Label(name=name, value=value).SerializeToString()
-    return encoded
 
 
 def test_threads_reading_at_once_each_get_their_own_request(reader):

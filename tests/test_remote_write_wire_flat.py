@@ -93,13 +93,13 @@ def body_of(series: list[tuple[tuple[tuple[str, str], ...], list[bytes]]]) -> by
     schemas = wire_flat._schemas()
     out = []
     for label_items, samples in series:
-        raw_labels = [_label(name, value) for name, value in label_items]
+        raw_labels = [encoded_label(name, value) for name, value in label_items]
         out.append(schemas.series(labels=raw_labels, samples=samples).SerializeToString())
     raw = schemas.series_bytes(timeseries=out).SerializeToString()
     return bytes(cramjam.snappy.compress_raw(raw))
 
 
-def _label(name: str, value: str) -> bytes:
+def encoded_label(name: str, value: str) -> bytes:
     encoded: bytes = Label(name=name, value=value).SerializeToString()
     return encoded
 
