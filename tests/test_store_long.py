@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuwarden.agent.config import ConfigError
 from gpuwarden.collector.build import build_service
@@ -323,3 +325,55 @@ def test_the_changes_at_shutdown_complete_the_long_rows(tmp_path: Path) -> None:
     end = clock.now
     assert same(long_of(back, UTIL, end), long_of(every, UTIL, end))
     assert np.isfinite(long_of(back, UTIL, end)[:, -30:]).all()  # the changes' minutes are in
+
+
+# --- the queued long-ring updates wait within a long slot -------------------------------------
+
+LATE_OR_JUMP = st.lists(
+    st.tuples(
+        st.integers(-13, 3),  # slots from the newest: late (up to past the window), ahead
+        st.booleans(),  # a counter's point, else a gauge's
+        st.integers(0, 2),  # the GPU
+        st.floats(0, 1e6),
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(LATE_OR_JUMP, st.lists(st.integers(0, 59), max_size=8), st.sampled_from([0, 30, 700]))
+def test_long_slots_are_the_same_however_late_they_are_recomputed(steps, reads, jump):
+    """Updates queued within a long slot (applied when the head starts the next one) give the
+    long ring of a store that applies them after every write (a long read applies them): late
+    points, repeats, a jump past the recent window (``jump`` recent slots ahead at the middle)
+    and counters included."""
+    clock = Clock(T0 + 100 * HOUR)
+    config = {"step_seconds": 10, "recent_seconds": 120, "long_step_seconds": 60,
+              "long_seconds": 1200, "staleness_seconds": 1e9}  # fmt: skip
+    lazy, eager = (WindowStore(**config, clock=clock) for _ in range(2))  # type: ignore[arg-type]
+    newest = 0
+    counters = [0.0, 0.0, 0.0]
+    for k, (ahead, counter, gpu, value) in enumerate(steps):
+        if k == len(steps) // 2:
+            newest += jump
+        slot = max(0, newest + ahead)
+        newest = max(newest, slot)
+        t = T0 + slot * 10
+        if counter:
+            counters[gpu] += value
+            points = [point(ENERGY, t, counters[gpu], f"G{gpu}", counter=True)]
+        else:
+            points = [point(UTIL, t, value, f"G{gpu}")]
+        lazy.ingest(points)
+        eager.ingest(points)
+        for metric in (UTIL, ENERGY):
+            eager.matrix(metric, start=t - 1200, end=t + 60, resolution="long")
+        if k in reads:  # the lazy store is read now and then too
+            lazy.matrix(UTIL, start=t - 1200, end=t + 60, resolution="long")
+    end = T0 + (newest + 1) * 10
+    for metric in (UTIL, ENERGY):
+        got = lazy.matrix(metric, start=end - 1200, end=end + 60, resolution="long")
+        want = eager.matrix(metric, start=end - 1200, end=end + 60, resolution="long")
+        assert [s.key for s in got.series] == [s.key for s in want.series]
+        assert same(got.values, want.values), metric

@@ -20,8 +20,9 @@ of one slot's increase, not a sum of one per slot), and exact when the range als
 series' newest slot and starts before its first: reads add the debt to the newest slot.
 
 The long ring is updated lazily: written (row, slot) pairs queue up, and each long slot they touch
-is recomputed (the mean of its recent slots) before the head moves, before long reads and before
-eviction, once per slot for a whole round of requests instead of once per request.
+is recomputed (the mean of its recent slots) before the head starts a new long slot, before long
+reads and before eviction: once per long slot for all the requests it spans, instead of once per
+request or recent slot.
 
 Only the series of ``long_metrics`` (default: every metric) have a long ring row: ``long_row``
 maps a row to it (-1: none), like ``counter_row``. A 14-day long row is 80 KB against the recent

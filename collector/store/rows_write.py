@@ -35,10 +35,18 @@ class RowWrites(RowIdentity):
     """Vectorised writes of resolved points, and the long ring's lazy update."""
 
     def advance(self, slot: int, ratio: int) -> int:
-        """Move every ring's head up to ``slot`` (never back); return the recent head."""
+        """Move every ring's head up to ``slot`` (never back); return the recent head.
+
+        The queued long-ring updates are applied first when the move starts a long slot: the
+        long ring moves then, and only then can a long slot roll out of the recent ring (the
+        recent window is a whole number of long slots). Within one long slot they wait, so a
+        long slot is recomputed once for the rounds of requests it spans, not once per recent
+        slot.
+        """
         head = self.recent.head
         if head is None or slot > head:
-            self.flush_long(ratio)
+            if head is None or slot // ratio != head // ratio:
+                self.flush_long(ratio)
             self.recent.advance(slot, self.next_recent_row)
             self.long.advance(slot // ratio, self.next_long_row)
             return slot
@@ -90,8 +98,7 @@ class RowWrites(RowIdentity):
                 rows, slots, times_ns, values, counter, oldest, step_ns, unique_rows
             )
             out_of_order, resets = steps.out_of_order, steps.resets
-        self._pending.append((w_rows, w_slots))
-        self._pending_size += w_rows.size
+        self._queue_long(w_rows, w_slots)
         if latest is not None:
             l_rows, l_slots, l_times, l_steps = latest
             w_rows = np.concatenate([w_rows, l_rows])
@@ -119,6 +126,11 @@ class RowWrites(RowIdentity):
             counter_out_of_order=out_of_order,
             counter_resets=resets,
         )
+
+    def _queue_long(self, rows: Ints, slots: Ints) -> None:
+        """Queue the long-ring update of written (row, slot) pairs (``flush_long`` applies it)."""
+        self._pending.append((rows, slots))
+        self._pending_size += rows.size
 
     def _write_mixed(
         self,
