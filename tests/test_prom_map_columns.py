@@ -30,7 +30,8 @@ from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.ingest.prom_columns import Samples
 from gpuwarden.collector.ingest.prom_map import translate
-from gpuwarden.collector.ingest.prom_map_columns import Part, PromTranslator
+from gpuwarden.collector.ingest.prom_map_columns import PromTranslator
+from gpuwarden.collector.ingest.prom_map_sets import Part
 from gpuwarden.collector.ingest.prom_write import STALE_NAN_BITS
 from gpuwarden.collector.remote_write.wire import Series, encode
 from gpuwarden.collector.service import CollectorService

@@ -16,6 +16,9 @@ gives the same points for a request read flat, without a Python object per sampl
   of the used memory; the model servers' points (a series skipped when the request carries its
   newer family).
 
+dcgm-exporter's samples are grouped without a sort where the request allows
+(:mod:`.prom_map_dense`: no MIG device, small tables), by sorting otherwise.
+
 The points are :func:`prom_map.translate`'s, value for value (``tests/test_prom_map_columns.py``
 compares the store after both paths); only their order in the batch differs, which matters to
 nothing but which new series a sender's exhausted series budget still admits. Stale markers
@@ -25,17 +28,15 @@ are mapped as the series path maps them (their samples as zeros): the series the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.collector.ingest.prom_catalog import DCGM_ROWS, MIB
+from gpuwarden.collector.ingest.prom_catalog import MIB
 from gpuwarden.collector.ingest.prom_columns import Labels, Mapped, Samples, SpecTable
 from gpuwarden.collector.ingest.prom_map import (
     DCGM_BY_SERIES,
     INFO,
-    LIMIT,
     PROCESS_MEMORY,
     Attrs,
     GpuIdentity,
@@ -44,35 +45,27 @@ from gpuwarden.collector.ingest.prom_map import (
     gpu_identity,
     translate,
 )
+from gpuwarden.collector.ingest.prom_map_dense import dense_dcgm
+from gpuwarden.collector.ingest.prom_map_sets import (
+    DCGM,
+    FIELDS,
+    FREE,
+    MODEL,
+    NEW,
+    RESERVED,
+    SKIP,
+    SOURCE,
+    TOTAL,
+    USED,
+    Floats,
+    GpuTable,
+    Ints,
+    LabelSets,
+    Part,
+    distinct_times,
+)
 from gpuwarden.collector.ingest.prom_models import MODEL_BY_SERIES, model_attributes
 from gpuwarden.collector.ingest.scrape import INSTANCE
-
-_NEW, _SKIP, _DCGM, _MODEL = 0, 1, 2, 3
-_SOURCE = {row.source: i for i, row in enumerate(DCGM_ROWS)}
-_FIELDS = len(DCGM_ROWS)
-_USED, _FREE = _SOURCE["DCGM_FI_DEV_FB_USED"], _SOURCE["DCGM_FI_DEV_FB_FREE"]
-_TOTAL, _RESERVED = _SOURCE["DCGM_FI_DEV_FB_TOTAL"], _SOURCE["DCGM_FI_DEV_FB_RESERVED"]
-
-Ints = npt.NDArray[np.int64]
-Floats = npt.NDArray[np.float64]
-Part = tuple[Ints, Ints, Floats]
-
-
-def _grown(array: npt.NDArray[Any], size: int, fill: float) -> npt.NDArray[Any]:
-    """``array`` at least ``size`` long, new slots ``fill`` (grown by doubling)."""
-    if array.size >= size:
-        return array
-    extra = max(size - array.size, array.size, 256)
-    return np.concatenate([array, np.full(extra, fill, dtype=array.dtype)])
-
-
-def distinct_times(times: Ints) -> tuple[Ints, Ints]:
-    """``np.unique(times, return_inverse=True)``, without a sort for a request of one scrape
-    (one time: what a sender's request holds almost always)."""
-    if times.size and times[0] == times.min() == times.max():
-        return times[:1].copy(), np.zeros(times.size, np.int64)
-    distinct, slot = np.unique(times, return_inverse=True)
-    return distinct, slot.reshape(-1).astype(np.int64, copy=False)
 
 
 def _find(keys: Ints, wanted: Ints) -> tuple[Ints, npt.NDArray[np.bool_]]:
@@ -82,70 +75,14 @@ def _find(keys: Ints, wanted: Ints) -> tuple[Ints, npt.NDArray[np.bool_]]:
     return at, keys[at] == wanted if keys.size else np.zeros(wanted.size, bool)
 
 
-class _LabelSets:
-    """Per label set of the decoder's table (index): what the mapping made of it."""
-
-    def __init__(self) -> None:
-        self.kind = np.zeros(0, np.int8)
-        self.gpu = np.zeros(0, np.int64)
-        self.source = np.zeros(0, np.int64)
-        self.job = np.zeros(0, np.int64)
-        """Its job identity (-1: a device-level series)."""
-        self.main = np.zeros(0, np.int64)
-        """The series its value lands on."""
-        self.pod = np.zeros(0, np.int64)
-        """The pod's per-process series of its field (-1: none)."""
-        self.pod_is_memory = np.zeros(0, bool)
-        self.memory = np.zeros(0, np.int64)
-        """The pod's per-process memory series on its GPU (-1: no pod)."""
-        self.info = np.zeros(0, np.int64)
-        """Its GPU's ``gpuwarden.gpu.info`` series, as its labels describe the GPU."""
-        self.parent_info = np.zeros(0, np.int64)
-        """A MIG device's parent GPU's (-1: none)."""
-        self.scale = np.zeros(0, np.float64)
-        self.divisor = np.zeros(0, np.float64)
-        self.name = np.zeros(0, np.int64)
-        self.newer = np.zeros((0, 2), np.int64)
-        """A model series' newer family's names (-1: none), which skip it when present."""
-
-    def grow(self, size: int) -> None:
-        for field, fill in (("kind", _NEW), ("gpu", -1), ("source", -1), ("job", -1),
-                            ("main", -1), ("pod", -1), ("pod_is_memory", 0), ("memory", -1),
-                            ("info", -1), ("parent_info", -1), ("scale", 1.0),
-                            ("divisor", 1.0), ("name", -1)):  # fmt: skip
-            setattr(self, field, _grown(getattr(self, field), size, fill))
-        if self.newer.shape[0] < size:
-            extra = max(size - self.newer.shape[0], self.newer.shape[0], 256)
-            self.newer = np.concatenate([self.newer, np.full((extra, 2), -1, np.int64)])
-
-
-class _Gpus:
-    """The GPUs (and MIG devices) seen: each one's memory-limit series, its parent."""
-
-    def __init__(self) -> None:
-        self.index: dict[tuple[str, str], int] = {}
-        self.limit = np.zeros(0, np.int64)
-        self.parent = np.zeros(0, np.int64)
-
-    def add(self, gpu: GpuIdentity, resource: Attrs, specs: SpecTable) -> int:
-        key = (gpu.host, gpu.hw_id)
-        found = self.index.get(key)
-        if found is not None:
-            return found
-        parent = -1 if gpu.parent is None else self.add(gpu.parent, resource, specs)
-        at = self.index[key] = len(self.index)
-        self.limit = _grown(self.limit, at + 1, -1)
-        self.parent = _grown(self.parent, at + 1, -1)
-        self.limit[at] = specs.add(resource, LIMIT, "By", "sum", False, {"hw.id": gpu.hw_id})
-        self.parent[at] = parent
-        return at
-
-
 class PromTranslator:
     """:func:`prom_map.translate`, and the same mapping as a ``prom_columns.ColumnMapper``
     (module docstring). What it learns is kept for one ``SpecTable`` (the decoder's table)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, dense: bool = True) -> None:
+        """``dense``: map dcgm-exporter's samples through :mod:`.prom_map_dense` where it
+        takes the request (the same points, faster); False: always by sorting."""
+        self._dense = dense
         self._table: SpecTable | None = None
         self._reset()
 
@@ -154,8 +91,8 @@ class PromTranslator:
         return translate(series)
 
     def _reset(self) -> None:
-        self.sets = _LabelSets()
-        self.gpus = _Gpus()
+        self.sets = LabelSets()
+        self.gpus = GpuTable()
         self.jobs: dict[tuple[tuple[str, str], ...], int] = {}
         self.names: dict[str, int] = {}
         self.resources: dict[str, Attrs] = {}
@@ -170,18 +107,18 @@ class PromTranslator:
         sets.grow(len(samples.label_sets))
         ids = samples.ids
         kind = sets.kind[ids]
-        if (kind == _NEW).any():
-            for index in np.unique(ids[kind == _NEW]).tolist():
+        if (kind == NEW).any():
+            for index in np.unique(ids[kind == NEW]).tolist():
                 self._learn(index, samples.label_sets[index], specs)
             kind = sets.kind[ids]
-        skipped = int(np.count_nonzero(kind == _SKIP))
+        skipped = int(np.count_nonzero(kind == SKIP))
         parts: list[Part] = []
-        model = kind == _MODEL
+        model = kind == MODEL
         if model.any():
             part, superseded = self._models(samples, model)
             parts.append(part)
             skipped += superseded
-        dcgm = kind == _DCGM
+        dcgm = kind == DCGM
         if dcgm.any():
             parts += self._dcgm(samples, dcgm)
         if not parts:
@@ -204,7 +141,7 @@ class PromTranslator:
         found = dict(labels)
         name = found.get("__name__", "")
         sets.name[index] = self._name(name)
-        sets.kind[index] = _SKIP
+        sets.kind[index] = SKIP
         row = DCGM_BY_SERIES.get(name)
         if row is not None:
             placed = gpu_identity(found)
@@ -216,7 +153,7 @@ class PromTranslator:
             sets.info[index] = self._info(gpu, resource, specs)
             if gpu.parent is not None:
                 sets.parent_info[index] = self._info(gpu.parent, resource, specs)
-            sets.source[index] = _SOURCE[row.source]
+            sets.source[index] = SOURCE[row.source]
             attrs: Attrs = {"hw.id": gpu.hw_id, **row.attributes}
             sets.main[index] = specs.add(
                 resource, row.name, row.unit, row.kind, row.monotonic, attrs
@@ -235,7 +172,7 @@ class PromTranslator:
                         resource, row.pod_metric, row.unit, kind, False, pod_attrs
                     )
                     sets.pod_is_memory[index] = is_memory
-            sets.kind[index] = _DCGM
+            sets.kind[index] = DCGM
             return
         spec = MODEL_BY_SERIES.get(name)
         if spec is not None:
@@ -249,7 +186,7 @@ class PromTranslator:
             if spec.superseded_by is not None:
                 newer = spec.superseded_by
                 sets.newer[index] = (self._name(newer), self._name(newer + "_total"))
-            sets.kind[index] = _MODEL
+            sets.kind[index] = MODEL
 
     @staticmethod
     def _info(gpu: GpuIdentity, resource: Attrs, specs: SpecTable) -> int:
@@ -279,13 +216,17 @@ class PromTranslator:
         sets = self.sets
         ids = samples.ids[dcgm]
         times, values = samples.timestamps_ms[dcgm], samples.values[dcgm]
+        if self._dense:
+            dense = dense_dcgm(sets, self.gpus, len(self.jobs), ids, times, values)
+            if dense is not None:
+                return dense
         gpu, source, job = sets.gpu[ids], sets.source[ids], sets.job[ids]
         device = job < 0
         distinct_t, slot = distinct_times(times)
         n_t = distinct_t.size
         gpu_slot = gpu * n_t + slot
         # one value per (GPU, field, time): a device-level series first, then request order
-        key = (gpu * _FIELDS + source) * n_t + slot
+        key = (gpu * FIELDS + source) * n_t + slot
         order = np.lexsort((np.arange(ids.size), ~device, key))
         ordered = key[order]
         first = np.ones(ordered.size, bool)
@@ -339,17 +280,17 @@ class PromTranslator:
     def _limits(self, keys: Ints, raw: Floats, distinct_t: Ints, n_t: int) -> Part | None:
         """``hw.gpu.memory.limit`` = used + free + reserved where no total is sent, from the
         kept values (``keys``: (GPU, field, time) sorted, ``raw``: their values)."""
-        gpu, rest = np.divmod(keys, _FIELDS * n_t)
+        gpu, rest = np.divmod(keys, FIELDS * n_t)
         source, slot = np.divmod(rest, n_t)
-        used = np.flatnonzero(source == _USED)
+        used = np.flatnonzero(source == USED)
         u_gpu, u_slot = gpu[used], slot[used]
 
         def at(field: int) -> tuple[Ints, npt.NDArray[np.bool_]]:
-            return _find(keys, (u_gpu * _FIELDS + field) * n_t + u_slot)
+            return _find(keys, (u_gpu * FIELDS + field) * n_t + u_slot)
 
-        free_at, has_free = at(_FREE)
-        _, has_total = at(_TOTAL)
-        reserved_at, has_reserved = at(_RESERVED)
+        free_at, has_free = at(FREE)
+        _, has_total = at(TOTAL)
+        reserved_at, has_reserved = at(RESERVED)
         need = has_free & ~has_total
         if not need.any():
             return None
@@ -379,7 +320,7 @@ class PromTranslator:
         _, which, count = np.unique(on_gpu, return_inverse=True, return_counts=True)
         gpu, slot = np.divmod(on_gpu, n_t)
         keys, _, raw = kept
-        used_at, has_used = _find(keys, (gpu * _FIELDS + _USED) * n_t + slot)
+        used_at, has_used = _find(keys, (gpu * FIELDS + USED) * n_t + slot)
         share = np.where(has_used, raw[used_at] * MIB / count[which], 0.0)
         keep = ~np.isin(distinct, own) if own.size else np.ones(distinct.size, bool)
         return self.sets.memory[ids[seen[keep]]], times[seen[keep]], share[keep]
