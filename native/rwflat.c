@@ -13,9 +13,11 @@
  * number in ``index`` (an ``Index``) when the series is exactly that key followed by its sample
  * field as protobuf-c packs it, and the key parses as a series of labels alone. ``read`` splits
  * a request into its series' bytes; a series is read when its bytes are a remembered key
- * followed by bytes that parse as one sample and nothing else (the lengths of sample fields
- * learned are tried, most seen first). Protobuf reads two messages one after the other as their
- * merge, so such a series *is* the key's labels and that sample. The answer is three bytearrays
+ * followed by bytes that parse as one sample and nothing else. The key tried first is the one
+ * of the series that followed the previous series last time (senders repeat their order:
+ * a memcmp, no hash); then the lengths of sample fields learned are tried, most seen first, each
+ * a hash lookup. Protobuf reads two messages one after the other as their merge, so such a
+ * series *is* the key's labels and that sample. The answer is three bytearrays
  * of n native-endian int64 / int64 / float64 (each series' number, time in ms and value, in
  * request order); None when the request does not parse or a series is not read so (a new label
  * set, several samples or none, exemplars or histograms, an unusual encoding), and the caller
@@ -23,8 +25,8 @@
  *
  * The split runs without the GIL; the memory of both calls comes from an arena kept by each
  * thread and reused by its next request (protobuf-c allocates each message and bytes field
- * apart). ``Index`` is an open-addressing table of keys hashed with xxHash (XXH3), read and
- * written with the GIL held.
+ * apart). ``Index`` is an open-addressing table of keys hashed with xxHash (XXH3), with each
+ * number's key and the number read after it last time; read and written with the GIL held.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -124,9 +126,20 @@ typedef struct {
 } Slot;
 
 #define TAILS 8
+#define MAX_KNOWN ((int64_t)1 << 26) /* numbers beyond are looked up by hash only */
+
+/* A number's key (the last one added for it) and the number read after it last time. */
+typedef struct {
+    size_t at;
+    size_t len_1;  /* the key's length + 1 (0: no key) */
+    int64_t next_1; /* the next series' number + 1 (0: none seen) */
+} Known;
 
 typedef struct {
     PyObject_HEAD
+    Known *known; /* by number */
+    int64_t n_known;
+    int64_t first_1; /* the number of the last request's first series + 1 (0: none) */
     Slot *slots;
     size_t mask; /* slots - 1 (a power of two) */
     size_t count;
@@ -244,6 +257,24 @@ static int index_add(Index *index, const char *key, size_t len, int64_t number)
         at = (at + 1u) & index->mask;
     }
     index->slots[at] = (Slot){hash, index->keys_used, len, number};
+    if (number < MAX_KNOWN) {
+        if (number >= index->n_known) {
+            int64_t size = index->n_known == 0 ? 1024 : index->n_known;
+            while (size <= number) {
+                size *= 2;
+            }
+            Known *known = PyMem_Realloc(index->known, (size_t)size * sizeof(Known));
+            if (known == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            memset(known + index->n_known, 0, (size_t)(size - index->n_known) * sizeof(Known));
+            index->known = known;
+            index->n_known = size;
+        }
+        index->known[number].at = index->keys_used;
+        index->known[number].len_1 = len + 1u;
+    }
     index->keys_used += len;
     index->count++;
     return 1;
@@ -251,6 +282,7 @@ static int index_add(Index *index, const char *key, size_t len, int64_t number)
 
 static void index_dealloc(Index *index)
 {
+    PyMem_Free(index->known);
     PyMem_Free(index->slots);
     PyMem_Free(index->keys);
     Py_TYPE(index)->tp_free((PyObject *)index);
@@ -422,12 +454,38 @@ done:
     return out;
 }
 
+/* The bytes after a key: 1 when protobuf-c parses them as one sample and nothing else (its time
+ * and value set), 0 not. */
+static int one_sample(ProtobufCAllocator *allocator, const uint8_t *data, size_t len,
+                      int64_t *time, double *value)
+{
+    Gpuwarden__Rwflat__Series *tail = gpuwarden__rwflat__series__unpack(allocator, len, data);
+    if (!only_one_sample(tail) || tail->n_labels != 0) {
+        return 0;
+    }
+    *time = tail->samples[0]->timestamp;
+    *value = tail->samples[0]->value;
+    return 1;
+}
+
 /* One series by its key: its number, time and value; 1 found, 0 not. The series' bytes are a
  * remembered key (labels alone, as learn proved) followed by bytes that parse as one sample and
- * nothing else, so protobuf reads the whole as those labels and that sample. */
+ * nothing else, so protobuf reads the whole as those labels and that sample. The key tried
+ * first is ``guess``'s (the series that followed the previous one last time: no hash), then
+ * each learned sample-field length's. */
 static int find(const Index *index, ProtobufCAllocator *allocator, const ProtobufCBinaryData *bytes,
-                const size_t *tails, int n_tails, int64_t *number, int64_t *time, double *value)
+                int64_t guess, const size_t *tails, int n_tails, int64_t *number, int64_t *time,
+                double *value)
 {
+    if (guess >= 0 && guess < index->n_known && index->known[guess].len_1 != 0) {
+        const Known *known = &index->known[guess];
+        size_t key_len = known->len_1 - 1u;
+        if (key_len < bytes->len && memcmp(bytes->data, index->keys + known->at, key_len) == 0
+            && one_sample(allocator, bytes->data + key_len, bytes->len - key_len, time, value)) {
+            *number = guess;
+            return 1;
+        }
+    }
     for (int k = 0; k < n_tails; k++) {
         if (tails[k] > bytes->len) {
             continue;
@@ -435,19 +493,31 @@ static int find(const Index *index, ProtobufCAllocator *allocator, const Protobu
         size_t key_len = bytes->len - tails[k];
         const char *key = (const char *)bytes->data;
         int64_t found = index_find(index, key, key_len, XXH3_64bits(key, key_len));
-        if (found < 0) {
-            continue;
-        }
-        Gpuwarden__Rwflat__Series *tail =
-            gpuwarden__rwflat__series__unpack(allocator, tails[k], bytes->data + key_len);
-        if (only_one_sample(tail) && tail->n_labels == 0) {
+        if (found >= 0 && one_sample(allocator, bytes->data + key_len, tails[k], time, value)) {
             *number = found;
-            *time = tail->samples[0]->timestamp;
-            *value = tail->samples[0]->value;
             return 1;
         }
     }
     return 0;
+}
+
+/* The number expected after ``previous`` (-1: the request's first series); -1: none. */
+static int64_t guess_after(const Index *index, int64_t previous)
+{
+    if (previous < 0) {
+        return index->first_1 - 1;
+    }
+    return previous < index->n_known ? index->known[previous].next_1 - 1 : -1;
+}
+
+/* Remembers that ``number`` followed ``previous`` (-1: came first). */
+static void note_after(Index *index, int64_t previous, int64_t number)
+{
+    if (previous < 0) {
+        index->first_1 = number + 1;
+    } else if (previous < index->n_known) {
+        index->known[previous].next_1 = number + 1;
+    }
 }
 
 static PyObject *rwflat_read(PyObject *module, PyObject *args)
@@ -483,11 +553,14 @@ static PyObject *rwflat_read(PyObject *module, PyObject *args)
     size_t tails[TAILS];
     int n_tails = index->n_tails;
     memcpy(tails, index->tails, sizeof(tails));
+    int64_t previous = -1;
     for (size_t i = 0; i < n; i++) {
-        if (!find(index, &allocator, &request->timeseries[i], tails, n_tails, &number[i], &time[i],
-                  &value[i])) {
+        if (!find(index, &allocator, &request->timeseries[i], guess_after(index, previous), tails,
+                  n_tails, &number[i], &time[i], &value[i])) {
             goto done;
         }
+        note_after(index, previous, number[i]);
+        previous = number[i];
     }
     out = PyTuple_Pack(3, ids, times, values);
 done:

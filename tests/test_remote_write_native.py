@@ -112,6 +112,24 @@ def test_what_the_native_reader_declines_is_parsed_series_by_series(reader):
     assert decoder.flat_reads == 1
 
 
+def test_a_series_read_where_another_was_expected_is_its_own(reader):
+    """The series that followed another last time is tried first (no hash): a series whose
+    bytes begin with that key but carry one more label, or another one altogether, is still
+    read as itself."""
+    decoder = Decoder(native=True)
+    first = dcgm(0, "DCGM_FI_DEV_GPU_UTIL")
+    expected = dcgm(1, "DCGM_FI_DEV_GPU_UTIL")
+    longer = tuple(sorted((*expected, ("zone", "z1"))))  # the expected key's bytes, then a label
+    assert longer[:-1] == expected
+    other = dcgm(2, "DCGM_FI_DEV_GPU_UTIL")
+    rounds = [[first, expected], [first, longer], [first, other], [first, expected],
+              [first, longer], [other, first], [first, expected]]  # fmt: skip
+    for r, label_sets in enumerate(rounds * 2):  # the second lap is all known: read flat
+        sent = [Series(ls, (T0_MS + r,), (float(r),)) for ls in label_sets]
+        assert bits(decoder.decode(encode(sent))) == bits(sent), r
+    assert decoder.flat_reads >= len(rounds)
+
+
 def _raw(body: bytes) -> bytes:
     return bytes(cramjam.snappy.decompress_raw(body))
 
