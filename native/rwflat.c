@@ -13,7 +13,9 @@
  * number in ``index`` (an ``Index``) when the series is exactly that key followed by its sample
  * field as protobuf-c packs it, and the key parses as a series of labels alone. ``read`` splits
  * a request into its series' bytes; a series is read when its bytes are a remembered key
- * followed by bytes that parse as one sample and nothing else. The key tried first is the one
+ * followed by one sample field and nothing else: a learned field's tag and length (the bytes
+ * protobuf-c packs before a sample of that length) and a sample protobuf-c parses, or else bytes
+ * protobuf-c parses as a series of one sample and nothing else. The key tried first is the one
  * of the series that followed the previous series last time (senders repeat their order:
  * a memcmp, no hash); then the lengths of sample fields learned are tried, most seen first, each
  * a hash lookup. Protobuf reads two messages one after the other as their merge, so such a
@@ -128,6 +130,15 @@ typedef struct {
 #define TAILS 8
 #define MAX_KNOWN ((int64_t)1 << 26) /* numbers beyond are looked up by hash only */
 
+/* A sample field's length as learned, and its first bytes (the field's tag and length, as
+ * protobuf-c packs them) before the sample's own. */
+typedef struct {
+    size_t len;
+    size_t head_len;
+    uint8_t head[16];
+    uint64_t count;
+} Tail;
+
 /* A number's key (the last one added for it) and the number read after it last time. */
 typedef struct {
     size_t at;
@@ -146,35 +157,39 @@ typedef struct {
     char *keys;
     size_t keys_used;
     size_t keys_cap;
-    size_t tails[TAILS]; /* the sample fields' lengths learned, most seen first */
-    uint64_t tail_counts[TAILS];
+    Tail tails[TAILS]; /* the sample fields learned, by length, most seen first */
     int n_tails;
 } Index;
 
-/* Counts a learned series' sample field length (kept in order: most seen first); seen 0 adds
- * a length not seen yet, to be tried last. */
-static void index_note_tail(Index *index, size_t len, uint64_t seen)
+/* Counts a learned series' sample field (``field``: its ``len`` bytes as protobuf-c packs them,
+ * of which the last ``sample_len`` are the sample's own), kept in order: most seen first; seen
+ * 0 adds a length not seen yet, to be tried last. */
+static void index_note_tail(Index *index, const uint8_t *field, size_t len, size_t sample_len,
+                            uint64_t seen)
 {
+    if (sample_len > len || len - sample_len > sizeof(index->tails[0].head)) {
+        return;
+    }
     int at = 0;
-    while (at < index->n_tails && index->tails[at] != len) {
+    while (at < index->n_tails && index->tails[at].len != len) {
         at++;
     }
     if (at == index->n_tails) {
         if (index->n_tails == TAILS) {
             return; /* a ninth length: its series stay on the caller's path */
         }
-        index->tails[at] = len;
-        index->tail_counts[at] = 0;
+        Tail *tail = &index->tails[at];
+        tail->len = len;
+        tail->head_len = len - sample_len;
+        memcpy(tail->head, field, tail->head_len);
+        tail->count = 0;
         index->n_tails++;
     }
-    index->tail_counts[at] += seen;
-    while (at > 0 && index->tail_counts[at] > index->tail_counts[at - 1]) {
-        size_t tail = index->tails[at];
-        uint64_t count = index->tail_counts[at];
+    index->tails[at].count += seen;
+    while (at > 0 && index->tails[at].count > index->tails[at - 1].count) {
+        Tail tail = index->tails[at];
         index->tails[at] = index->tails[at - 1];
-        index->tail_counts[at] = index->tail_counts[at - 1];
         index->tails[at - 1] = tail;
-        index->tail_counts[at - 1] = count;
         at--;
     }
 }
@@ -437,13 +452,19 @@ static PyObject *rwflat_learn(PyObject *module, PyObject *args)
         if (added < 0) {
             goto done;
         }
-        index_note_tail(index, tail_len, 1);
+        size_t sample_len = gpuwarden__rwflat__sample__get_packed_size(full->samples[0]);
+        index_note_tail(index, tail, tail_len, sample_len, 1);
         /* the same sample field with a value of 0 (left out) or not, from this series' next one */
         Gpuwarden__Rwflat__Sample other = *full->samples[0];
         other.value = other.value == 0.0 ? 1.0 : 0.0;
         Gpuwarden__Rwflat__Sample *others[1] = {&other};
         only.samples = others;
-        index_note_tail(index, gpuwarden__rwflat__series__get_packed_size(&only), 0);
+        size_t other_len = gpuwarden__rwflat__series__get_packed_size(&only);
+        if (other_len <= sizeof(tail)) {
+            gpuwarden__rwflat__series__pack(&only, tail);
+            index_note_tail(index, tail, other_len,
+                            gpuwarden__rwflat__sample__get_packed_size(&other), 0);
+        }
         learned += added;
     }
     out = PyLong_FromLong(learned);
@@ -454,11 +475,27 @@ done:
     return out;
 }
 
-/* The bytes after a key: 1 when protobuf-c parses them as one sample and nothing else (its time
- * and value set), 0 not. */
+/* The bytes after a key: 1 when they are one sample field and nothing else (its time and value
+ * set), 0 not. A learned field's first bytes (its tag and length, as protobuf-c packs them) are
+ * compared and protobuf-c parses the sample after them; other bytes are parsed whole, as a
+ * series that must hold one sample and nothing else. */
 static int one_sample(ProtobufCAllocator *allocator, const uint8_t *data, size_t len,
-                      int64_t *time, double *value)
+                      const Tail *tails, int n_tails, int64_t *time, double *value)
 {
+    for (int k = 0; k < n_tails; k++) {
+        const Tail *known = &tails[k];
+        if (known->len != len || memcmp(data, known->head, known->head_len) != 0) {
+            continue;
+        }
+        Gpuwarden__Rwflat__Sample *sample = gpuwarden__rwflat__sample__unpack(
+            allocator, len - known->head_len, data + known->head_len);
+        if (sample != NULL && sample->base.n_unknown_fields == 0) {
+            *time = sample->timestamp;
+            *value = sample->value;
+            return 1;
+        }
+        break;
+    }
     Gpuwarden__Rwflat__Series *tail = gpuwarden__rwflat__series__unpack(allocator, len, data);
     if (!only_one_sample(tail) || tail->n_labels != 0) {
         return 0;
@@ -474,26 +511,28 @@ static int one_sample(ProtobufCAllocator *allocator, const uint8_t *data, size_t
  * first is ``guess``'s (the series that followed the previous one last time: no hash), then
  * each learned sample-field length's. */
 static int find(const Index *index, ProtobufCAllocator *allocator, const ProtobufCBinaryData *bytes,
-                int64_t guess, const size_t *tails, int n_tails, int64_t *number, int64_t *time,
+                int64_t guess, const Tail *tails, int n_tails, int64_t *number, int64_t *time,
                 double *value)
 {
     if (guess >= 0 && guess < index->n_known && index->known[guess].len_1 != 0) {
         const Known *known = &index->known[guess];
         size_t key_len = known->len_1 - 1u;
         if (key_len < bytes->len && memcmp(bytes->data, index->keys + known->at, key_len) == 0
-            && one_sample(allocator, bytes->data + key_len, bytes->len - key_len, time, value)) {
+            && one_sample(allocator, bytes->data + key_len, bytes->len - key_len, tails, n_tails,
+                          time, value)) {
             *number = guess;
             return 1;
         }
     }
     for (int k = 0; k < n_tails; k++) {
-        if (tails[k] > bytes->len) {
+        if (tails[k].len > bytes->len) {
             continue;
         }
-        size_t key_len = bytes->len - tails[k];
+        size_t key_len = bytes->len - tails[k].len;
         const char *key = (const char *)bytes->data;
         int64_t found = index_find(index, key, key_len, XXH3_64bits(key, key_len));
-        if (found >= 0 && one_sample(allocator, bytes->data + key_len, tails[k], time, value)) {
+        if (found >= 0 && one_sample(allocator, bytes->data + key_len, tails[k].len, tails, n_tails,
+                                     time, value)) {
             *number = found;
             return 1;
         }
@@ -550,7 +589,7 @@ static PyObject *rwflat_read(PyObject *module, PyObject *args)
     int64_t *number = (int64_t *)PyByteArray_AS_STRING(ids);
     int64_t *time = (int64_t *)PyByteArray_AS_STRING(times);
     double *value = (double *)PyByteArray_AS_STRING(values);
-    size_t tails[TAILS];
+    Tail tails[TAILS];
     int n_tails = index->n_tails;
     memcpy(tails, index->tails, sizeof(tails));
     int64_t previous = -1;
