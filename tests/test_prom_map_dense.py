@@ -104,26 +104,29 @@ def test_a_time_sliced_gpu_keeps_the_device_value_and_shares_the_memory():
     assert len(dense) - 1 > len(request)  # info, limit, the pods' own values and shares
 
 
-def test_it_declines_what_it_cannot_number_cheaply():
+def gpu_util(gpu: int, **pod: str) -> Labels:
+    labels = {"__name__": FIELDS[0], "Hostname": "h", "gpu": str(gpu), "UUID": f"GPU-h-{gpu}"}
+    return tuple(sorted({**labels, **pod}.items()))
+
+
+def test_it_declines_many_gpus_seen_times_many_scrape_times():
+    """The mark array numbering (GPU, time) pairs is every GPU seen times the request's times:
+    300 GPUs seen, one GPU's series at k times, against 16 k + 4,096 entries."""
+    labels = [gpu_util(g) for g in range(300)]
     translator = PromTranslator()
-    everything = np.arange(len(SETS) - 2, dtype=np.int64)  # learns every GPU (6)
-    translator.map_columns(
-        Samples(everything, everything * 0 + T0, np.ones(everything.size), SETS), SpecTable()
-    )
-    sets, gpus = translator.sets, translator.gpus
-    # one GPU's series at many scrape times: 6 GPUs seen x the times numbers the pairs
-    for times, taken in ((100_000, True), (200_000, False)):
-        at = np.arange(times, dtype=np.int64) + T0
-        got = dense_dcgm(sets, gpus, 0, np.zeros(times, np.int64), at, np.ones(times))
-        assert (got is not None) is taken, times
+    everything = np.arange(300, dtype=np.int64)
+    learn = Samples(everything, np.full(300, T0, np.int64), np.ones(300), labels)
+    translator.map_columns(learn, SpecTable())
+    for k, taken in ((10, True), (100, False)):
+        at = np.arange(k, dtype=np.int64) + T0
+        got = dense_dcgm(translator.sets, translator.gpus, 0, np.zeros(k, np.int64), at, np.ones(k))
+        assert (got is not None) is taken, k
 
 
 def test_it_declines_many_pods_on_many_pairs():
-    """n pods each at its own time on one GPU: n pairs x n pods entries, against 64 n + 65,536."""
-    labels = [tuple(sorted({"__name__": FIELDS[0], "Hostname": "h", "gpu": "0", "UUID": "GPU-h-0",
-                            "namespace": "ns", "pod": f"p{k}"}.items()))
-              for k in range(300)]  # fmt: skip
-    for n, taken in ((200, True), (300, False)):
+    """n pods each at its own time on one GPU: n pairs x n pods entries, against 16 n + 4,096."""
+    labels = [gpu_util(0, namespace="ns", pod=f"p{k}") for k in range(80)]
+    for n, taken in ((70, True), (80, False)):
         translator = PromTranslator()
         ids = np.arange(n, dtype=np.int64)
         times = ids + T0

@@ -12,8 +12,8 @@ values of the dcgm fields come in request order rather than (GPU, field) order.
 
 It declines (None: the caller maps the request the general way) when a GPU of the request is
 a MIG device (their parents' info needs the general rules), or when its tables would be
-large: every GPU seen times the request's scrape times, or its pods times its (GPU, time)
-pairs, next to its samples.
+large next to its samples (``TABLE_PER_SAMPLE``): every GPU seen times the request's scrape
+times, or its pods times its (GPU, time) pairs.
 """
 
 from __future__ import annotations
@@ -35,13 +35,17 @@ from gpuwarden.collector.ingest.prom_map_sets import (
     distinct_times,
 )
 
-MAX_PAIRS = 1 << 20
-"""The most (GPU, time) pairs a request may span (every GPU seen, times its scrape times) for
-the mark array that numbers them; beyond, the general mapping."""
-TABLE_PER_SAMPLE = 64
-"""The (pair, pod) table at most this many entries a sample of the request (plus
-``TABLE_FLOOR``); beyond (many pods on many GPUs at many times), the general mapping."""
-TABLE_FLOOR = 1 << 16
+TABLE_PER_SAMPLE = 16
+"""The mark array (every GPU seen times the request's scrape times) and the (pair, pod) table
+are at most this many entries a sample of the request, plus ``TABLE_FLOOR``; beyond (a large
+fleet's request of many scrape times, many pods on many GPUs), the general mapping, whose sorts
+then cost less."""
+TABLE_FLOOR = 4096
+
+
+def _small(entries: int, samples: int) -> bool:
+    """Whether a per-request table of ``entries`` is small next to a request of ``samples``."""
+    return entries <= samples * TABLE_PER_SAMPLE + TABLE_FLOOR
 
 
 def dense_dcgm(
@@ -61,7 +65,7 @@ def dense_dcgm(
     distinct_t, slot = distinct_times(times)
     n_t = distinct_t.size
     n_gpus = len(gpus.index)
-    if n_gpus * n_t > MAX_PAIRS:
+    if not _small(n_gpus * n_t, n):
         return None
     # the request's (GPU, time) pairs, numbered in (GPU, time) order
     mark = np.zeros(n_gpus * n_t, bool)
@@ -156,7 +160,7 @@ def _shares(
     number = np.cumsum(present) - 1
     width = int(number[-1]) + 1
     n_pairs = int(pair.max()) + 1
-    if n_pairs * width > ids.size * TABLE_PER_SAMPLE + TABLE_FLOOR:
+    if not _small(n_pairs * width, ids.size):
         return None
     key = pair[pod] * width + number[job[pod]]
     first = np.full(n_pairs * width, ids.size)
