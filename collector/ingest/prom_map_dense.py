@@ -68,11 +68,12 @@ def dense_dcgm(
     if not _small(n_gpus * n_t, n):
         return None
     # the request's (GPU, time) pairs, numbered in (GPU, time) order
+    gpu_time = gpu * n_t + slot
     mark = np.zeros(n_gpus * n_t, bool)
-    mark[gpu * n_t + slot] = True
+    mark[gpu_time] = True
     pairs = np.flatnonzero(mark)
     number = np.cumsum(mark) - 1
-    pair = number[gpu * n_t + slot]
+    pair = number[gpu_time]
     n_pairs = pairs.size  # at most n: the (pair, field) table is at most FIELDS a sample
     position = np.arange(n)
     job = sets.job[ids]
