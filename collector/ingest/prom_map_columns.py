@@ -16,6 +16,10 @@ gives the same points for a request read flat, without a Python object per sampl
   of the used memory; the model servers' points (a series skipped when the request carries its
   newer family).
 
+Several requests mapped at once (``Samples.requests``) are grouped by *occasion* (a request's
+scrape time, ``prom_map_sets.occasions``) where one request is grouped by time, so each gets
+the points it gets alone (``tests/test_prom_map_many.py``).
+
 dcgm-exporter's samples are grouped without a sort where the request allows
 (:mod:`.prom_map_dense`: no MIG device, small tables), by sorting otherwise.
 
@@ -33,7 +37,13 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuwarden.collector.ingest.prom_catalog import MIB
-from gpuwarden.collector.ingest.prom_columns import Labels, Mapped, Samples, SpecTable
+from gpuwarden.collector.ingest.prom_columns import (
+    Labels,
+    Mapped,
+    Samples,
+    SpecTable,
+    count_each,
+)
 from gpuwarden.collector.ingest.prom_map import (
     DCGM_BY_SERIES,
     INFO,
@@ -62,7 +72,8 @@ from gpuwarden.collector.ingest.prom_map_sets import (
     Ints,
     LabelSets,
     Part,
-    distinct_times,
+    occasions,
+    requests_of,
 )
 from gpuwarden.collector.ingest.prom_models import MODEL_BY_SERIES, model_attributes
 from gpuwarden.collector.ingest.scrape import INSTANCE
@@ -111,24 +122,31 @@ class PromTranslator:
             for index in np.unique(ids[kind == NEW]).tolist():
                 self._learn(index, samples.label_sets[index], specs)
             kind = sets.kind[ids]
-        skipped = int(np.count_nonzero(kind == SKIP))
+        unmapped = kind == SKIP
         parts: list[Part] = []
         model = kind == MODEL
         if model.any():
             part, superseded = self._models(samples, model)
             parts.append(part)
-            skipped += superseded
+            if superseded is not None:
+                unmapped[np.flatnonzero(model)[superseded]] = True
+        skipped = int(np.count_nonzero(unmapped))
         dcgm = kind == DCGM
         if dcgm.any():
             parts += self._dcgm(samples, dcgm)
+        requests = samples.requests
+        each = None if requests is None else count_each(requests, unmapped)
         if not parts:
             empty = np.zeros(0, np.int64)
-            return Mapped(empty, empty, np.zeros(0), skipped)
+            of = None if requests is None else empty
+            return Mapped(empty, empty, np.zeros(0), skipped, of, each)
         return Mapped(
             np.concatenate([p[0] for p in parts]),
             np.concatenate([p[1] for p in parts]),
             np.concatenate([p[2] for p in parts]),
             skipped,
+            None if requests is None else np.concatenate([p[3] for p in parts if p[3] is not None]),
+            each,
         )
 
     # --- learning a label set ----------------------------------------------------------------
@@ -195,34 +213,52 @@ class PromTranslator:
 
     # --- a request ---------------------------------------------------------------------------
 
-    def _models(self, samples: Samples, model: npt.NDArray[np.bool_]) -> tuple[Part, int]:
-        """The model servers' points, and how many series their newer family skipped."""
+    def _models(
+        self, samples: Samples, model: npt.NDArray[np.bool_]
+    ) -> tuple[Part, npt.NDArray[np.bool_] | None]:
+        """The model servers' points, and which of their series a newer family skipped (None:
+        none)."""
         sets, ids = self.sets, samples.ids[model]
         times, values = samples.timestamps_ms[model], samples.values[model]
+        requests = samples.requests
+        request = None if requests is None else requests[model]
         newer = sets.newer[ids]
         has_newer = newer[:, 0] >= 0
         if not has_newer.any():
-            return (sets.main[ids], times, values / sets.divisor[ids]), 0
-        present = np.zeros(len(self.names), bool)
-        present[sets.name[samples.ids]] = True
-        gone = has_newer & (present[newer[:, 0]] | present[newer[:, 1]])
+            return (sets.main[ids], times, values / sets.divisor[ids], request), None
+        # the names each request holds (one request: request 0)
+        n_names = len(self.names)
+        name = sets.name[samples.ids]
+        base: Ints | int = 0
+        if requests is not None and request is not None:
+            name = name + requests * n_names
+            base = request * n_names
+        present = np.zeros(int(name.max()) + 1 + n_names, bool)
+        present[name] = True
+        gone = has_newer & (present[base + newer[:, 0]] | present[base + newer[:, 1]])
         keep = ~gone
         ids = ids[keep]
-        part = (sets.main[ids], times[keep], values[keep] / sets.divisor[ids])
-        return part, int(np.count_nonzero(gone))
+        part = (
+            sets.main[ids],
+            times[keep],
+            values[keep] / sets.divisor[ids],
+            None if request is None else request[keep],
+        )
+        return part, gone
 
     def _dcgm(self, samples: Samples, dcgm: npt.NDArray[np.bool_]) -> list[Part]:
         """dcgm-exporter's points: info, values, memory limits, the pods' (module docstring)."""
         sets = self.sets
         ids = samples.ids[dcgm]
         times, values = samples.timestamps_ms[dcgm], samples.values[dcgm]
+        request = None if samples.requests is None else samples.requests[dcgm]
         if self._dense:
-            dense = dense_dcgm(sets, self.gpus, len(self.jobs), ids, times, values)
+            dense = dense_dcgm(sets, self.gpus, len(self.jobs), ids, times, values, request)
             if dense is not None:
                 return dense
         gpu, source, job = sets.gpu[ids], sets.source[ids], sets.job[ids]
         device = job < 0
-        distinct_t, slot = distinct_times(times)
+        distinct_t, slot, of = occasions(times, request)
         n_t = distinct_t.size
         gpu_slot = gpu * n_t + slot
         # one value per (GPU, field, time): a device-level series first, then request order
@@ -236,9 +272,16 @@ class PromTranslator:
         raw = values[chosen]
         group = np.empty(ids.size, np.int64)
         group[order] = np.cumsum(first) - 1
-        out = [self._infos(ids, gpu, slot, distinct_t, n_t)]
-        out.append((sets.main[ids[chosen]], times[chosen], raw * sets.scale[ids[chosen]]))
-        limits = self._limits(keys, raw, distinct_t, n_t)
+        out = [self._infos(ids, gpu, slot, (distinct_t, of), request)]
+        out.append(
+            (
+                sets.main[ids[chosen]],
+                times[chosen],
+                raw * sets.scale[ids[chosen]],
+                requests_of(request, chosen),
+            )
+        )
+        limits = self._limits(keys, raw, distinct_t, of)
         if limits is not None:
             out.append(limits)
         # the pods' own values where a device-level value stands beside them
@@ -247,20 +290,38 @@ class PromTranslator:
         own: Ints = np.zeros(0, np.int64)
         if pods.any():
             at = ids[pods]
-            out.append((sets.pod[at], times[pods], values[pods] * sets.scale[at]))
+            out.append(
+                (
+                    sets.pod[at],
+                    times[pods],
+                    values[pods] * sets.scale[at],
+                    requests_of(request, pods),
+                )
+            )
             mine = pods & sets.pod_is_memory[ids]
             own = gpu_slot[mine] * (len(self.jobs) + 1) + job[mine]
 
-        shares = self._shares(ids, gpu_slot, job, times, own, (keys, chosen, raw), n_t)
+        kept = (keys, raw)
+        shares = self._shares(ids, gpu_slot, job, times, own, kept, n_t, request)
         if shares is not None:
             out.append(shares)
         return out
 
-    def _infos(self, ids: Ints, gpu: Ints, slot: Ints, distinct_t: Ints, n_t: int) -> Part:
-        """One ``gpuwarden.gpu.info`` per GPU (and MIG parent) and time, as the GPU's first
-        series in the request describes it (its parent: the MIG device's first series, unless
-        a series of the parent itself comes before)."""
+    def _infos(
+        self,
+        ids: Ints,
+        gpu: Ints,
+        slot: Ints,
+        slots: tuple[Ints, Ints | None],
+        request: Ints | None,
+    ) -> Part:
+        """One ``gpuwarden.gpu.info`` per GPU (and MIG parent) and occasion, as the GPU's
+        first series in its request describes it (its parent: the MIG device's first series,
+        unless a series of the parent itself comes before). ``slots``: each occasion's time
+        and request (``occasions``)."""
         sets = self.sets
+        distinct_t, of = slots
+        n_t = distinct_t.size
         parent = self.gpus.parent[gpu]
         mig = np.flatnonzero(parent >= 0)
         position = np.arange(gpu.size)
@@ -268,18 +329,31 @@ class PromTranslator:
         when = np.concatenate([slot, slot[mig]])
         spec = np.concatenate([sets.info[ids], sets.parent_info[ids[mig]]])
         first_seen = np.concatenate([position, mig])
-        order = np.lexsort((first_seen, whose))
-        ordered = whose[order]
+        n_gpus = len(self.gpus.index)
+        # described per (request, GPU)
+        told = (
+            whose if request is None else np.concatenate([request, request[mig]]) * n_gpus + whose
+        )
+        order = np.lexsort((first_seen, told))
+        ordered = told[order]
         first = np.ones(ordered.size, bool)
         first[1:] = ordered[1:] != ordered[:-1]
         gpus, described = ordered[first], spec[order[first]]
-        infos = np.unique(whose * n_t + when)
-        at = np.searchsorted(gpus, infos // n_t)
-        return described[at], distinct_t[infos % n_t], np.ones(infos.size)
+        info_gpu, info_slot = np.divmod(np.unique(whose * n_t + when), n_t)
+        asked = info_gpu if of is None else of[info_slot] * n_gpus + info_gpu
+        at = np.searchsorted(gpus, asked)
+        return (
+            described[at],
+            distinct_t[info_slot],
+            np.ones(info_slot.size),
+            None if of is None else of[info_slot],
+        )
 
-    def _limits(self, keys: Ints, raw: Floats, distinct_t: Ints, n_t: int) -> Part | None:
+    def _limits(self, keys: Ints, raw: Floats, distinct_t: Ints, of: Ints | None) -> Part | None:
         """``hw.gpu.memory.limit`` = used + free + reserved where no total is sent, from the
-        kept values (``keys``: (GPU, field, time) sorted, ``raw``: their values)."""
+        kept values (``keys``: (GPU, field, occasion) sorted, ``raw``: their values;
+        ``distinct_t``, ``of``: each occasion's time and request)."""
+        n_t = distinct_t.size
         gpu, rest = np.divmod(keys, FIELDS * n_t)
         source, slot = np.divmod(rest, n_t)
         used = np.flatnonzero(source == USED)
@@ -296,15 +370,24 @@ class PromTranslator:
             return None
         reserved = np.where(has_reserved, raw[reserved_at], 0.0)[need]
         limit = (raw[used[need]] + raw[free_at[need]] + reserved) * MIB
-        return self.gpus.limit[u_gpu[need]], distinct_t[u_slot[need]], limit
+        slots = u_slot[need]
+        return self.gpus.limit[u_gpu[need]], distinct_t[slots], limit, requests_of(of, slots)
 
     def _shares(
-        self, ids: Ints, gpu_slot: Ints, job: Ints, times: Ints, own: Ints, kept: Part, n_t: int
+        self,
+        ids: Ints,
+        gpu_slot: Ints,
+        job: Ints,
+        times: Ints,
+        own: Ints,
+        kept: tuple[Ints, Floats],
+        n_t: int,
+        request: Ints | None,
     ) -> Part | None:
-        """Each pod seen on a GPU at a time (first seen: its attributes) without its own
+        """Each pod seen on a GPU at an occasion (first seen: its attributes) without its own
         memory value there (``own``): the GPU's used memory then, split evenly among the pods
-        seen on it (0 without one). ``kept``: the sorted (GPU, field, time) keys of the values
-        kept, their label sets' indexes and their values."""
+        seen on it (0 without one). ``kept``: the sorted (GPU, field, occasion) keys of the
+        values kept and their values."""
         pod = np.flatnonzero(job >= 0)
         if not pod.size:
             return None
@@ -319,8 +402,9 @@ class PromTranslator:
         on_gpu = distinct // per_job
         _, which, count = np.unique(on_gpu, return_inverse=True, return_counts=True)
         gpu, slot = np.divmod(on_gpu, n_t)
-        keys, _, raw = kept
+        keys, raw = kept
         used_at, has_used = _find(keys, (gpu * FIELDS + USED) * n_t + slot)
         share = np.where(has_used, raw[used_at] * MIB / count[which], 0.0)
         keep = ~np.isin(distinct, own) if own.size else np.ones(distinct.size, bool)
-        return self.sets.memory[ids[seen[keep]]], times[seen[keep]], share[keep]
+        seen = seen[keep]
+        return self.sets.memory[ids[seen]], times[seen], share[keep], requests_of(request, seen)

@@ -32,7 +32,8 @@ from gpuwarden.collector.ingest.prom_map_sets import (
     Ints,
     LabelSets,
     Part,
-    distinct_times,
+    occasions,
+    requests_of,
 )
 
 TABLE_PER_SAMPLE = 16
@@ -55,19 +56,21 @@ def dense_dcgm(
     ids: Ints,
     times: Ints,
     values: npt.NDArray[np.float64],
+    request: Ints | None = None,
 ) -> list[Part] | None:
     """The points of dcgm-exporter samples (``ids``: their label sets, all of kind DCGM) as the
-    general mapping makes them (module docstring); None: declined."""
+    general mapping makes them (module docstring); None: declined. ``request``: each sample's
+    request when several are mapped at once (``prom_columns.Samples.requests``)."""
     n = ids.size
     gpu = sets.gpu[ids]
     if (gpus.parent[gpu] >= 0).any():
         return None
-    distinct_t, slot = distinct_times(times)
+    distinct_t, slot, of = occasions(times, request)
     n_t = distinct_t.size
     n_gpus = len(gpus.index)
     if not _small(n_gpus * n_t, n):
         return None
-    # the request's (GPU, time) pairs, numbered in (GPU, time) order
+    # the (GPU, occasion) pairs, numbered in (GPU, occasion) order
     gpu_time = gpu * n_t + slot
     mark = np.zeros(n_gpus * n_t, bool)
     mark[gpu_time] = True
@@ -88,9 +91,16 @@ def dense_dcgm(
     raw = np.zeros(best.size)
     raw[key[chosen]] = values[chosen]
     at = ids[chosen]
-    out: list[Part] = [_infos(sets, ids, gpu, pairs, n_t, distinct_t)]
-    out.append((sets.main[at], times[chosen], values[chosen] * sets.scale[at]))
-    limits = _limits(gpus, pairs, n_t, distinct_t, held, raw)
+    out: list[Part] = [_infos(sets, ids, gpu, pairs, (distinct_t, of), request)]
+    out.append(
+        (
+            sets.main[at],
+            times[chosen],
+            values[chosen] * sets.scale[at],
+            requests_of(request, chosen),
+        )
+    )
+    limits = _limits(gpus, pairs, (distinct_t, of), held, raw)
     if limits is not None:
         out.append(limits)
     # the pods' own values where a device-level value stands beside them
@@ -98,36 +108,55 @@ def dense_dcgm(
     own: Ints = np.zeros(0, np.int64)
     if pods.any():
         at = ids[pods]
-        out.append((sets.pod[at], times[pods], values[pods] * sets.scale[at]))
+        out.append(
+            (sets.pod[at], times[pods], values[pods] * sets.scale[at], requests_of(request, pods))
+        )
         mine = pods & sets.pod_is_memory[ids]
         own = pair[mine] * (jobs + 1) + job[mine]
     if (job >= 0).any():
-        shares = _shares(sets, ids, times, pair, job, jobs, own, held, raw)
+        shares = _shares(sets, ids, times, pair, job, jobs, own, (held, raw), request)
         if shares is None:
             return None
         out.append(shares)
     return out
 
 
-def _infos(sets: LabelSets, ids: Ints, gpu: Ints, pairs: Ints, n_t: int, distinct_t: Ints) -> Part:
-    """One ``gpuwarden.gpu.info`` per (GPU, time), as the GPU's first series in the request
-    describes it."""
-    first = np.full(int(gpu.max()) + 1, ids.size)
-    np.minimum.at(first, gpu, np.arange(ids.size))
-    whose, when = np.divmod(pairs, n_t)
-    return sets.info[ids[first[whose]]], distinct_t[when], np.ones(pairs.size)
+def _infos(
+    sets: LabelSets,
+    ids: Ints,
+    gpu: Ints,
+    pairs: Ints,
+    slots: tuple[Ints, Ints | None],
+    request: Ints | None,
+) -> Part:
+    """One ``gpuwarden.gpu.info`` per (GPU, occasion), as the GPU's first series in its request
+    describes it (``slots``: each occasion's time and request)."""
+    distinct_t, of = slots
+    width = int(gpu.max()) + 1
+    told = gpu if request is None else request * width + gpu  # described per (request, GPU)
+    first = np.full(int(told.max()) + 1, ids.size)
+    np.minimum.at(first, told, np.arange(ids.size))
+    whose, when = np.divmod(pairs, distinct_t.size)
+    asked = whose if of is None else of[when] * width + whose
+    return (
+        sets.info[ids[first[asked]]],
+        distinct_t[when],
+        np.ones(pairs.size),
+        requests_of(of, when),
+    )
 
 
 def _limits(
     gpus: GpuTable,
     pairs: Ints,
-    n_t: int,
-    distinct_t: Ints,
+    slots: tuple[Ints, Ints | None],
     held: npt.NDArray[np.bool_],
     raw: npt.NDArray[np.float64],
 ) -> Part | None:
     """``hw.gpu.memory.limit`` = used + free + reserved where no total is sent (``held``,
-    ``raw``: the kept value of each (pair, field))."""
+    ``raw``: the kept value of each (pair, field); ``slots``: each occasion's time and
+    request)."""
+    distinct_t, of = slots
     base = np.arange(pairs.size) * FIELDS
     need = held[base + USED] & held[base + FREE] & ~held[base + TOTAL]
     if not need.any():
@@ -135,8 +164,8 @@ def _limits(
     base = base[need]
     reserved = np.where(held[base + RESERVED], raw[base + RESERVED], 0.0)
     limit = (raw[base + USED] + raw[base + FREE] + reserved) * MIB
-    whose, when = np.divmod(pairs[need], n_t)
-    return gpus.limit[whose], distinct_t[when], limit
+    whose, when = np.divmod(pairs[need], distinct_t.size)
+    return gpus.limit[whose], distinct_t[when], limit, requests_of(of, when)
 
 
 def _shares(
@@ -147,12 +176,13 @@ def _shares(
     job: Ints,
     jobs: int,
     own: Ints,
-    held: npt.NDArray[np.bool_],
-    raw: npt.NDArray[np.float64],
+    kept: tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]],
+    request: Ints | None,
 ) -> Part | None:
     """Each pod seen on a GPU at a time (first seen: its attributes) without its own memory
     value there (``own``: pair * (jobs + 1) + job): the GPU's used memory then, split evenly
     among the pods seen on it (0 without one). None: the (pair, pod) table would be large."""
+    held, raw = kept
     pod = np.flatnonzero(job >= 0)
     per_job = jobs + 1
     # the request's pods, numbered in job order
@@ -175,4 +205,4 @@ def _shares(
     if own.size:
         keep = ~np.isin(pair[seen] * per_job + job[seen], own)
         seen, share = seen[keep], share[keep]
-    return sets.memory[ids[seen]], times[seen], share
+    return sets.memory[ids[seen]], times[seen], share, requests_of(request, seen)

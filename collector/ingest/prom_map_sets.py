@@ -22,7 +22,9 @@ TOTAL, RESERVED = SOURCE["DCGM_FI_DEV_FB_TOTAL"], SOURCE["DCGM_FI_DEV_FB_RESERVE
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
-Part = tuple[Ints, Ints, Floats]
+Part = tuple[Ints, Ints, Floats, Ints | None]
+"""Points: their series (``SpecTable`` indexes), times, values, and requests (None: one
+request mapped)."""
 
 
 def distinct_times(times: Ints) -> tuple[Ints, Ints]:
@@ -32,6 +34,32 @@ def distinct_times(times: Ints) -> tuple[Ints, Ints]:
         return times[:1].copy(), np.zeros(times.size, np.int64)
     distinct, slot = np.unique(times, return_inverse=True)
     return distinct, slot.reshape(-1).astype(np.int64, copy=False)
+
+
+def occasions(times: Ints, requests: Ints | None) -> tuple[Ints, Ints, Ints | None]:
+    """The samples' occasions: with one request its distinct times; with several
+    (``requests``: each sample's, non-decreasing) each request's distinct times, ordered by
+    request, then time. Return each occasion's time, each sample's occasion, and each
+    occasion's request (None: one request)."""
+    distinct, slot = distinct_times(times)
+    if requests is None:
+        return distinct, slot, None
+    n_t = distinct.size
+    key = requests * n_t + slot
+    if (key[1:] >= key[:-1]).all():  # one scrape a request, in order: no sort
+        new = np.ones(key.size, bool)
+        new[1:] = key[1:] != key[:-1]
+        pairs, at = key[new], np.cumsum(new) - 1
+    else:
+        pairs, at = np.unique(key, return_inverse=True)
+        at = at.reshape(-1)
+    which, when = np.divmod(pairs, n_t)
+    return distinct[when], at, which
+
+
+def requests_of(request: Ints | None, which: Ints | npt.NDArray[np.bool_]) -> Ints | None:
+    """The requests of the samples (or occasions) ``which`` (None: one request mapped)."""
+    return None if request is None else request[which]
 
 
 def grown(array: npt.NDArray[Any], size: int, fill: float) -> npt.NDArray[Any]:
