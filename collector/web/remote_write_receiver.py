@@ -24,7 +24,10 @@ many requests, or too many of one caller, are being stored.
 Requests are decoded and stored in the receiver's own threads, one per core the process may run
 on (``worker_count``): more would only take turns on the same cores and the same locks (the
 label-set cache's, the store's), at a cost (``docs/performance.md``); the requests beyond wait
-for one, within the in-flight limits.
+for one, within the in-flight limits. A thread takes every request waiting at once: those of
+one caller read flat are mapped and stored together (``prom_columns.store_many``: each mapped
+as if alone, one write), which pays a request's fixed cost once for all of them; each still
+gets its own answer.
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ import contextvars
 import functools
 import logging
 import os
+import threading
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from aiohttp import web
@@ -48,11 +52,10 @@ from gpuwarden.collector.ingest.prom_columns import (
     ColumnMapper,
     LabelSetCache,
     LabelSetColumns,
-    MappingError,
     NodeRefusedError,
     SeriesMapper,
     Stored,
-    store_columns,
+    store_many,
 )
 from gpuwarden.collector.ingest.prom_write import (
     LabelVerdicts,
@@ -127,6 +130,42 @@ RW_STATE = web.AppKey("remote_write_state", RemoteWriteState)
 RW_WORKERS = web.AppKey("remote_write_workers", ThreadPoolExecutor)
 
 
+@dataclass(eq=False)
+class _Waiting:
+    """A request waiting for a worker: its body, its caller, and where its answer goes
+    ((stored, rejected) samples, or ``_RefusedError``)."""
+
+    body: bytes
+    caller: Caller
+    answer: Future[tuple[int, int]] = field(default_factory=Future)
+
+
+class _Queue:
+    """The requests waiting for a worker; a worker takes all of them at once (module
+    docstring: requests in flight together are stored together)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: list[_Waiting] = []
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._waiting)
+
+    def put(self, waiting: _Waiting) -> None:
+        with self._lock:
+            self._waiting.append(waiting)
+
+    def take(self) -> list[_Waiting]:
+        """Every request waiting, in arrival order, except those whose caller gave up."""
+        with self._lock:
+            taken, self._waiting = self._waiting, []
+        return [w for w in taken if w.answer.set_running_or_notify_cancel()]
+
+
+RW_QUEUE = web.AppKey("remote_write_queue", _Queue)
+
+
 def worker_count() -> int:
     """Threads that decode and store requests: one per core this process may run on (its CPU
     affinity, as ``taskset`` or a cpuset sets it)."""
@@ -180,20 +219,24 @@ async def remote_write(request: web.Request) -> web.Response:
                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
         with inflight_slot(stats, caller.name):
+            waiting = _Waiting(body, caller)
+            queue = request.app[RW_QUEUE]
+            queue.put(waiting)
             work = functools.partial(
-                _decode_and_store,
-                body,
+                _take_and_store,
+                queue,
                 request.app[SINK],
                 request.app[TRANSLATOR],
                 request.app[RW_STATE],
                 stats.remote_write_samples,
-                caller,
                 config,
             )
             context = contextvars.copy_context()  # as asyncio.to_thread does
-            stored, rejected = await asyncio.get_running_loop().run_in_executor(
-                request.app[RW_WORKERS], context.run, work
-            )
+            # this request's own turn: it finds the request, or finds it taken by a turn
+            # before it (then the queue may be empty)
+            loop = asyncio.get_running_loop()
+            loop.run_in_executor(request.app[RW_WORKERS], context.run, work)
+            stored, rejected = await asyncio.wrap_future(waiting.answer)
     except _RefusedError as exc:
         stats.responses[exc.status] += 1
         if exc.status == 403:  # a node the token is not bound to, counted as OTLP's are
@@ -215,59 +258,103 @@ async def _read(request: web.Request, limit: int) -> bytes:
     return body
 
 
-def _decode_and_store(
-    body: bytes,
+def _take_and_store(
+    queue: _Queue,
     sink: MetricsSink,
     translate: Translator,
     state: RemoteWriteState,
     outcomes: Counter[str],
-    caller: Caller,
     config: CollectorConfig,
-) -> tuple[int, int]:
-    """Decode, screen, translate and store one body (in a worker thread): (stored, rejected)
-    samples; raises ``_RefusedError`` for an answer other than 204."""
+) -> None:
+    """A worker's turn: take every request waiting and answer each (module docstring)."""
+    taken = queue.take()
     try:
-        got = state.decoder.decode_flat(body, config.max_decompressed_bytes)
+        _store_all(taken, sink, translate, state, outcomes, config)
+    except BaseException as exc:  # a bug: the requests still answered, never left waiting
+        for waiting in taken:
+            if not waiting.answer.done():
+                waiting.answer.set_exception(exc)
+        raise
+
+
+def _store_all(
+    taken: list[_Waiting],
+    sink: MetricsSink,
+    translate: Translator,
+    state: RemoteWriteState,
+    outcomes: Counter[str],
+    config: CollectorConfig,
+) -> None:
+    """Decode each request; those read flat go through the columns, one write for those of
+    one caller and decoder table (``prom_columns.store_many``); the others one by one."""
+    forward = config.remote_write is not None and config.remote_write.forward_received
+    columns = state.columns
+    service = sink if isinstance(sink, CollectorService) and not forward else None
+    flat: dict[tuple[Caller, int], list[tuple[_Waiting, FlatRequest]]] = {}
+    for waiting in taken:
+        try:
+            got = _decode(waiting.body, state, config)
+            if isinstance(got, FlatRequest):
+                if columns is not None and service is not None:
+                    flat.setdefault((waiting.caller, got.generation), []).append((waiting, got))
+                    continue
+                got = series_of(got)
+            done = _store_series(got, sink, translate, state, outcomes, waiting.caller, config)
+        except _RefusedError as exc:
+            waiting.answer.set_exception(exc)
+            continue
+        waiting.answer.set_result(done)
+    if columns is None or service is None:
+        return  # no request went to the columns
+    limit = config.ingest_limits.max_points_per_request
+    for (caller, _), group in flat.items():
+        requests = [
+            LabelSetColumns(f.ids, f.timestamps_ms, f.values, f.label_sets, f.generation)
+            for _, f in group
+        ]
+        answers = store_many(requests, columns, service, caller.may_write, limit, caller.name)
+        for (waiting, got), answer in zip(group, answers, strict=True):
+            try:
+                if answer is None:  # the columns declined: series by series
+                    done = _store_series(
+                        series_of(got), sink, translate, state, outcomes, caller, config
+                    )
+                elif isinstance(answer, Stored):
+                    _count(outcomes, answer.outcomes, caller, answer.rejected)
+                    done = (answer.stored, answer.rejected)
+                else:
+                    raise _refusal(answer, caller)
+            except _RefusedError as exc:
+                waiting.answer.set_exception(exc)
+                continue
+            waiting.answer.set_result(done)
+
+
+def _decode(
+    body: bytes, state: RemoteWriteState, config: CollectorConfig
+) -> FlatRequest | list[Series]:
+    try:
+        return state.decoder.decode_flat(body, config.max_decompressed_bytes)
     except WireTooLargeError as exc:
         raise _RefusedError(413, str(exc)) from None
     except WireError as exc:
         raise _RefusedError(400, f"malformed remote-write body: {exc}") from None
-    forward = config.remote_write is not None and config.remote_write.forward_received
-    if isinstance(got, FlatRequest):
-        if state.columns is not None and isinstance(sink, CollectorService) and not forward:
-            done = _store_flat(got, state.columns, sink, caller, config)
-            if done is not None:
-                _count(outcomes, done.outcomes, caller, done.rejected)
-                return done.stored, done.rejected
-        got = series_of(got)
-    return _store_series(got, sink, translate, state, outcomes, caller, config)
 
 
-def _store_flat(
-    flat: FlatRequest,
-    cache: LabelSetCache,
-    sink: CollectorService,
-    caller: Caller,
-    config: CollectorConfig,
-) -> Stored | None:
-    """A request read flat, through the columns (``ingest.prom_columns``)."""
-    request = LabelSetColumns(
-        flat.ids, flat.timestamps_ms, flat.values, flat.label_sets, flat.generation
+def _refusal(error: Exception, caller: Caller) -> _RefusedError:
+    """The answer to a request the columns refused (``prom_columns.store_many``)."""
+    if isinstance(error, RequestTooLargeError):
+        return _RefusedError(413, str(error))
+    if isinstance(error, MalformedRequestError):
+        return _RefusedError(400, f"malformed remote-write request: {error}")
+    if isinstance(error, NodeRefusedError):
+        return _RefusedError(
+            403, f"{caller} may not write host.name {error.host!r}; nothing stored"
+        )
+    log.error(
+        "remote-write from %s: the translator failed; request refused", caller, exc_info=error
     )
-    limit = config.ingest_limits.max_points_per_request
-    try:
-        return store_columns(request, cache, sink, caller.may_write, limit, caller.name)
-    except RequestTooLargeError as exc:
-        raise _RefusedError(413, str(exc)) from None
-    except MalformedRequestError as exc:
-        raise _RefusedError(400, f"malformed remote-write request: {exc}") from None
-    except NodeRefusedError as exc:
-        raise _RefusedError(
-            403, f"{caller} may not write host.name {exc.host!r}; nothing stored"
-        ) from None
-    except MappingError:
-        log.exception("remote-write from %s: the translator failed; request refused", caller)
-        raise _RefusedError(400, "the collector could not map this request's series") from None
+    return _RefusedError(400, "the collector could not map this request's series")
 
 
 def _count(outcomes: Counter[str], counts: Counter[str], caller: Caller, rejected: int) -> None:
@@ -347,6 +434,7 @@ def setup_remote_write(app: web.Application, translate: Translator) -> None:
     app[RW_STATE] = RemoteWriteState(Decoder(MAX_LABEL_SETS), verdicts, columns)
     # threads start at the first request; the app's cleanup lets them go
     app[RW_WORKERS] = ThreadPoolExecutor(worker_count(), thread_name_prefix="remote-write")
+    app[RW_QUEUE] = _Queue()
     app.on_cleanup.append(_stop_workers)
     add_route(app, "POST", "/api/v1/write", remote_write, AGENTS)
 

@@ -1,0 +1,125 @@
+"""Requests in flight together are stored together (``remote_write_receiver``'s queue and
+``prom_columns.store_many``), and each still gets the answer it gets alone: a malformed
+request 400, another agent's node 403, the rest 204; the store, the counts and the answers
+are those of the same requests posted one at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwarden.collector.build import build_service
+from gpuwarden.collector.config import CollectorConfig
+from gpuwarden.collector.ingest.prom_map_columns import PromTranslator
+from gpuwarden.collector.remote_write.wire import Series, encode
+from gpuwarden.collector.service import CollectorService
+from gpuwarden.collector.web.app import create_app
+from gpuwarden.collector.web.keys import STATS
+from gpuwarden.collector.web.remote_write_receiver import RW_QUEUE, RW_WORKERS, worker_count
+from tests.test_prom_map_columns import scrape, scripted, store_state
+from tests.test_remote_write_receiver import TABLE, headers
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Iterator[tuple[CollectorService, CollectorService]]:
+    pair = (
+        build_service(CollectorConfig(database=tmp_path / "a.db", recent_metrics=("*",))),
+        build_service(CollectorConfig(database=tmp_path / "b.db", recent_metrics=("*",))),
+    )
+    yield pair
+    for one in pair:
+        one.storage.close()
+
+
+async def client_of(aiohttp_client, service: CollectorService) -> Any:
+    app = create_app(
+        CollectorConfig(tokens=TABLE),
+        service=service,
+        background=False,
+        prom_translate=PromTranslator(),
+    )
+    return await aiohttp_client(app)
+
+
+def node(series: list[Series], host: str) -> list[Series]:
+    return [s for s in series if dict(s.labels).get("Hostname") == host]
+
+
+async def test_requests_in_flight_together_get_their_own_answers(
+    aiohttp_client, services, monkeypatch
+):
+    one_at_a_time, together = services
+    clients = [await client_of(aiohttp_client, s) for s in services]
+    writes = []
+    counted = together.intake.accept_rows
+
+    def count(*args: Any) -> Any:
+        writes.append(args[0].spec_of_point.size)
+        return counted(*args)
+
+    monkeypatch.setattr(together.intake, "accept_rows", count)
+    fleet = scripted()
+    t = int(time.time() * 1000) - 300_000
+    rounds = [scrape(fleet, t + r * 15_000, r) for r in range(3)]
+    nameless = Series((("Hostname", "node-a"), ("gpu", "0")), (t,), (1.0,))
+    first = [
+        ("prometheus", [node(rounds[0], "node-a")[0], nameless]),  # malformed: 400
+        ("prometheus", rounds[0]),
+    ]
+    # every label set seen once (then read flat), the same on both
+    for who, series in first:
+        for client in clients:
+            resp = await client.post("/api/v1/write", data=encode(series), headers=headers(who))
+            assert resp.status == (400 if nameless in series else 204)
+    posts = [
+        ("prometheus", rounds[1][:120]),
+        ("prometheus", [node(rounds[1], "node-a")[0], nameless]),  # read flat, still 400
+        ("agent-a", node(rounds[1], "node-b")),  # not agent-a's node: 403
+        ("prometheus", rounds[1][120:]),
+        ("agent-a", node(rounds[2], "node-a")),
+        ("prometheus", rounds[2]),
+    ]
+    alone = []
+    for who, series in posts:
+        resp = await clients[0].post("/api/v1/write", data=encode(series), headers=headers(who))
+        alone.append(resp.status)
+    assert alone == [204, 400, 403, 204, 204, 204]
+
+    # hold every worker, post everything, release: one worker's turn takes all six
+    app = clients[1].server.app
+    held = threading.Event()
+    for _ in range(worker_count()):
+        app[RW_WORKERS].submit(held.wait)
+    sent = [
+        asyncio.ensure_future(
+            clients[1].post("/api/v1/write", data=encode(series), headers=headers(who))
+        )
+        for who, series in posts
+    ]
+    for _ in range(500):
+        if len(app[RW_QUEUE]) == len(posts):
+            break
+        await asyncio.sleep(0.01)
+    assert len(app[RW_QUEUE]) == len(posts)
+    before = len(writes)
+    held.set()
+    answers = [(await s).status for s in sent]
+    assert answers == alone
+    # the prometheus requests: the malformed one refuses the turn's joint mapping, so each of
+    # that caller's is stored alone; agent-a's two (one refused) share one write
+    assert len(writes) - before == 4
+    end_s = (t + 3 * 15_000) / 1000
+    assert store_state(one_at_a_time, end_s) == store_state(together, end_s)
+    stats = [client.server.app[STATS] for client in clients]
+    assert stats[0].remote_write_samples == stats[1].remote_write_samples
+    assert stats[0].responses == stats[1].responses
+    assert (stats[0].points_accepted, stats[0].points_rejected) == (
+        stats[1].points_accepted,
+        stats[1].points_rejected,
+    )
