@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from gpuwarden.collector.build import build_service
@@ -123,3 +124,65 @@ async def test_requests_in_flight_together_get_their_own_answers(
         stats[1].points_accepted,
         stats[1].points_rejected,
     )
+
+
+class BrokenSink:
+    """A sink that fails the way a bug would (not an answer the receiver knows)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def accept(self, points: Any, source: str) -> int:
+        self.calls += 1
+        raise RuntimeError("the disk is gone")
+
+    def accept_histograms(self, points: Any, source: str) -> int:
+        raise RuntimeError("the disk is gone")
+
+
+async def test_a_worker_that_fails_answers_500_and_takes_the_next_request(aiohttp_client, caplog):
+    sink = BrokenSink()
+    app = create_app(
+        CollectorConfig(tokens=TABLE), sink, background=False, prom_translate=PromTranslator()
+    )
+    client = await aiohttp_client(app)
+    body = encode(scrape(scripted(), int(time.time() * 1000), 0)[:50])
+    for attempt in (1, 2):  # the same thread again: it was not lost, nothing waits forever
+        resp = await asyncio.wait_for(
+            client.post("/api/v1/write", data=body, headers=headers()), 30
+        )
+        assert resp.status == 500, attempt
+        assert "failed" in await resp.text()
+    assert sink.calls == 2
+    assert "a worker failed" in caplog.text
+    assert app[STATS].responses[500] == 2
+
+
+async def test_a_request_given_up_before_its_turn_is_not_stored(aiohttp_client, services):
+    service, _ = services
+    client = await client_of(aiohttp_client, service)
+    app = client.server.app
+    fleet = scripted()
+    t = int(time.time() * 1000) - 60_000
+    held = threading.Event()
+    for _ in range(worker_count()):
+        app[RW_WORKERS].submit(held.wait)
+    body = encode(node(scrape(fleet, t, 0), "node-a"))
+    post = asyncio.ensure_future(client.post("/api/v1/write", data=body, headers=headers()))
+    for _ in range(500):
+        if len(app[RW_QUEUE]):
+            break
+        await asyncio.sleep(0.01)
+    queue = app[RW_QUEUE]
+    (waiting,) = queue._waiting
+    waiting.answer.cancel()  # as aiohttp cancels a handler whose client went away
+    held.set()
+    with pytest.raises(aiohttp.ServerDisconnectedError):  # the handler was cancelled
+        await post
+    await asyncio.sleep(0.2)
+    assert len(queue) == 0
+    assert service.totals.accepted == 0
+    # the next request is stored
+    resp = await client.post("/api/v1/write", data=body, headers=headers())
+    assert resp.status == 204
+    assert service.totals.accepted > 0

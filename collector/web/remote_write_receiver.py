@@ -40,8 +40,8 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
@@ -132,12 +132,15 @@ RW_WORKERS = web.AppKey("remote_write_workers", ThreadPoolExecutor)
 
 @dataclass(eq=False)
 class _Waiting:
-    """A request waiting for a worker: its body, its caller, and where its answer goes
-    ((stored, rejected) samples, or ``_RefusedError``)."""
+    """A request waiting for a worker: its body, its caller, where its answer goes (a future of
+    ``loop``'s: (stored, rejected) samples, or ``_RefusedError``), and the answer the worker
+    found (``outcome``), handed to the loop once for all the requests of a turn."""
 
     body: bytes
     caller: Caller
-    answer: Future[tuple[int, int]] = field(default_factory=Future)
+    answer: asyncio.Future[tuple[int, int]]
+    loop: asyncio.AbstractEventLoop
+    outcome: tuple[int, int] | Exception | None = None
 
 
 class _Queue:
@@ -157,10 +160,11 @@ class _Queue:
             self._waiting.append(waiting)
 
     def take(self) -> list[_Waiting]:
-        """Every request waiting, in arrival order, except those whose caller gave up."""
+        """Every request waiting, in arrival order, except those whose handler was cancelled
+        (never stored, as a job an executor had not started)."""
         with self._lock:
             taken, self._waiting = self._waiting, []
-        return [w for w in taken if w.answer.set_running_or_notify_cancel()]
+        return [w for w in taken if not w.answer.cancelled()]
 
 
 RW_QUEUE = web.AppKey("remote_write_queue", _Queue)
@@ -219,7 +223,8 @@ async def remote_write(request: web.Request) -> web.Response:
                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
         with inflight_slot(stats, caller.name):
-            waiting = _Waiting(body, caller)
+            loop = asyncio.get_running_loop()
+            waiting = _Waiting(body, caller, loop.create_future(), loop)
             queue = request.app[RW_QUEUE]
             queue.put(waiting)
             work = functools.partial(
@@ -234,9 +239,8 @@ async def remote_write(request: web.Request) -> web.Response:
             context = contextvars.copy_context()  # as asyncio.to_thread does
             # this request's own turn: it finds the request, or finds it taken by a turn
             # before it (then the queue may be empty)
-            loop = asyncio.get_running_loop()
-            loop.run_in_executor(request.app[RW_WORKERS], context.run, work)
-            stored, rejected = await asyncio.wrap_future(waiting.answer)
+            request.app[RW_WORKERS].submit(context.run, work)
+            stored, rejected = await waiting.answer
     except _RefusedError as exc:
         stats.responses[exc.status] += 1
         if exc.status == 403:  # a node the token is not bound to, counted as OTLP's are
@@ -266,15 +270,39 @@ def _take_and_store(
     outcomes: Counter[str],
     config: CollectorConfig,
 ) -> None:
-    """A worker's turn: take every request waiting and answer each (module docstring)."""
+    """A worker's turn: take every request waiting and answer each (module docstring); the
+    answers go to each event loop in one call (one wake-up a turn, not one a request)."""
     taken = queue.take()
+    if not taken:
+        return
     try:
         _store_all(taken, sink, translate, state, outcomes, config)
-    except BaseException as exc:  # a bug: the requests still answered, never left waiting
+    except Exception:  # a bug: the requests still answered (a 500), never left waiting
+        log.exception("remote-write: a worker failed; %d request(s) answered 500", len(taken))
         for waiting in taken:
-            if not waiting.answer.done():
-                waiting.answer.set_exception(exc)
-        raise
+            if waiting.outcome is None:
+                waiting.outcome = _RefusedError(500, "the collector failed on this request")
+    finally:
+        for loop in {id(w.loop): w.loop for w in taken}.values():
+            mine = [w for w in taken if w.loop is loop]
+            try:
+                loop.call_soon_threadsafe(_answer, mine)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                continue
+
+
+def _answer(taken: list[_Waiting]) -> None:
+    """On the event loop: each request's outcome to its handler (unless it was cancelled)."""
+    for waiting in taken:
+        if waiting.answer.done():
+            continue
+        outcome = waiting.outcome
+        if isinstance(outcome, Exception):
+            waiting.answer.set_exception(outcome)
+        elif outcome is None:  # cannot happen: ``_store_all`` answers each
+            waiting.answer.set_exception(RuntimeError("a remote-write request got no answer"))
+        else:
+            waiting.answer.set_result(outcome)
 
 
 def _store_all(
@@ -301,9 +329,9 @@ def _store_all(
                 got = series_of(got)
             done = _store_series(got, sink, translate, state, outcomes, waiting.caller, config)
         except _RefusedError as exc:
-            waiting.answer.set_exception(exc)
+            waiting.outcome = exc
             continue
-        waiting.answer.set_result(done)
+        waiting.outcome = done
     if columns is None or service is None:
         return  # no request went to the columns
     limit = config.ingest_limits.max_points_per_request
@@ -325,9 +353,9 @@ def _store_all(
                 else:
                     raise _refusal(answer, caller)
             except _RefusedError as exc:
-                waiting.answer.set_exception(exc)
+                waiting.outcome = exc
                 continue
-            waiting.answer.set_result(done)
+            waiting.outcome = done
 
 
 def _decode(
