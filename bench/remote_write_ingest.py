@@ -21,13 +21,17 @@ Not a test: it prints figures. Run from the repository root:
 3. VictoriaMetrics (Debian's ``victoria-metrics``), pinned to the same core, on its own
    ``/api/v1/write``, gets the same bodies.
 
-Both get the first ``WARM`` rounds first (they create every series and fill each side's caches:
-the collector reads a label set flat, and learns its mapping, from its second request; shown
-apart), then the other rounds, timed,
-``--concurrency`` requests in flight from this process, pinned to another core. Each server's
-CPU (``/proc/<pid>/stat``, every thread) and the wall time give samples/s, CPU per sample and
-the ratio collector / VictoriaMetrics (target >= 1.0x; with ``--repeat N`` the two run N times,
-one after the other, and the verdict is the median ratio). Afterwards each says what it holds:
+Both run at once, on that core. Each gets the first ``WARM`` rounds first (they create every
+series and fill each side's caches: the collector reads a label set flat, and learns its
+mapping, from its second request; shown apart), then the other rounds, timed, in turns:
+``--chunk`` rounds to one server, the same rounds to the other, and the one that went second
+goes first next time, so the shared machine's drift falls on both alike (``--one-after-the-other``
+is the method before: every round to the collector, then every round to VictoriaMetrics).
+``--concurrency`` requests are in flight from this process, pinned to another core. Each
+server's CPU in its own turns (the scheduler's run time of every thread,
+``/proc/<pid>/task/*/schedstat``) and wall time give samples/s, CPU per sample and the ratio
+collector / VictoriaMetrics (target >= 1.0x; with ``--repeat N`` both run N times with new
+processes, and the verdict is the median ratio). Afterwards each says what it holds:
 VictoriaMetrics the samples, the collector the points its mapping made of them, checked against
 what ``prom_map.translate`` makes of the same requests (step 4), so a receiver that drops them
 cannot win.
@@ -61,6 +65,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import aiohttp
 import cramjam
 from aiohttp import web
 
@@ -215,9 +220,18 @@ def timed(
     return first_cpu, cpu, wall, p99
 
 
-def run_collector(
-    work: list[list[bytes]], per_round: int, args: argparse.Namespace, clock_s: float, log: Path
-) -> Figures:
+@dataclass(frozen=True, slots=True)
+class Server:
+    name: str
+    proc: subprocess.Popen[bytes]
+    base: str
+
+    @property
+    def write_url(self) -> str:
+        return f"{self.base}/api/v1/write"
+
+
+def start_collector(args: argparse.Namespace, per_round: int, clock_s: float, log: Path) -> Server:
     command = [
         "taskset",
         "-c",
@@ -232,28 +246,25 @@ def run_collector(
     ]
     with log.open("wb") as err:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err)
-    try:
-        assert proc.stdout is not None
-        found = re.match(rb"port (\d+)", proc.stdout.readline())
-        if found is None:
-            raise RuntimeError(f"the collector did not start: {log.read_text()[-2000:]}")
-        base = f"http://127.0.0.1:{int(found.group(1))}"
-        first, cpu, wall, p99 = timed(
-            "collector", f"{base}/api/v1/write", proc.pid, work, per_round, args.concurrency
-        )
-        report: dict[str, Any] = json_get(f"{base}/bench/report")
-        requests = sum(map(len, work))
-        reader = "compiled (native/rwflat.c)" if report["native"] else "Python (wire_flat)"
-        line(
-            "collector answers",
-            f"{report['responses']}; {report['flat_reads']} of {requests} requests read flat, "
-            f"by the {reader} reader",
-        )
-    finally:
+    assert proc.stdout is not None
+    found = re.match(rb"port (\d+)", proc.stdout.readline())
+    if found is None:
         stop_process(proc)
-    return Figures(
-        "collector", per_round * (len(work) - WARM), cpu, wall, first, p99, report["made"]
+        raise RuntimeError(f"the collector did not start: {log.read_text()[-2000:]}")
+    return Server("collector", proc, f"http://127.0.0.1:{int(found.group(1))}")
+
+
+def collector_made(server: Server, work: list[list[bytes]]) -> int:
+    """Print the collector's answers; the points its mapping made."""
+    report: dict[str, Any] = json_get(f"{server.base}/bench/report")
+    requests = sum(map(len, work))
+    reader = "compiled (native/rwflat.c)" if report["native"] else "Python (wire_flat)"
+    line(
+        "collector answers",
+        f"{report['responses']}; {report['flat_reads']} of {requests} requests read flat, "
+        f"by the {reader} reader",
     )
+    return int(report["made"])
 
 
 def json_get(url: str) -> Any:
@@ -262,11 +273,8 @@ def json_get(url: str) -> Any:
     return json.loads(http_get(url))
 
 
-def run_victoria(
-    work: list[list[bytes]], per_round: int, args: argparse.Namespace, tmp: Path, t_last_s: int
-) -> Figures:
+def start_victoria(args: argparse.Namespace, tmp: Path) -> Server:
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
     command = [
         "taskset",
         "-c",
@@ -279,22 +287,151 @@ def run_victoria(
     ]
     with (tmp / "victoria-metrics.log").open("wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=log)
+    server = Server("VictoriaMetrics", proc, f"http://127.0.0.1:{port}")
     try:
-        wait_healthy(f"{base}/health", proc, 30)
-        first, cpu, wall, p99 = timed(
-            "VictoriaMetrics", f"{base}/api/v1/write", proc.pid, work, per_round, args.concurrency
-        )
-        http_get(f"{base}/internal/force_flush")
-        window_s = len(work) * SCRAPE_S + SCRAPE_S
-        query = urllib.parse.quote(
-            f'sum(count_over_time({{__name__=~"DCGM_.+"}}[{window_s}s]))', safe=""
-        )
-        answer = json_get(f"{base}/api/v1/query?query={query}&time={t_last_s + 1}")
-        held = int(float(answer["data"]["result"][0]["value"][1]))
-    finally:
+        wait_healthy(f"{server.base}/health", proc, 30)
+    except Exception:
         stop_process(proc)
+        raise
+    return server
+
+
+def victoria_held(server: Server, work: list[list[bytes]], t_last_s: int) -> int:
+    """The samples VictoriaMetrics holds of those sent."""
+    http_get(f"{server.base}/internal/force_flush")
+    window_s = len(work) * SCRAPE_S + SCRAPE_S
+    query = urllib.parse.quote(
+        f'sum(count_over_time({{__name__=~"DCGM_.+"}}[{window_s}s]))', safe=""
+    )
+    answer = json_get(f"{server.base}/api/v1/query?query={query}&time={t_last_s + 1}")
+    return int(float(answer["data"]["result"][0]["value"][1]))
+
+
+def run_one_after_the_other(
+    work: list[list[bytes]], per_round: int, args: argparse.Namespace, tmp: Path, t_last_s: int
+) -> tuple[Figures, Figures]:
+    """``--one-after-the-other``: the collector gets every round, then VictoriaMetrics."""
     samples = per_round * (len(work) - WARM)
-    return Figures("VictoriaMetrics", samples, cpu, wall, first, p99, held)
+    out = []
+    for start in ("collector", "VictoriaMetrics"):
+        if start == "collector":
+            server = start_collector(args, per_round, float(t_last_s + SCRAPE_S), tmp / "c.log")
+        else:
+            server = start_victoria(args, tmp)
+        try:
+            first, cpu, wall, p99 = timed(
+                server.name, server.write_url, server.proc.pid, work, per_round, args.concurrency
+            )
+            if start == "collector":
+                held = collector_made(server, work)
+            else:
+                held = victoria_held(server, work, t_last_s)
+        finally:
+            stop_process(server.proc)
+        out.append(Figures(server.name, samples, cpu, wall, first, p99, held))
+    return out[0], out[1]
+
+
+def task_cpu_s(pid: int) -> float:
+    """CPU seconds of every live thread of a process, to the nanosecond (the scheduler's
+    ``/proc/<pid>/task/*/schedstat``; ``/proc/<pid>/stat`` counts 10 ms ticks, too coarse for
+    a phase of a few tens of milliseconds)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
+            continue
+    return total / 1e9
+
+
+async def _post_all(
+    session: aiohttp.ClientSession,
+    url: str,
+    bodies: Sequence[bytes],
+    concurrency: int,
+    latencies: list[float],
+) -> None:
+    """POST every body, ``concurrency`` in flight, in order; raise on an answer but 204/200."""
+    headers = {**HEADERS, "Authorization": f"Bearer {TOKEN}"}
+    queue = iter(bodies)
+
+    async def worker() -> None:
+        for body in queue:
+            began = time.perf_counter()
+            async with session.post(url, data=body, headers=headers) as response:
+                answer = await response.read()
+            latencies.append(time.perf_counter() - began)
+            if response.status not in (200, 204):
+                raise RuntimeError(f"{url}: {response.status}: {answer[:200]!r}")
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def _take_turns(
+    servers: Sequence[Server], work: list[list[bytes]], concurrency: int, chunk: int
+) -> list[tuple[float, float, float, float]]:
+    """The warm-up rounds to each server, then ``chunk`` rounds at a time to each in turn (who
+    goes first alternates); per server (warm-up CPU, CPU, wall, p99 ms) of its timed turns."""
+    sessions = [
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) for _ in servers
+    ]
+    cpu = [0.0] * len(servers)
+    wall = [0.0] * len(servers)
+    first = [0.0] * len(servers)
+    latencies: list[list[float]] = [[] for _ in servers]
+    try:
+        warm = [body for bodies in work[:WARM] for body in bodies]
+        for k, server in enumerate(servers):
+            began = task_cpu_s(server.proc.pid)
+            await _post_all(sessions[k], server.write_url, warm, concurrency, [])
+            first[k] = task_cpu_s(server.proc.pid) - began
+        rest = work[WARM:]
+        for turn, at in enumerate(range(0, len(rest), chunk)):
+            bodies = [body for round_ in rest[at : at + chunk] for body in round_]
+            order = range(len(servers)) if turn % 2 == 0 else reversed(range(len(servers)))
+            for k in order:
+                pid = servers[k].proc.pid
+                cpu_0, wall_0 = task_cpu_s(pid), time.perf_counter()
+                await _post_all(
+                    sessions[k], servers[k].write_url, bodies, concurrency, latencies[k]
+                )
+                wall[k] += time.perf_counter() - wall_0
+                cpu[k] += task_cpu_s(pid) - cpu_0
+    finally:
+        for session in sessions:
+            await session.close()
+    return [
+        (first[k], cpu[k], wall[k], percentile(latencies[k], 0.99) * 1e3)
+        for k in range(len(servers))
+    ]
+
+
+def run_in_turns(
+    work: list[list[bytes]], per_round: int, args: argparse.Namespace, tmp: Path, t_last_s: int
+) -> tuple[Figures, Figures]:
+    """Both servers up at once, on the same core; ``--chunk`` rounds to one, then the same to
+    the other, whoever went second going first next time: the machine's drift falls on both."""
+    samples = per_round * (len(work) - WARM)
+    ours = start_collector(args, per_round, float(t_last_s + SCRAPE_S), tmp / "c.log")
+    try:
+        vm = start_victoria(args, tmp)
+        try:
+            taken = asyncio.run(_take_turns((ours, vm), work, args.concurrency, args.chunk))
+            held = (collector_made(ours, work), victoria_held(vm, work, t_last_s))
+        finally:
+            stop_process(vm.proc)
+    finally:
+        stop_process(ours.proc)
+    out = []
+    for server, (first, cpu, wall, p99), kept in zip((ours, vm), taken, held, strict=True):
+        line(
+            server.name,
+            f"{samples / wall:,.0f} samples/s, {cpu / samples * 1e6:.2f} us CPU per sample, "
+            f"p99 {p99:.1f} ms (first {WARM} rounds, new series: {first:.2f} s CPU)",
+        )
+        out.append(Figures(server.name, samples, cpu, wall, first, p99, kept))
+    return out[0], out[1]
 
 
 class TimedSink:
@@ -437,8 +574,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--repeat",
         type=int,
         default=1,
-        help="collector and VictoriaMetrics runs, one after the other; the verdict is the "
-        "median of the runs' ratios (the machine's noise moves each server's figures)",
+        help="runs of both servers, each with new processes; the verdict is the median of the "
+        "runs' ratios (the machine's noise moves each server's figures)",
+    )
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=4,
+        help="rounds sent to one server before the other takes its turn with the same rounds",
+    )
+    parser.add_argument(
+        "--one-after-the-other",
+        action="store_true",
+        help="the method before the turns: every round to the collector, then every round to "
+        "VictoriaMetrics (drift between the two falls on the ratio)",
     )
     parser.add_argument("--serve-collector", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--clock", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -484,8 +633,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"run {run + 1} of {args.repeat}")
         tmp = Path(tempfile.mkdtemp(prefix="rw-ingest-bench-"))
         try:
-            ours = run_collector(work, per_round, args, float(t_last_s + SCRAPE_S), tmp / "c.log")
-            vm = run_victoria(work, per_round, args, tmp, t_last_s)
+            both = run_one_after_the_other if args.one_after_the_other else run_in_turns
+            ours, vm = both(work, per_round, args, tmp, t_last_s)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         pairs.append((ours, vm))
