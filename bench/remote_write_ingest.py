@@ -303,8 +303,13 @@ def victoria_held(server: Server, work: list[list[bytes]], t_last_s: int) -> int
     query = urllib.parse.quote(
         f'sum(count_over_time({{__name__=~"DCGM_.+"}}[{window_s}s]))', safe=""
     )
-    answer = json_get(f"{server.base}/api/v1/query?query={query}&time={t_last_s + 1}")
-    return int(float(answer["data"]["result"][0]["value"][1]))
+    url = f"{server.base}/api/v1/query?query={query}&time={t_last_s + 1}"
+    for _ in range(100):  # a flushed part can take a moment to be searchable
+        found = json_get(url)["data"]["result"]
+        if found:
+            return int(float(found[0]["value"][1]))
+        time.sleep(0.1)
+    return 0
 
 
 def run_one_after_the_other(
