@@ -9,13 +9,10 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import numpy as np
-import pytest
 
-from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.ingest.otlp import NumberPoint
 from gpuwarden.collector.ingest.prom_columns import (
@@ -39,7 +36,14 @@ from gpuwarden.collector.ingest.prom_write import (
 from gpuwarden.collector.remote_write.wire import Series
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.store.window_rows import RowBatch, RowsIngested
-from tests.test_prom_map_columns import STALE, labelled, scrape, scripted, store_state
+from tests.test_prom_map_columns import (
+    STALE,
+    labelled,
+    scrape,
+    scripted,
+    services,  # noqa: F401 - the fixture
+    store_state,
+)
 
 MAX_POINTS = 5_000
 REFUSALS = (RequestTooLargeError, MalformedRequestError, NodeRefusedError, MappingError)
@@ -74,17 +78,6 @@ class Sender:
             self.table,
             0,
         )
-
-
-@pytest.fixture
-def services(tmp_path: Path) -> Iterator[tuple[CollectorService, CollectorService]]:
-    pair = (
-        build_service(CollectorConfig(database=tmp_path / "a.db", recent_metrics=("*",))),
-        build_service(CollectorConfig(database=tmp_path / "b.db", recent_metrics=("*",))),
-    )
-    yield pair
-    for one in pair:
-        one.storage.close()
 
 
 def cache() -> LabelSetCache:
@@ -147,7 +140,7 @@ def others(series: list[Series]) -> list[Series]:
     return [s for s in series if dict(s.labels).get("Hostname") not in ("node-a", "node-b")]
 
 
-def test_requests_stored_at_once_leave_the_store_as_one_by_one(services):
+def test_requests_stored_at_once_leave_the_store_as_one_by_one(services):  # noqa: F811
     alone_service, together_service = services
     caches = (cache(), cache())
     sender = Sender()

@@ -8,14 +8,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from gpuwarden.collector.build import build_service
 from gpuwarden.collector.config import CollectorConfig
 from gpuwarden.collector.ingest.prom_map_columns import PromTranslator
 from gpuwarden.collector.remote_write.wire import Series, encode
@@ -23,19 +20,13 @@ from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.web.app import create_app
 from gpuwarden.collector.web.keys import STATS
 from gpuwarden.collector.web.remote_write_receiver import RW_QUEUE, RW_WORKERS, worker_count
-from tests.test_prom_map_columns import scrape, scripted, store_state
+from tests.test_prom_map_columns import (
+    scrape,
+    scripted,
+    services,  # noqa: F401 - the fixture
+    store_state,
+)
 from tests.test_remote_write_receiver import TABLE, headers
-
-
-@pytest.fixture
-def services(tmp_path: Path) -> Iterator[tuple[CollectorService, CollectorService]]:
-    pair = (
-        build_service(CollectorConfig(database=tmp_path / "a.db", recent_metrics=("*",))),
-        build_service(CollectorConfig(database=tmp_path / "b.db", recent_metrics=("*",))),
-    )
-    yield pair
-    for one in pair:
-        one.storage.close()
 
 
 async def client_of(aiohttp_client, service: CollectorService) -> Any:
@@ -53,7 +44,9 @@ def node(series: list[Series], host: str) -> list[Series]:
 
 
 async def test_requests_in_flight_together_get_their_own_answers(
-    aiohttp_client, services, monkeypatch
+    aiohttp_client,
+    services,  # noqa: F811 - the fixture
+    monkeypatch,
 ):
     one_at_a_time, together = services
     clients = [await client_of(aiohttp_client, s) for s in services]
@@ -158,7 +151,10 @@ async def test_a_worker_that_fails_answers_500_and_takes_the_next_request(aiohtt
     assert app[STATS].responses[500] == 2
 
 
-async def test_a_request_given_up_before_its_turn_is_not_stored(aiohttp_client, services):
+async def test_a_request_given_up_before_its_turn_is_not_stored(
+    aiohttp_client,
+    services,  # noqa: F811 - the fixture
+):
     service, _ = services
     client = await client_of(aiohttp_client, service)
     app = client.server.app
