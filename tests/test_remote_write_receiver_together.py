@@ -175,7 +175,10 @@ async def test_a_request_given_up_before_its_turn_is_not_stored(
     held.set()
     with pytest.raises(aiohttp.ServerDisconnectedError):  # the handler was cancelled
         await post
-    await asyncio.sleep(0.2)
+    # every worker at one barrier: the turns submitted before (this request's) are done
+    everyone = threading.Barrier(worker_count())
+    done = [app[RW_WORKERS].submit(everyone.wait) for _ in range(worker_count())]
+    await asyncio.gather(*(asyncio.wrap_future(d) for d in done))
     assert len(queue) == 0
     assert service.totals.accepted == 0
     # the next request is stored

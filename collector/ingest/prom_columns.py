@@ -366,7 +366,7 @@ def _plan(
             raise MalformedRequestError(cache.why[int(ids[np.argmax(malformed)])])
         over = verdict == _OVER
         finite = np.isfinite(values)
-        stale = ~over & (values.view(np.uint64) == np.uint64(STALE_NAN_BITS))
+        stale = ~over & _markers_of(values)
         kept = ~over & finite
         specs = cache.specs
         try:
@@ -516,8 +516,14 @@ def store_many(
     return answers
 
 
+def _markers_of(values: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+    """Which values are Prometheus' stale marker (that NaN's bits, not any NaN)."""
+    found: npt.NDArray[np.bool_] = values.view(np.uint64) == np.uint64(STALE_NAN_BITS)
+    return found
+
+
 def _has_markers(request: LabelSetColumns) -> bool:
-    return bool((request.values.view(np.uint64) == np.uint64(STALE_NAN_BITS)).any())
+    return bool(_markers_of(request.values).any())
 
 
 def _store_together(
