@@ -238,7 +238,10 @@ def test_sigkill_mid_append_keeps_every_acknowledged_record(tmp_path: Path) -> N
             if len(printed) == 150:
                 break
         proc.kill()
-        rest, _ = proc.communicate(timeout=30)
+        # read on through the text buffer: the loop above may have read lines past the 150th
+        # into it (communicate with a timeout reads the pipe underneath and would miss them)
+        rest = proc.stdout.read()
+        proc.wait(timeout=30)
     printed += [int(token) for token in rest.split()]
     assert proc.returncode == -signal.SIGKILL
     assert printed == list(range(1, len(printed) + 1))
